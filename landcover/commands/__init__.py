@@ -1,0 +1,1 @@
+"""Click commands of the `landcover` CLI, one module per stage; `landcover.cli` assembles them."""

@@ -1,0 +1,50 @@
+"""Options and parameter types shared by several commands."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class JsonObject(click.ParamType):
+    """A JSON object given on the command line (e.g. `--storage-options '{"account_name": ...}'`)."""
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            self.fail(
+                f"{value!r} is not valid JSON ({exc.msg}); pass an object like "
+                '\'{"account_name": "..."}\'',
+                param,
+                ctx,
+            )
+        if not isinstance(parsed, dict):
+            self.fail(f'{value!r} must be a JSON object like \'{{"key": "value"}}\'', param, ctx)
+        return parsed
+
+
+def storage_options_option(f: F) -> F:
+    """`--storage-options JSON`: passed to fsspec/adlfs for every URL the command opens."""
+    return click.option(
+        "--storage-options",
+        type=JsonObject(),
+        default="{}",
+        show_default=True,
+        help='fsspec/adlfs options as JSON, e.g. \'{"account_name": "..."}\'. '
+        "az:// also reads AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_ACCOUNT_NAME.",
+    )(f)
+
+
+def overwrite_option(f: F) -> F:
+    """`--overwrite`: replace existing output (never done silently)."""
+    return click.option("--overwrite", is_flag=True, help="Replace existing output.")(f)

@@ -1,0 +1,34 @@
+"""Error classes of the landcover package."""
+
+from __future__ import annotations
+
+
+class LandcoverError(ValueError):
+    """Base class: bad input to training, prediction, evaluation or reporting."""
+
+
+class ModelFileError(LandcoverError):
+    """A file that is not a landcover model, or one that would need unpickling code."""
+
+
+class UnknownModelError(LandcoverError, KeyError):
+    """A model name that is not in the registry; the message lists `available()`."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want the plain line
+        return str(self.args[0]) if self.args else ""
+
+
+class TrainingError(LandcoverError):
+    """A training configuration that cannot run (memory, device, world size, store)."""
+
+
+class RegionError(LandcoverError):
+    """A prediction region that is invalid or does not intersect the images."""
+
+
+class EvaluationError(LandcoverError):
+    """Prediction and truth that cannot be compared."""
+
+
+class ReportError(LandcoverError):
+    """Run directories that hold no usable metrics."""
