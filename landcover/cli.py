@@ -92,7 +92,7 @@ class UserFacingError(click.ClickException):
 
     def __init__(self, message: str, *, exit_code: int) -> None:
         super().__init__(message.splitlines()[0] if message else "error")
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)

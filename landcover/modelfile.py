@@ -143,7 +143,9 @@ def load_model_file(
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
-        raise ModelFileError(f"{os.fspath(url)}: weights do not fit {meta.architecture}: {first}")
+        raise ModelFileError(
+            f"{os.fspath(url)}: weights do not fit {meta.architecture}: {first}"
+        ) from None
     return model.to(device).eval(), meta
 
 

@@ -11,8 +11,8 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class JsonObject(click.ParamType):
-    """A JSON object given on the command line (e.g. `--storage-options '{"account_name": ...}'`)."""
+class JsonObject(click.ParamType):  # type: ignore[type-arg]
+    """A JSON object given on the command line, e.g. `--storage-options '{"a": 1}'`."""
 
     name = "json"
 
