@@ -1,0 +1,504 @@
+"""Scaling report: every number is recomputed here from the synthetic metrics it was fed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cluster.vmsizes import GBIT, IB_EDR
+from landcover.cli import main
+from landcover.errors import OutputExistsError, ReportError
+from landcover.projection import DEFAULT_NETWORK, parse_network
+from landcover.report import (
+    RunSummary,
+    build_scaling_report,
+    load_runs,
+    scaling_table,
+    write_scaling_report,
+)
+
+SAMPLES = 1003  # not a multiple of any workers × batch, so the last batch is short
+BATCH = 8
+CPU = "cpu: Test CPU 9000"
+GPU = "cuda: NVIDIA H100 80GB HBM3"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def steps_for(workers: int, samples: int = SAMPLES, batch: int = BATCH) -> int:
+    return math.ceil(samples / (workers * batch))
+
+
+def ring_by_hand(payload: float, n: int, gbit: float, latency_s: float) -> float:
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * payload / (gbit * GBIT)
+
+
+def metrics_line(
+    epoch: int, workers: int, epoch_time_s: float, /, **overrides: Any
+) -> dict[str, Any]:
+    """One metrics.jsonl record with every field docs/CONTRACTS.md lists."""
+    steps = steps_for(workers)
+    line: dict[str, Any] = {
+        "epoch": epoch,
+        "world_size": workers,
+        "nodes": 1,
+        "epoch_time_s": epoch_time_s,
+        "load_time_s": 5.0,
+        "val_time_s": 1.5,
+        "train_loss": 0.9,
+        "val_loss": 1.0,
+        "val_miou": 0.4,
+        "val_accuracy": 0.7,
+        "per_class_iou": [None, 0.5, 0.3],
+        "samples_per_s": SAMPLES / epoch_time_s,
+        "pixels_per_s": SAMPLES * 256 * 256 / epoch_time_s,
+        "step_time_s": epoch_time_s / steps,
+        "data_time_s": 0.001,
+        "steps": steps,
+        "comm_bytes_per_step": 0 if workers == 1 else 4e6,
+        "comm_time_s": 0.01,
+        "compression": "none",
+        "block_momentum": False,
+        "model": "unet-resnet18",
+        "batch_size": BATCH,
+        "device": CPU,
+        "threads_per_worker": 1,
+        "host": "node-0",
+        "lr": 0.01,
+        "time": "2026-01-01T00:00:00Z",
+    }
+    line.update(overrides)
+    return line
+
+
+def write_run(
+    root: Path,
+    name: str,
+    *,
+    workers: int,
+    epoch_times: Sequence[float],
+    run_json: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> Path:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    lines = [
+        json.dumps(metrics_line(epoch, workers, t, **overrides))
+        for epoch, t in enumerate(epoch_times, start=1)
+    ]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if run_json is not None:
+        (run_dir / "run.json").write_text(json.dumps(run_json))
+    return run_dir
+
+
+def power_law_runs(
+    root: Path, workers: Sequence[int], *, scale: float = 100.0, exponent: float = -0.8, **kw: Any
+) -> list[Path]:
+    """Runs with t(N) = scale·N^exponent, a 3× slower warm-up epoch and a +2 % third epoch."""
+    out = []
+    for n in workers:
+        t = scale * n**exponent
+        out.append(write_run(root, f"w{n}", workers=n, epoch_times=[3 * t, t, t * 1.02], **kw))
+    return out
+
+
+def only(runs: Sequence[RunSummary], workers: int) -> RunSummary:
+    (run,) = [r for r in runs if r.workers == workers]
+    return run
+
+
+# --- reading runs ----------------------------------------------------------------------------
+
+
+def test_epoch_time_is_the_median_without_the_warm_up_epoch(tmp_path: Path) -> None:
+    four = write_run(tmp_path, "a", workers=1, epoch_times=[50.0, 10.0, 12.0, 11.0])
+    one = write_run(tmp_path, "b", workers=2, epoch_times=[7.0])
+    two = write_run(tmp_path, "c", workers=4, epoch_times=[9.0, 4.0])
+    runs = load_runs([four, one, two])
+    assert only(runs, 1).epoch_time_s == 11.0
+    assert only(runs, 1).epochs_used == (2, 3, 4)
+    assert only(runs, 2).epoch_time_s == 7.0  # a single epoch is all there is
+    assert only(runs, 4).epoch_time_s == 4.0
+    assert only(runs, 4).epochs_used == (2,)
+    assert only(runs, 4).samples_per_epoch == SAMPLES
+
+
+def test_a_resumed_run_keeps_the_last_record_of_each_epoch(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, "r", workers=2, epoch_times=[30.0, 10.0, 10.0])
+    with (run_dir / "metrics.jsonl").open("a") as handle:
+        handle.write(json.dumps(metrics_line(3, 2, 20.0)) + "\n\n")
+    (run,) = load_runs([run_dir])
+    assert run.epochs == (1, 2, 3)
+    assert run.epoch_time_s == 15.0  # median of epochs 2 and 3 = (10 + 20) / 2
+
+
+def test_a_sweep_directory_and_one_of_its_runs_give_each_run_once(tmp_path: Path) -> None:
+    power_law_runs(tmp_path / "sweep", [1, 2, 4])
+    runs = load_runs([tmp_path / "sweep", tmp_path / "sweep" / "w2"])
+    assert sorted(r.workers for r in runs) == [1, 2, 4]
+
+
+# --- the numbers -----------------------------------------------------------------------------
+
+
+def test_exponent_speedup_efficiency_and_projection_error_from_the_metrics(tmp_path: Path) -> None:
+    workers = [1, 2, 4, 8, 16]
+    power_law_runs(tmp_path, workers)
+    network = parse_network("25gbit:30us")
+    report = build_scaling_report(load_runs([tmp_path]), project_to=(64, 148), network=network)
+    (curve,) = report.curves
+    assert curve.fit is not None
+    assert curve.fit.exponent == pytest.approx(-0.8, abs=1e-9)
+    assert curve.fit.points == 5
+    for row in curve.rows:
+        n = row.run.workers
+        assert row.run.epoch_time_s == pytest.approx(100 * n**-0.8 * 1.01)  # median of t, 1.02 t
+        assert row.speedup == pytest.approx(n**0.8)
+        assert row.ideal_speedup == n
+        assert row.efficiency == pytest.approx(n**-0.2)
+    # the compute fit and the projection's errors, worked out from the formulas in the report
+    t = {n: 100 * n**-0.8 * 1.01 for n in workers}
+    comm = {n: ring_by_hand(4e6, n, 25, 30e-6) for n in [*workers, 64, 148]}
+    a = {n: steps_for(n) * BATCH / t[n] for n in workers}
+    k = {n: steps_for(n) * comm[n] / t[n] for n in workers}
+    c = sum(a[n] * (1 - k[n]) for n in workers) / sum(a[n] ** 2 for n in workers)
+    projection = curve.projection
+    assert projection is not None
+    assert projection.model.compute_per_sample_s == pytest.approx(c, rel=1e-9)
+    assert projection.model.payload_bytes == 4e6
+    by_workers = {p.workers: p for p in projection.points}
+    assert sorted(by_workers) == [1, 2, 4, 8, 16, 64, 148]
+    for n in workers:
+        projected = steps_for(n) * (BATCH * c + comm[n])
+        assert by_workers[n].epoch_time_s == pytest.approx(projected, rel=1e-9)
+        assert by_workers[n].relative_error == pytest.approx((projected - t[n]) / t[n], rel=1e-9)
+    assert projection.max_abs_error == pytest.approx(
+        max(abs(steps_for(n) * (BATCH * c + comm[n]) - t[n]) / t[n] for n in workers)
+    )
+    for n in (64, 148):
+        assert by_workers[n].relative_error is None
+        projected = steps_for(n) * (BATCH * c + comm[n])
+        assert by_workers[n].epoch_time_s == pytest.approx(projected, rel=1e-9)
+        baseline = steps_for(1) * BATCH * c
+        assert by_workers[n].speedup == pytest.approx(baseline / projected, rel=1e-9)
+        assert by_workers[n].efficiency == pytest.approx(baseline / projected / n, rel=1e-9)
+
+
+def test_runs_made_by_the_ring_model_are_projected_without_error(tmp_path: Path) -> None:
+    compute_per_sample_s, payload = 0.02, 3e7
+    for n in (1, 2, 3, 4):
+        t = steps_for(n) * (BATCH * compute_per_sample_s + ring_by_hand(payload, n, 10, 50e-6))
+        write_run(tmp_path, f"w{n}", workers=n, epoch_times=[t * 2, t], comm_bytes_per_step=payload)
+    report = build_scaling_report(
+        load_runs([tmp_path]), project_to=(148,), network=parse_network("10gbit:50us")
+    )
+    projection = report.curves[0].projection
+    assert projection is not None
+    assert projection.model.compute_per_sample_s == pytest.approx(compute_per_sample_s)
+    assert projection.max_abs_error == pytest.approx(0.0, abs=1e-9)
+    at_148 = projection.points[-1]
+    expected = steps_for(148) * (BATCH * 0.02 + 294 * 50e-6 + 294 / 148 * payload / 1.25e9)
+    assert (at_148.workers, at_148.steps) == (148, 1)
+    assert at_148.epoch_time_s == pytest.approx(expected)
+
+
+def test_network_comes_from_the_runs_vm_size_unless_overridden(tmp_path: Path) -> None:
+    run_json = {"config": {"cluster": {"vmSize": "Standard_NC24rs_v3", "nodeCount": 2}}}
+    power_law_runs(tmp_path / "azure", [1, 2], run_json=run_json)
+    power_law_runs(tmp_path / "plain", [1, 2], device=GPU)
+    runs = load_runs([tmp_path / "azure", tmp_path / "plain"])
+    report = build_scaling_report(runs)
+    by_device = {c.key.device: c.projection for c in report.curves}
+    azure, plain = by_device[CPU], by_device[GPU]
+    assert azure is not None and plain is not None
+    assert azure.model.network == IB_EDR
+    assert "Standard_NC24rs_v3" in azure.network_source
+    assert plain.model.network == DEFAULT_NETWORK
+    assert plain.network_source.startswith("default")
+    overridden = build_scaling_report(runs, network=parse_network("infiniband-hdr-200g"))
+    assert {c.projection.model.network.name for c in overridden.curves if c.projection} == {
+        "infiniband-hdr-200g"
+    }
+
+
+def test_devices_are_never_mixed_in_one_curve(tmp_path: Path) -> None:
+    power_law_runs(tmp_path / "cpu", [1, 2, 4], exponent=-0.8)
+    power_law_runs(tmp_path / "gpu", [1, 2, 4], scale=10.0, exponent=-0.5, device=GPU)
+    report = build_scaling_report(load_runs([tmp_path / "gpu", tmp_path / "cpu"]))
+    assert report.devices == (CPU, GPU)
+    exponents = {}
+    for curve in report.curves:
+        assert {r.run.device for r in curve.rows} == {curve.key.device}
+        assert curve.fit is not None
+        exponents[curve.key.device] = curve.fit.exponent
+        assert curve.rows[0].speedup == 1.0  # each device against its own 1-worker run
+    assert exponents[CPU] == pytest.approx(-0.8)
+    assert exponents[GPU] == pytest.approx(-0.5)
+
+
+def test_one_curve_per_compression_and_block_momentum_mode(tmp_path: Path) -> None:
+    power_law_runs(tmp_path / "none", [1, 2, 4], exponent=-0.6)
+    power_law_runs(
+        tmp_path / "psgd",
+        [1, 2, 4],
+        exponent=-0.9,
+        compression="powersgd:2",
+        comm_bytes_per_step=1e5,
+    )
+    power_law_runs(tmp_path / "bmuf", [1, 2, 4], exponent=-0.95, block_momentum=True)
+    report = build_scaling_report(load_runs([tmp_path / n for n in ("none", "psgd", "bmuf")]))
+    curves = {c.label: c for c in report.curves}
+    assert set(curves) == {"none", "powersgd:2", "none + block momentum"}
+    expected = {"none": -0.6, "powersgd:2": -0.9, "none + block momentum": -0.95}
+    for label, curve in curves.items():
+        assert curve.fit is not None and curve.fit.exponent == pytest.approx(expected[label])
+        assert len(curve.rows) == 3
+    psgd = curves["powersgd:2"].projection
+    assert psgd is not None and psgd.model.payload_bytes == 1e5
+    rows = scaling_table(load_runs([tmp_path / "psgd", tmp_path / "none"]))
+    order = [(r.run.compression, r.run.workers) for r in rows]
+    assert order == [(c, n) for c in ("none", "powersgd:2") for n in (1, 2, 4)]
+
+
+# --- oversubscription ------------------------------------------------------------------------
+
+
+def test_sweep_json_marks_oversubscribed_runs_and_the_fit_leaves_them_out(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    power_law_runs(sweep, [1, 2])
+    write_run(sweep, "w4", workers=4, epoch_times=[90.0, 80.0])  # contention: slower than w2
+    entries = [
+        {"workers": n, "run_dir": f"w{n}", "oversubscribed": n > 2, "cores": 2} for n in (1, 2, 4)
+    ]
+    (sweep / "sweep.json").write_text(json.dumps({"runs": entries}))
+    runs = load_runs([sweep])
+    marks = [(r.workers, r.oversubscribed, r.cores) for r in sorted(runs, key=lambda r: r.workers)]
+    assert marks == [(1, False, 2), (2, False, 2), (4, True, 2)]
+    assert only(runs, 4).oversubscribed_source == "sweep.json"
+    (curve,) = build_scaling_report(runs).curves
+    assert [r.run.workers for r in curve.rows] == [1, 2, 4]
+    assert [r.run.workers for r in curve.fit_rows] == [1, 2]
+    assert curve.fit is not None and curve.fit.exponent == pytest.approx(-0.8)
+
+
+def test_sweep_entries_without_a_path_match_by_worker_count(tmp_path: Path) -> None:
+    power_law_runs(tmp_path, [1, 2])
+    (tmp_path / "sweep.json").write_text(
+        json.dumps(
+            [{"workers": 1, "oversubscribed": False}, {"workers": 2, "oversubscribed": True}]
+        )
+    )
+    runs = load_runs([tmp_path])
+    assert only(runs, 2).oversubscribed is True
+    assert only(runs, 1).oversubscribed is False
+
+
+def test_oversubscription_is_inferred_from_run_json_cores(tmp_path: Path) -> None:
+    host = {"host": {"name": "box", "cpu_count": 4}}
+    fits = write_run(
+        tmp_path, "fits", workers=2, epoch_times=[1.0], threads_per_worker=2, run_json=host
+    )
+    over = write_run(
+        tmp_path, "over", workers=4, epoch_times=[1.0], threads_per_worker=2, run_json=host
+    )
+    two_nodes = write_run(
+        tmp_path,
+        "nodes",
+        workers=8,
+        epoch_times=[1.0],
+        threads_per_worker=1,
+        nodes=2,
+        run_json=host,
+    )
+    unknown = write_run(tmp_path, "unknown", workers=16, epoch_times=[1.0])
+    runs = {r.run_dir.name: r for r in load_runs([fits, over, two_nodes, unknown])}
+    assert runs["fits"].oversubscribed is False
+    assert runs["over"].oversubscribed is True  # 4 workers × 2 threads > 4 cores
+    assert runs["over"].oversubscribed_source == "workers×threads 4×2 vs 4 cores"
+    assert runs["nodes"].oversubscribed is False  # 4 workers per host × 1 thread
+    assert runs["unknown"].oversubscribed is None
+
+
+# --- the files -------------------------------------------------------------------------------
+
+
+def test_report_files_are_complete_and_the_html_is_self_contained(tmp_path: Path) -> None:
+    power_law_runs(tmp_path / "cpu", [1, 2, 4])
+    power_law_runs(tmp_path / "gpu", [1, 3], device=GPU)
+    runs = load_runs([tmp_path / "cpu", tmp_path / "gpu"])
+    out = tmp_path / "out"
+    paths = write_scaling_report(runs, out, project_to=(8, 148))
+    assert len(paths.images) == 4  # measured + projected, per device
+    for image in paths.images:
+        data = image.read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        assert len(data) > 20_000  # axes, curves and labels, not an empty canvas
+    page = paths.html.read_text()
+    sources = re.findall(r'<img[^>]*\ssrc="([^"]*)"', page)
+    assert len(sources) == 4
+    for source in sources:
+        assert source.startswith("data:image/png;base64,")
+        assert base64.b64decode(source.split(",", 1)[1]).startswith(PNG_SIGNATURE)
+    assert not re.search(r"https?://|<link|<script", page)
+    assert "PROJECTED" in page and "-0.800" in page
+    markdown = paths.markdown.read_text()
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    assert sorted(linked) == sorted(p.name for p in paths.images)
+    assert "first left out" in markdown and "PROJECTED" in markdown
+    assert "| 148 (projected) | 1 |" in markdown
+
+    with pytest.raises(
+        OutputExistsError, match=r"already holds a scaling report; pass --overwrite"
+    ):
+        write_scaling_report(runs, out)
+    cpu_only = [r for r in runs if r.device == CPU]
+    again = write_scaling_report(cpu_only, out, overwrite=True)
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(p.name for p in again.images)
+    assert GPU not in again.markdown.read_text()
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+def _lines(run_dir: Path, *lines: str) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    return run_dir
+
+
+def _line(**overrides: Any) -> str:
+    record = metrics_line(1, 2, 10.0, **overrides)
+    return json.dumps({k: v for k, v in record.items() if v is not ...})
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "missing", r"missing: no such directory; pass run directories"),
+        (
+            lambda p: (p / "empty-dir").mkdir() or p / "empty-dir",
+            r"empty-dir: no metrics.jsonl in it nor in any subdirectory",
+        ),
+        (lambda p: _lines(p / "r"), r"metrics.jsonl: empty, no epoch has finished"),
+        (
+            lambda p: _lines(p / "r", _line(), '{"epoch": 2, "world_'),
+            r"metrics.jsonl: line 2 is not valid JSON \(.*\); delete that line",
+        ),
+        (lambda p: _lines(p / "r", "[1, 2]"), r"line 1 is not a JSON object"),
+        (
+            lambda p: _lines(p / "r", _line(epoch_time_s=..., device=...)),
+            r"line 1 lacks epoch_time_s, device; the report needs epoch, world_size",
+        ),
+        (
+            lambda p: _lines(p / "r", _line(world_size="4")),
+            r'line 1: world_size must be an integer >= 1, got "4"',
+        ),
+        (
+            lambda p: _lines(p / "r", _line(epoch_time_s=0)),
+            r"line 1: epoch_time_s must be a positive number, got 0",
+        ),
+        (
+            lambda p: _lines(p / "r", _line(block_momentum="no")),
+            r'line 1: block_momentum must be true or false, got "no"',
+        ),
+        (
+            lambda p: _lines(p / "r", _line(), _line(epoch=2, world_size=4)),
+            r"world_size changes between epochs \(2, 4\); one run directory must hold one",
+        ),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path: Path, make: Any, message: str) -> None:
+    with pytest.raises(ReportError, match=message) as info:
+        load_runs([make(tmp_path)])
+    assert "\n" not in str(info.value)
+
+
+def test_bad_run_json_and_sweep_json_are_named(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "a", "r", workers=1, epoch_times=[1.0])
+    (run_dir / "run.json").write_text("{not json")
+    with pytest.raises(ReportError, match=r"r/run.json: not valid JSON \(.*\); restore it"):
+        load_runs([run_dir])
+    sweep = tmp_path / "sweep"
+    write_run(sweep, "w1", workers=1, epoch_times=[1.0])
+    (sweep / "sweep.json").write_text(json.dumps({"runs": [{"run_dir": "w2", "workers": 2}]}))
+    with pytest.raises(ReportError, match=r"w2: listed in .*sweep.json but has no metrics.jsonl"):
+        load_runs([sweep])
+
+
+def test_project_to_must_be_positive(tmp_path: Path) -> None:
+    runs = load_runs(power_law_runs(tmp_path, [1]))
+    with pytest.raises(ReportError, match=r"--project-to 0: worker counts must be >= 1"):
+        build_scaling_report(runs, project_to=(8, 0))
+
+
+def test_a_single_worker_count_gets_no_fit_but_still_a_projection(tmp_path: Path) -> None:
+    (curve,) = build_scaling_report(
+        load_runs(power_law_runs(tmp_path, [2])), project_to=(4,)
+    ).curves
+    assert curve.fit is None
+    assert curve.projection is not None
+    assert curve.projection.max_abs_error == pytest.approx(0.0, abs=1e-12)
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_prints_the_table_and_where_the_files_are(tmp_path: Path) -> None:
+    power_law_runs(tmp_path / "sweep", [1, 2, 4])
+    out = tmp_path / "report"
+    args = ["report", "scaling", str(tmp_path / "sweep"), "--out", str(out)]
+    result = CliRunner().invoke(
+        main, [*args, "--project-to", "8,64", "--network", "infiniband-edr-100g"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "| device | mode | workers | nodes | epoch time (s) |" in result.stdout
+    assert "| 64 (projected) |" in result.stdout
+    assert "infiniband-edr-100g (100 Gbit/s, 1.5 µs latency) [--network]" in result.stdout
+    assert f"report: {out / 'report.html'}" in result.stdout
+    assert f"markdown: {out / 'report.md'}" in result.stdout
+    assert (out / "report.html").is_file()
+
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 2
+    assert "error: --out" in again.stderr and "pass --overwrite" in again.stderr
+    assert CliRunner().invoke(main, [*args, "--overwrite"]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--network", "fast"], "error: --network 'fast': not a network name, a VM size"),
+        (["--project-to", "8,x"], "'x' is not an integer; give e.g. 8,16,64,148"),
+        (["--project-to", "8,0"], "0 workers: worker counts must be >= 1"),
+    ],
+)
+def test_cli_rejects_bad_options(tmp_path: Path, extra: list[str], message: str) -> None:
+    power_law_runs(tmp_path / "sweep", [1, 2])
+    result = CliRunner().invoke(
+        main, ["report", "scaling", str(tmp_path / "sweep"), "--out", str(tmp_path / "o"), *extra]
+    )
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_names_a_directory_without_metrics(tmp_path: Path) -> None:
+    (tmp_path / "nothing").mkdir()
+    result = CliRunner().invoke(
+        main, ["report", "scaling", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: {tmp_path / 'nothing'}: no metrics.jsonl in it nor in any subdirectory; pass run "
+        "directories written by `landcover train --out` (or a sweep directory holding them)\n"
+    )
