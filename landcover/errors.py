@@ -32,3 +32,11 @@ class EvaluationError(LandcoverError):
 
 class ReportError(LandcoverError):
     """Run directories that hold no usable metrics."""
+
+
+class PredictionError(LandcoverError):
+    """A model and images that cannot be predicted together (bands, classes, device)."""
+
+
+class OutputExistsError(LandcoverError, FileExistsError):
+    """An output file exists and --overwrite was not given."""
