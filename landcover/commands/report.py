@@ -12,10 +12,10 @@ from landcover.projection import DEFAULT_NETWORK, parse_network
 from landcover.report import (
     DEFAULT_PROJECT_TO,
     build_scaling_report,
-    load_runs,
     report_markdown,
     write_report_files,
 )
+from landcover.runs import load_runs
 
 
 class WorkerCounts(click.ParamType):  # type: ignore[type-arg]
@@ -68,7 +68,7 @@ def report_group() -> None:
     default=None,
     help="Interconnect for the projection: a network name (e.g. infiniband-edr-100g), a VM "
     "size (e.g. Standard_NC24rs_v3) or '<Gbit/s>gbit[:<latency_us>us]' (e.g. 25gbit:30us). "
-    "Default: the network of the runs' vmSize in run.json, else "
+    "Default: the network of the runs' cluster.vmSize in run.json, else "
     f"{DEFAULT_NETWORK.name}.",
 )
 @overwrite_option

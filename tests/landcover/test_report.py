@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -17,135 +14,18 @@ from cluster.vmsizes import GBIT, IB_EDR
 from landcover.cli import main
 from landcover.errors import OutputExistsError, ReportError
 from landcover.projection import DEFAULT_NETWORK, parse_network
-from landcover.report import (
-    RunSummary,
-    build_scaling_report,
-    load_runs,
-    scaling_table,
-    write_scaling_report,
-)
+from landcover.report import build_scaling_report, scaling_table, write_scaling_report
+from landcover.runs import load_runs
+from tests.landcover.test_runs import BATCH, CPU, only, power_law_runs, steps_for, write_run
 
-SAMPLES = 1003  # not a multiple of any workers × batch, so the last batch is short
-BATCH = 8
-CPU = "cpu: Test CPU 9000"
 GPU = "cuda: NVIDIA H100 80GB HBM3"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def steps_for(workers: int, samples: int = SAMPLES, batch: int = BATCH) -> int:
-    return math.ceil(samples / (workers * batch))
 
 
 def ring_by_hand(payload: float, n: int, gbit: float, latency_s: float) -> float:
     if n == 1:
         return 0.0
     return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * payload / (gbit * GBIT)
-
-
-def metrics_line(
-    epoch: int, workers: int, epoch_time_s: float, /, **overrides: Any
-) -> dict[str, Any]:
-    """One metrics.jsonl record with every field docs/CONTRACTS.md lists."""
-    steps = steps_for(workers)
-    line: dict[str, Any] = {
-        "epoch": epoch,
-        "world_size": workers,
-        "nodes": 1,
-        "epoch_time_s": epoch_time_s,
-        "load_time_s": 5.0,
-        "val_time_s": 1.5,
-        "train_loss": 0.9,
-        "val_loss": 1.0,
-        "val_miou": 0.4,
-        "val_accuracy": 0.7,
-        "per_class_iou": [None, 0.5, 0.3],
-        "samples_per_s": SAMPLES / epoch_time_s,
-        "pixels_per_s": SAMPLES * 256 * 256 / epoch_time_s,
-        "step_time_s": epoch_time_s / steps,
-        "data_time_s": 0.001,
-        "steps": steps,
-        "comm_bytes_per_step": 0 if workers == 1 else 4e6,
-        "comm_time_s": 0.01,
-        "compression": "none",
-        "block_momentum": False,
-        "model": "unet-resnet18",
-        "batch_size": BATCH,
-        "device": CPU,
-        "threads_per_worker": 1,
-        "host": "node-0",
-        "lr": 0.01,
-        "time": "2026-01-01T00:00:00Z",
-    }
-    line.update(overrides)
-    return line
-
-
-def write_run(
-    root: Path,
-    name: str,
-    *,
-    workers: int,
-    epoch_times: Sequence[float],
-    run_json: Mapping[str, Any] | None = None,
-    **overrides: Any,
-) -> Path:
-    run_dir = root / name
-    run_dir.mkdir(parents=True)
-    lines = [
-        json.dumps(metrics_line(epoch, workers, t, **overrides))
-        for epoch, t in enumerate(epoch_times, start=1)
-    ]
-    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    if run_json is not None:
-        (run_dir / "run.json").write_text(json.dumps(run_json))
-    return run_dir
-
-
-def power_law_runs(
-    root: Path, workers: Sequence[int], *, scale: float = 100.0, exponent: float = -0.8, **kw: Any
-) -> list[Path]:
-    """Runs with t(N) = scale·N^exponent, a 3× slower warm-up epoch and a +2 % third epoch."""
-    out = []
-    for n in workers:
-        t = scale * n**exponent
-        out.append(write_run(root, f"w{n}", workers=n, epoch_times=[3 * t, t, t * 1.02], **kw))
-    return out
-
-
-def only(runs: Sequence[RunSummary], workers: int) -> RunSummary:
-    (run,) = [r for r in runs if r.workers == workers]
-    return run
-
-
-# --- reading runs ----------------------------------------------------------------------------
-
-
-def test_epoch_time_is_the_median_without_the_warm_up_epoch(tmp_path: Path) -> None:
-    four = write_run(tmp_path, "a", workers=1, epoch_times=[50.0, 10.0, 12.0, 11.0])
-    one = write_run(tmp_path, "b", workers=2, epoch_times=[7.0])
-    two = write_run(tmp_path, "c", workers=4, epoch_times=[9.0, 4.0])
-    runs = load_runs([four, one, two])
-    assert only(runs, 1).epoch_time_s == 11.0
-    assert only(runs, 1).epochs_used == (2, 3, 4)
-    assert only(runs, 2).epoch_time_s == 7.0  # a single epoch is all there is
-    assert only(runs, 4).epoch_time_s == 4.0
-    assert only(runs, 4).epochs_used == (2,)
-    assert only(runs, 4).samples_per_epoch == SAMPLES
-
-
-def test_a_resumed_run_keeps_the_last_record_of_each_epoch(tmp_path: Path) -> None:
-    run_dir = write_run(tmp_path, "r", workers=2, epoch_times=[30.0, 10.0, 10.0])
-    with (run_dir / "metrics.jsonl").open("a") as handle:
-        handle.write(json.dumps(metrics_line(3, 2, 20.0)) + "\n\n")
-    (run,) = load_runs([run_dir])
-    assert run.epochs == (1, 2, 3)
-    assert run.epoch_time_s == 15.0  # median of epochs 2 and 3 = (10 + 20) / 2
-
-
-def test_a_sweep_directory_and_one_of_its_runs_give_each_run_once(tmp_path: Path) -> None:
-    power_law_runs(tmp_path / "sweep", [1, 2, 4])
-    runs = load_runs([tmp_path / "sweep", tmp_path / "sweep" / "w2"])
-    assert sorted(r.workers for r in runs) == [1, 2, 4]
 
 
 # --- the numbers -----------------------------------------------------------------------------
@@ -213,7 +93,7 @@ def test_runs_made_by_the_ring_model_are_projected_without_error(tmp_path: Path)
 
 
 def test_network_comes_from_the_runs_vm_size_unless_overridden(tmp_path: Path) -> None:
-    run_json = {"config": {"cluster": {"vmSize": "Standard_NC24rs_v3", "nodeCount": 2}}}
+    run_json = {"cores": 24, "cluster": {"vmSize": "Standard_NC24rs_v3", "targetNodeCount": 2}}
     power_law_runs(tmp_path / "azure", [1, 2], run_json=run_json)
     power_law_runs(tmp_path / "plain", [1, 2], device=GPU)
     runs = load_runs([tmp_path / "azure", tmp_path / "plain"])
@@ -291,47 +171,10 @@ def test_sweep_json_marks_oversubscribed_runs_and_the_fit_leaves_them_out(tmp_pa
     assert curve.fit is not None and curve.fit.exponent == pytest.approx(-0.8)
 
 
-def test_sweep_entries_without_a_path_match_by_worker_count(tmp_path: Path) -> None:
-    power_law_runs(tmp_path, [1, 2])
-    (tmp_path / "sweep.json").write_text(
-        json.dumps(
-            [{"workers": 1, "oversubscribed": False}, {"workers": 2, "oversubscribed": True}]
-        )
-    )
-    runs = load_runs([tmp_path])
-    assert only(runs, 2).oversubscribed is True
-    assert only(runs, 1).oversubscribed is False
-
-
-def test_oversubscription_is_inferred_from_run_json_cores(tmp_path: Path) -> None:
-    host = {"host": {"name": "box", "cpu_count": 4}}
-    fits = write_run(
-        tmp_path, "fits", workers=2, epoch_times=[1.0], threads_per_worker=2, run_json=host
-    )
-    over = write_run(
-        tmp_path, "over", workers=4, epoch_times=[1.0], threads_per_worker=2, run_json=host
-    )
-    two_nodes = write_run(
-        tmp_path,
-        "nodes",
-        workers=8,
-        epoch_times=[1.0],
-        threads_per_worker=1,
-        nodes=2,
-        run_json=host,
-    )
-    unknown = write_run(tmp_path, "unknown", workers=16, epoch_times=[1.0])
-    runs = {r.run_dir.name: r for r in load_runs([fits, over, two_nodes, unknown])}
-    assert runs["fits"].oversubscribed is False
-    assert runs["over"].oversubscribed is True  # 4 workers × 2 threads > 4 cores
-    assert runs["over"].oversubscribed_source == "workers×threads 4×2 vs 4 cores"
-    assert runs["nodes"].oversubscribed is False  # 4 workers per host × 1 thread
-    assert runs["unknown"].oversubscribed is None
-
-
 # --- the files -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # six figures: about 5 s
 def test_report_files_are_complete_and_the_html_is_self_contained(tmp_path: Path) -> None:
     power_law_runs(tmp_path / "cpu", [1, 2, 4])
     power_law_runs(tmp_path / "gpu", [1, 3], device=GPU)
@@ -368,71 +211,6 @@ def test_report_files_are_complete_and_the_html_is_self_contained(tmp_path: Path
 
 
 # --- bad input -------------------------------------------------------------------------------
-
-
-def _lines(run_dir: Path, *lines: str) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
-    return run_dir
-
-
-def _line(**overrides: Any) -> str:
-    record = metrics_line(1, 2, 10.0, **overrides)
-    return json.dumps({k: v for k, v in record.items() if v is not ...})
-
-
-@pytest.mark.parametrize(
-    ("make", "message"),
-    [
-        (lambda p: p / "missing", r"missing: no such directory; pass run directories"),
-        (
-            lambda p: (p / "empty-dir").mkdir() or p / "empty-dir",
-            r"empty-dir: no metrics.jsonl in it nor in any subdirectory",
-        ),
-        (lambda p: _lines(p / "r"), r"metrics.jsonl: empty, no epoch has finished"),
-        (
-            lambda p: _lines(p / "r", _line(), '{"epoch": 2, "world_'),
-            r"metrics.jsonl: line 2 is not valid JSON \(.*\); delete that line",
-        ),
-        (lambda p: _lines(p / "r", "[1, 2]"), r"line 1 is not a JSON object"),
-        (
-            lambda p: _lines(p / "r", _line(epoch_time_s=..., device=...)),
-            r"line 1 lacks epoch_time_s, device; the report needs epoch, world_size",
-        ),
-        (
-            lambda p: _lines(p / "r", _line(world_size="4")),
-            r'line 1: world_size must be an integer >= 1, got "4"',
-        ),
-        (
-            lambda p: _lines(p / "r", _line(epoch_time_s=0)),
-            r"line 1: epoch_time_s must be a positive number, got 0",
-        ),
-        (
-            lambda p: _lines(p / "r", _line(block_momentum="no")),
-            r'line 1: block_momentum must be true or false, got "no"',
-        ),
-        (
-            lambda p: _lines(p / "r", _line(), _line(epoch=2, world_size=4)),
-            r"world_size changes between epochs \(2, 4\); one run directory must hold one",
-        ),
-    ],
-)
-def test_bad_input_is_one_clear_line(tmp_path: Path, make: Any, message: str) -> None:
-    with pytest.raises(ReportError, match=message) as info:
-        load_runs([make(tmp_path)])
-    assert "\n" not in str(info.value)
-
-
-def test_bad_run_json_and_sweep_json_are_named(tmp_path: Path) -> None:
-    run_dir = write_run(tmp_path / "a", "r", workers=1, epoch_times=[1.0])
-    (run_dir / "run.json").write_text("{not json")
-    with pytest.raises(ReportError, match=r"r/run.json: not valid JSON \(.*\); restore it"):
-        load_runs([run_dir])
-    sweep = tmp_path / "sweep"
-    write_run(sweep, "w1", workers=1, epoch_times=[1.0])
-    (sweep / "sweep.json").write_text(json.dumps({"runs": [{"run_dir": "w2", "workers": 2}]}))
-    with pytest.raises(ReportError, match=r"w2: listed in .*sweep.json but has no metrics.jsonl"):
-        load_runs([sweep])
 
 
 def test_project_to_must_be_positive(tmp_path: Path) -> None:

@@ -1,0 +1,376 @@
+"""Training runs as the scaling report sees them: read run directories (and the sweep
+directories holding them) into `RunSummary` values.
+
+A run's epoch time is robust to warm-up: the median of its per-epoch training times over every
+epoch but the first when it has two or more (the first pays for allocator, cuDNN autotuning
+and page-cache warm-up). The one-time shard load is kept apart, never in epoch time.
+A run is oversubscribed when its workers on one host ask for more threads than the host has
+cores; the sweep that launched it says so, else run.json's `cores` decides, else it is unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from landcover.errors import ReportError
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"
+SWEEP_FILE = "sweep.json"
+
+# metrics.jsonl fields the report reads → the kind of value each must hold (see _KINDS)
+_REQUIRED: dict[str, str] = {
+    "epoch": "int>=1",
+    "world_size": "int>=1",
+    "epoch_time_s": "number>0",
+    "load_time_s": "number>=0",
+    "steps": "int>=1",
+    "batch_size": "int>=1",
+    "comm_bytes_per_step": "number>=0",
+    "device": "str",
+    "compression": "str",
+    "block_momentum": "bool",
+}
+_OPTIONAL: dict[str, str] = {  # may also be null
+    "nodes": "int>=1",
+    "threads_per_worker": "int>=1",
+    "samples_per_s": "number>0",
+    "model": "str",
+    "host": "str",
+}
+# fields that must not change between the epochs of one run
+_CONSTANT = ("world_size", "device", "compression", "block_momentum", "batch_size", "nodes")
+# sweep.json is not pinned in docs/CONTRACTS.md yet: accept the names a sweep may give its runs
+_SWEEP_PATH_KEYS = ("run_dir", "dir", "path", "out", "name")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int>=1": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "number>0": (lambda v: _is_number(v) and v > 0, "a positive number"),
+    "number>=0": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One run directory reduced to the numbers a scaling curve needs."""
+
+    run_dir: Path
+    device: str
+    compression: str
+    block_momentum: bool
+    model: str | None
+    batch_size: int
+    workers: int
+    nodes: int
+    threads_per_worker: int | None
+    epochs: tuple[int, ...]
+    epochs_used: tuple[int, ...]
+    epoch_times_s: tuple[float, ...]
+    epoch_time_s: float  # median over epochs_used
+    load_time_s: float
+    steps: int
+    samples_per_epoch: int
+    samples_per_s: float | None
+    comm_bytes_per_step: float
+    vm_size: str | None
+    cores: int | None
+    oversubscribed: bool | None  # None: unknown (no sweep.json and no core count)
+    oversubscribed_source: str | None
+
+    @property
+    def label(self) -> str:
+        return str(self.run_dir)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.epoch_time_s / self.steps
+
+
+_Entry = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sweep:
+    """What a sweep.json says about the run directories beside it (nothing without one)."""
+
+    file: Path
+    named: dict[Path, tuple[Path, _Entry]]  # resolved run dir → (run dir, entry)
+    unnamed: tuple[_Entry, ...]  # entries naming no directory: matched by worker count
+    failed: dict[Path, _Entry]  # resolved run dir → entry, for runs the sweep marks failed
+
+    def entry_for(self, run_dir: Path, workers: int) -> _Entry | None:
+        """The entry naming `run_dir`, else the one unnamed entry with `workers` workers."""
+        named = self.named.get(run_dir.resolve())
+        if named is not None:
+            return named[1]
+        matches = [e for e in self.unnamed if e.get("workers") == workers]
+        return matches[0] if len(matches) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    run_dir: Path
+    sweep: _Sweep
+
+
+def load_runs(paths: Iterable[str | os.PathLike[str]]) -> list[RunSummary]:
+    """Read run directories (written by `landcover train --out`) and sweep directories (a
+    `sweep.json` and/or subdirectories that are runs). Raises ReportError on bad input."""
+    sources: dict[Path, _Source] = {}
+    for raw in paths:
+        for source in _expand(Path(raw)):
+            sources.setdefault(source.run_dir.resolve(), source)
+    if not sources:
+        raise ReportError("no run directories given; pass the --out of `landcover train` runs")
+    runs = [_summarise(source) for source in sources.values()]
+    logger.info("read %d runs", len(runs))
+    return runs
+
+
+def _expand(path: Path) -> list[_Source]:
+    if path.name == METRICS_FILE and path.is_file():
+        path = path.parent
+    if not path.is_dir():
+        raise ReportError(
+            f"{path}: no such directory; pass run directories written by `landcover train --out` "
+            "or a sweep directory"
+        )
+    if (path / METRICS_FILE).exists():
+        return [_Source(path, _load_sweep(path.parent))]
+    sweep = _load_sweep(path)
+    for run_dir, _ in sweep.named.values():
+        if not (run_dir / METRICS_FILE).is_file():
+            raise ReportError(
+                f"{run_dir}: listed in {sweep.file} but has no {METRICS_FILE}; the run did not "
+                "finish an epoch: rerun it, or pass the other run directories one by one"
+            )
+    for entry in sweep.failed.values():
+        logger.warning("%s: skipping a run the sweep marks as failed: %s", sweep.file, entry)
+    run_dirs = {resolved: run_dir for resolved, (run_dir, _) in sweep.named.items()}
+    for child in sorted(path.iterdir()):
+        resolved = child.resolve()
+        if (child / METRICS_FILE).is_file() and resolved not in sweep.failed:
+            run_dirs.setdefault(resolved, child)
+    if not run_dirs:
+        raise ReportError(
+            f"{path}: no {METRICS_FILE} in it nor in any subdirectory; pass run directories "
+            "written by `landcover train --out` (or a sweep directory holding them)"
+        )
+    return [_Source(run_dir, sweep) for run_dir in run_dirs.values()]
+
+
+def _load_sweep(sweep_dir: Path) -> _Sweep:
+    sweep_file = sweep_dir / SWEEP_FILE
+    named: dict[Path, tuple[Path, _Entry]] = {}
+    unnamed: list[_Entry] = []
+    failed: dict[Path, _Entry] = {}
+    for entry in _read_sweep(sweep_file) if sweep_file.is_file() else ():
+        run_dir = _entry_dir(sweep_dir, entry)
+        if _entry_failed(entry):
+            if run_dir is not None:
+                failed[run_dir.resolve()] = entry
+        elif run_dir is None:
+            unnamed.append(entry)
+        else:
+            named.setdefault(run_dir.resolve(), (run_dir, entry))
+    return _Sweep(sweep_file, named, tuple(unnamed), failed)
+
+
+def _read_sweep(sweep_file: Path) -> tuple[_Entry, ...]:
+    data = _read_json(sweep_file)
+    entries = data.get("runs") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ReportError(
+            f"{sweep_file}: expected a list of run objects (or {{'runs': [...]}}); rerun "
+            "`landcover scale` or delete the file to read the run subdirectories alone"
+        )
+    return tuple(entries)
+
+
+def _entry_failed(entry: _Entry) -> bool:
+    status = str(entry.get("status", "")).lower()
+    return status in {"failed", "error", "crashed"} or entry.get("returncode") not in (None, 0)
+
+
+def _entry_dir(sweep_dir: Path, entry: _Entry) -> Path | None:
+    for key in _SWEEP_PATH_KEYS:
+        value = entry.get(key)
+        if isinstance(value, str) and value:
+            candidate = Path(value)
+            if candidate.is_absolute():
+                return candidate
+            # the sweep may have recorded paths relative to its own cwd, not to the sweep dir
+            if (sweep_dir / candidate).exists() or not (sweep_dir / candidate.name).exists():
+                return sweep_dir / candidate
+            return sweep_dir / candidate.name
+    return None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); restore it or delete it"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The epochs of a metrics.jsonl, checked and in epoch order; a resumed run rewrites
+    epochs, and the last record of an epoch wins."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
+    by_epoch: dict[int, dict[str, Any]] = {}
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            record = _parse_metrics_line(path, number, line)
+            by_epoch[record["epoch"]] = record
+    if not by_epoch:
+        raise ReportError(
+            f"{path}: empty, no epoch has finished; wait for the run's first epoch or leave "
+            f"{path.parent} out"
+        )
+    records = [by_epoch[e] for e in sorted(by_epoch)]
+    for name in _CONSTANT:
+        values = {json.dumps(r.get(name)) for r in records}
+        if len(values) > 1:
+            raise ReportError(
+                f"{path}: {name} changes between epochs ({', '.join(sorted(values))}); one run "
+                "directory must hold one configuration: train each in its own --out"
+            )
+    return records
+
+
+def _parse_metrics_line(path: Path, number: int, line: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{path}: line {number} is not valid JSON ({exc.msg}); delete that line or "
+            "rerun the training"
+        ) from None
+    if not isinstance(record, dict):
+        raise ReportError(f"{path}: line {number} is not a JSON object; delete that line")
+    missing = [name for name in _REQUIRED if name not in record]
+    if missing:
+        raise ReportError(
+            f"{path}: line {number} lacks {', '.join(missing)}; the report needs "
+            f"{', '.join(_REQUIRED)} on every line (docs/CONTRACTS.md, metrics.jsonl)"
+        )
+    for name, kind in (*_REQUIRED.items(), *_OPTIONAL.items()):
+        value = record.get(name)
+        is_valid, wanted = _KINDS[kind]
+        if not is_valid(value) and not (name in _OPTIONAL and value is None):
+            raise ReportError(
+                f"{path}: line {number}: {name} must be {wanted}, got {json.dumps(value)}; "
+                "fix or delete that line"
+            )
+    return record
+
+
+def _summarise(source: _Source) -> RunSummary:
+    records = _read_metrics(source.run_dir / METRICS_FILE)
+    first = records[0]
+    # the first epoch pays for warm-up (allocator, autotuning, page cache): leave it out
+    used = records[1:] if len(records) >= 2 else records
+    workers = int(first["world_size"])
+    batch_size = int(first["batch_size"])
+    nodes = int(first.get("nodes") or 1)
+    threads: int | None = first.get("threads_per_worker")
+    samples = [
+        r["samples_per_s"] * r["epoch_time_s"]
+        if r.get("samples_per_s")
+        else r["steps"] * workers * batch_size
+        for r in used
+    ]
+    samples_per_s = [float(r["samples_per_s"]) for r in used if r.get("samples_per_s")]
+    entry = source.sweep.entry_for(source.run_dir, workers)
+    run_file = source.run_dir / RUN_FILE
+    run_info = _read_json(run_file) if run_file.is_file() else {}
+    if not isinstance(run_info, dict):
+        run_info = {}
+    cores = _positive_int((entry or {}).get("cores")) or _positive_int(run_info.get("cores"))
+    oversubscribed, oversubscribed_source = _oversubscription(
+        entry, cores=cores, workers=workers, nodes=nodes, threads_per_worker=threads
+    )
+    return RunSummary(
+        run_dir=source.run_dir,
+        device=str(first["device"]),
+        compression=str(first["compression"]),
+        block_momentum=bool(first["block_momentum"]),
+        model=first.get("model"),
+        batch_size=batch_size,
+        workers=workers,
+        nodes=nodes,
+        threads_per_worker=threads,
+        epochs=tuple(int(r["epoch"]) for r in records),
+        epochs_used=tuple(int(r["epoch"]) for r in used),
+        epoch_times_s=tuple(float(r["epoch_time_s"]) for r in records),
+        epoch_time_s=statistics.median(float(r["epoch_time_s"]) for r in used),
+        load_time_s=max(float(r["load_time_s"]) for r in records),
+        steps=round(statistics.median(int(r["steps"]) for r in used)),
+        samples_per_epoch=max(1, round(statistics.median(samples))),
+        samples_per_s=statistics.median(samples_per_s) if samples_per_s else None,
+        comm_bytes_per_step=statistics.median(float(r["comm_bytes_per_step"]) for r in used),
+        vm_size=_vm_size(run_info),
+        cores=cores,
+        oversubscribed=oversubscribed,
+        oversubscribed_source=oversubscribed_source,
+    )
+
+
+def _oversubscription(
+    entry: _Entry | None,
+    *,
+    cores: int | None,
+    workers: int,
+    nodes: int,
+    threads_per_worker: int | None,
+) -> tuple[bool | None, str | None]:
+    """Whether a run's workers asked for more threads than a host has cores, and who says so:
+    the sweep's own mark first, else workers per host × threads against the core count."""
+    if entry is not None and isinstance(entry.get("oversubscribed"), bool):
+        return entry["oversubscribed"], SWEEP_FILE
+    if cores is None or threads_per_worker is None:
+        return None, None
+    workers_per_host = math.ceil(workers / nodes)
+    return (
+        workers_per_host * threads_per_worker > cores,
+        f"workers×threads {workers_per_host}×{threads_per_worker} vs {cores} cores",
+    )
+
+
+def _vm_size(run_info: dict[str, Any]) -> str | None:
+    """`cluster.vmSize` of run.json, which only the cluster launcher writes."""
+    cluster = run_info.get("cluster")
+    vm_size = cluster.get("vmSize") if isinstance(cluster, dict) else None
+    return vm_size if isinstance(vm_size, str) and vm_size else None
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if _is_int(value) and value > 0 else None
