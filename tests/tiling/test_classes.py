@@ -42,7 +42,7 @@ def test_unknown_values_are_named_with_the_fix() -> None:
 
 
 def test_out_of_range_values_are_rejected() -> None:
-    with pytest.raises(LabelError, match="0..255"):
+    with pytest.raises(LabelError, match=r"0\.\.255"):
         get_class_map("nlcd").apply(np.array([300], dtype=np.int32))
 
 
@@ -56,7 +56,7 @@ def test_identity_map_keeps_codes() -> None:
     assert cmap.apply(np.array([0, 1, 3], dtype=np.uint8)).tolist() == [0, 1, 3]
     with pytest.raises(LabelError, match=r"\[4\]"):
         cmap.apply(np.array([4], dtype=np.uint8))
-    with pytest.raises(LabelError, match="2..256"):
+    with pytest.raises(LabelError, match=r"2\.\.256"):
         identity_class_map(1)
 
 

@@ -1,0 +1,393 @@
+"""The chip-store contract, run against a local path, memory:// and Azurite az:// stores.
+
+`ChipStoreContract` is the one suite every storage backend must pass (like zarr's
+StoreTests); the subclasses only say where stores live.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.azurite import Azurite
+from tests.tiling.rasters import Scenes
+from tiling.errors import StorageAccessError, StoreError, StoreExistsError
+from tiling.store import (
+    ATTRS_KEY,
+    BandStats,
+    ChipStore,
+    SourceRecord,
+    assign_chips_to_ranks,
+    load_shard_into_memory,
+    open_store,
+    shard_bytes,
+)
+from tiling.tile import TileConfig, tile
+from tiling.urls import filesystem
+from tiling.writer import ChipStoreWriter, StoreParams, open_writer
+
+
+def tile_config(scenes: Scenes, out: str, options: Mapping[str, Any], **kw: Any) -> TileConfig:
+    base: dict[str, Any] = {
+        "images": (str(scenes.root / "naip" / "*.tif"),),
+        "labels": (str(scenes.root / "labels"),),
+        "out": out,
+        "chip_size": 64,
+        "shard_size": 5,
+        "min_valid": 0.5,
+        "val_fraction": 0.25,
+        "split_block_chips": 2,
+        "workers": 2,
+        "storage_options": dict(options),
+    }
+    base.update(kw)
+    return TileConfig(**base)
+
+
+def snapshot(url: str, options: Mapping[str, Any]) -> dict[str, bytes]:
+    """Every object of a store, keyed by its path inside the store."""
+    fs, root = filesystem(url, options)
+    root = root.rstrip("/")
+    return {p[len(root) + 1 :]: fs.cat_file(p) for p in sorted(fs.find(root))}
+
+
+@pytest.fixture(scope="module")
+def reference(scenes: Scenes, tmp_path_factory: pytest.TempPathFactory) -> ChipStore:
+    """The store every backend must reproduce, written once to a local path."""
+    out = str(tmp_path_factory.mktemp("reference") / "ref.zarr")
+    tile(tile_config(scenes, out, {}))
+    return open_store(out)
+
+
+class ChipStoreContract:
+    """What every storage backend must do. Subclasses provide `url` and `options`."""
+
+    options: Mapping[str, Any] = {}
+
+    @pytest.fixture()
+    def url(self) -> Callable[[str], str]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def test_tile_then_read_back_matches_the_reference(
+        self, url: Callable[[str], str], scenes: Scenes, reference: ChipStore
+    ) -> None:
+        out = url("chips.zarr")
+        result = tile(tile_config(scenes, out, self.options))
+        store = open_store(out, storage_options=self.options)
+        assert result.summary == store.summary
+        assert store.summary == reference.summary
+        assert np.array_equal(store.index(), reference.index())
+        images, labels = store.read_chips(store.chip_ids("all"))
+        ref_images, ref_labels = reference.read_chips(reference.chip_ids("all"))
+        assert np.array_equal(images, ref_images)
+        assert labels is not None and ref_labels is not None
+        assert np.array_equal(labels, ref_labels)
+        assert store.stored_bytes() == reference.stored_bytes()
+        assert snapshot(out, self.options) == snapshot(reference.url, {})
+
+    def test_read_chips_returns_chips_in_the_order_asked(
+        self, url: Callable[[str], str], scenes: Scenes, reference: ChipStore
+    ) -> None:
+        out = url("order.zarr")
+        tile(tile_config(scenes, out, self.options))
+        store = open_store(out, storage_options=self.options)
+        n = store.summary.num_chips
+        ids = np.array([n - 1, 0, 7, 7, n // 2, 3])
+        images, labels = store.read_chips(ids)
+        ref_images, ref_labels = reference.read_chips(np.arange(n))
+        assert np.array_equal(images, ref_images[ids])
+        assert labels is not None and ref_labels is not None
+        assert np.array_equal(labels, ref_labels[ids])
+        with pytest.raises(StoreError, match=rf"chip ids must be in 0..{n - 1}, got 0..{n}"):
+            store.read_chips(np.array([0, n]))
+
+    def test_ranks_partition_the_split_and_load_exactly_their_chips(
+        self, url: Callable[[str], str], scenes: Scenes, reference: ChipStore
+    ) -> None:
+        out = url("ranks.zarr")
+        tile(tile_config(scenes, out, self.options))
+        summary = open_store(out, storage_options=self.options).summary
+        train = reference.chip_ids("train")
+        assert summary.num_train == train.size and summary.num_val > 0
+        ref_images, ref_labels = reference.read_chips(np.arange(summary.num_chips))
+        shards = [
+            load_shard_into_memory(
+                out, rank=r, world_size=3, split="train", storage_options=self.options
+            )
+            for r in range(3)
+        ]
+        assert np.array_equal(np.concatenate([s.chip_ids for s in shards]), train)
+        for s in shards:
+            assert np.array_equal(s.images, ref_images[s.chip_ids])
+            assert s.labels is not None and np.array_equal(s.labels, ref_labels[s.chip_ids])
+            assert 0 < s.bytes_read <= reference.stored_bytes()
+            assert s.load_time_s > 0
+        assert shard_bytes(summary, world_size=3, split="train") == max(s.nbytes for s in shards)
+
+    def test_readers_see_only_chips_of_done_sources(self, url: Callable[[str], str]) -> None:
+        out = url("atomic.zarr")
+        writer = open_writer(out, small_params(("s0", "s1")), storage_options=self.options)
+        first = chips(7, seed=0)
+        write_source(writer, 0, first)
+        writer.begin_source(record(1))
+        second = chips(9, seed=1)
+        writer.append(*second)  # 16 rows: 3 shards of 5 written, the source not committed
+        store = open_store(out, storage_options=self.options)
+        assert store.summary.num_chips == 7
+        assert [s.id for s in store.summary.sources] == [0]
+        assert store.index().shape == (7, 4)
+        images, labels = store.read_chips(np.arange(7))
+        assert np.array_equal(images, first[0])
+        assert labels is not None and np.array_equal(labels, first[1])
+        written = snapshot(out, self.options)
+        assert {"images/c/1/0/0/0", "images/c/2/0/0/0", "labels/c/2/0/0"} <= set(written)
+
+    def test_resume_after_an_interruption_writes_the_same_bytes(
+        self,
+        url: Callable[[str], str],
+        scenes: Scenes,
+        reference: ChipStore,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        out = url("resumed.zarr")
+        interrupt_after_appends(monkeypatch, 3)  # inside source 2: a half-written tail
+        with pytest.raises(KeyboardInterrupt):
+            tile(tile_config(scenes, out, self.options))
+        monkeypatch.undo()
+        partial = open_store(out, storage_options=self.options).summary
+        assert not partial.complete and partial.num_chips < reference.summary.num_chips
+        result = tile(tile_config(scenes, out, self.options))
+        assert result.sources_resumed == len(partial.sources)
+        assert snapshot(out, self.options) == snapshot(reference.url, {})
+
+    def test_a_complete_store_is_refused_and_overwrite_rebuilds_it(
+        self, url: Callable[[str], str], scenes: Scenes
+    ) -> None:
+        out = url("complete.zarr")
+        tile(tile_config(scenes, out, self.options))
+        with pytest.raises(
+            StoreExistsError,
+            match=r"exists and is complete \(\d+ chips from 2 "
+            r"sources\); pass --overwrite to rebuild it or choose another --out",
+        ):
+            tile(tile_config(scenes, out, self.options))
+        with pytest.raises(
+            StoreExistsError,
+            match=r"exists and was written with other options "
+            r"\(chip_size 64 \(now 80\).*\); rerun the original command to "
+            "resume it, or pass --overwrite to replace it",
+        ):
+            tile(tile_config(scenes, out, self.options, chip_size=80))
+        result = tile(tile_config(scenes, out, self.options, chip_size=80, overwrite=True))
+        assert open_store(out, storage_options=self.options).summary.chip_size == 80
+        assert result.summary.complete
+
+    def test_a_store_of_a_newer_format_is_refused(
+        self, url: Callable[[str], str], scenes: Scenes
+    ) -> None:
+        out = url("newer.zarr")
+        tile(tile_config(scenes, out, self.options))
+        group = zarr.open_group(store=_zarr_store(out, self.options), mode="r+")
+        meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
+        group.update_attributes({ATTRS_KEY: {**meta, "version": 99}})
+        message = r"chip store format version 99 is newer than this landcover reads \(version 1\)"
+        with pytest.raises(StoreError, match=message):
+            open_store(out, storage_options=self.options)
+        with pytest.raises(StoreError, match=message):
+            tile(tile_config(scenes, out, self.options))
+
+    def test_opening_a_missing_store_names_the_fix(self, url: Callable[[str], str]) -> None:
+        out = url("missing.zarr")
+        with pytest.raises(
+            StoreError,
+            match=r"missing.zarr: no chip store there; create one "
+            "with `landcover tile",
+        ):
+            open_store(out, storage_options=self.options)
+
+
+class TestLocalStore(ChipStoreContract):
+    @pytest.fixture()
+    def url(self, tmp_path: Path) -> Callable[[str], str]:
+        return lambda name: str(tmp_path / name)
+
+
+class TestMemoryStore(ChipStoreContract):
+    @pytest.fixture()
+    def url(self) -> Callable[[str], str]:
+        prefix = uuid.uuid4().hex[:10]
+        return lambda name: f"memory://{prefix}/{name}"
+
+
+@pytest.mark.azurite
+class TestAzuriteStore(ChipStoreContract):
+    @pytest.fixture(autouse=True)
+    def _server(self, azurite: Azurite) -> None:
+        self.options = azurite.storage_options
+
+    @pytest.fixture()
+    def url(self, azurite: Azurite) -> Callable[[str], str]:
+        prefix = uuid.uuid4().hex[:10]
+        return lambda name: azurite.url(f"{prefix}/{name}")
+
+
+# --- helpers for writer-level tests -----------------------------------------------------
+
+
+def _zarr_store(url: str, options: Mapping[str, Any]) -> Any:
+    from tiling.urls import zarr_store
+
+    return zarr_store(url, storage_options=options)
+
+
+def small_params(images: tuple[str, ...]) -> StoreParams:
+    from tiling.classes import get_class_map
+
+    return StoreParams(
+        chip_size=8,
+        stride=8,
+        shard_size=5,
+        class_map=get_class_map("chesapeake7to5"),
+        val_fraction=0.0,
+        min_valid=0.0,
+        split_block_chips=4,
+        compression_level=3,
+        images=images,
+        labels=("l",),
+    )
+
+
+def chips(n: int, *, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    images = rng.integers(1, 256, size=(n, 4, 8, 8), dtype=np.uint8)
+    labels = rng.integers(0, 5, size=(n, 8, 8), dtype=np.uint8)
+    index = np.stack([np.full(n, seed), np.arange(n), np.zeros(n), np.zeros(n)], 1)
+    return images, labels, index.astype(np.int32)
+
+
+def record(source_id: int) -> SourceRecord:
+    return SourceRecord(
+        id=source_id,
+        path=f"s{source_id}",
+        crs="",
+        transform=(1.0, 0.0, 0.0, 0.0, -1.0, 0.0),
+        shape=(80, 80),
+        start=0,
+        chips=0,
+        state="writing",
+    )
+
+
+def write_source(
+    writer: ChipStoreWriter, source_id: int, data: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    writer.begin_source(record(source_id))
+    writer.append(*data)
+    writer.commit_source(
+        band_stats=BandStats(), class_counts=(0,) * 5, train_chips=len(data[0]), val_chips=0
+    )
+
+
+def interrupt_after_appends(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Make the n-th ChipStoreWriter.append_encoded raise, as a Ctrl-C or a killed job would."""
+    calls = {"n": 0}
+    real_append = ChipStoreWriter.append_encoded
+
+    def append(self: ChipStoreWriter, *args: Any) -> None:
+        real_append(self, *args)
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ChipStoreWriter, "append_encoded", append)
+
+
+# --- pure parts of the API --------------------------------------------------------------
+
+
+@settings(deadline=None)  # no timed asserts
+@given(st.integers(0, 3000), st.integers(1, 64), st.integers(0, 10_000))
+def test_ranks_get_balanced_contiguous_runs(n: int, world: int, start: int) -> None:
+    ids = np.arange(start, start + n, dtype=np.int64)[::-1]
+    parts = assign_chips_to_ranks(ids, world)
+    assert len(parts) == world
+    sizes = [p.size for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+    assert np.array_equal(np.concatenate(parts), np.sort(ids))
+    for p in parts:
+        assert np.array_equal(p, np.arange(p[0], p[0] + p.size)) if p.size else True
+
+
+def test_world_size_must_be_positive() -> None:
+    with pytest.raises(StoreError, match="world_size must be at least 1, got 0"):
+        assign_chips_to_ranks(np.arange(3), 0)
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(0, 255), min_size=1, max_size=400), st.integers(0, 5))
+def test_band_stats_are_exact_and_combine_like_one_pass(values: list[int], cut: int) -> None:
+    data = np.array(values, dtype=np.int64)
+    cut = min(cut, data.size)
+
+    def stats(x: np.ndarray) -> BandStats:
+        s, sq = int(x.sum()), int((x * x).sum())
+        return BandStats(sums=(s,) * 4, sums_sq=(sq,) * 4, count=int(x.size))
+
+    combined = stats(data[:cut]) + stats(data[cut:])
+    assert combined == stats(data)
+    assert combined.mean[0] == pytest.approx(float(data.mean()), rel=1e-12)
+    assert combined.std[0] == pytest.approx(float(data.std()), rel=1e-9, abs=1e-9)
+    assert BandStats.from_json(combined.to_json()) == combined
+
+
+def test_unreachable_azure_account_fails_fast_with_one_line() -> None:
+    closed = f"http://127.0.0.1:{_closed_port()}/devstoreaccount1"
+    options = {
+        "connection_string": f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        f"AccountKey=a2V5;BlobEndpoint={closed};"
+    }
+    with pytest.raises(
+        StorageAccessError,
+        match=r"az://chips/x.zarr: cannot reach storage "
+        r"account endpoint 127.0.0.1:\d+ \(Connection refused\); check "
+        "account_name / connection_string in --storage-options",
+    ):
+        open_store("az://chips/x.zarr", storage_options=options)
+
+
+def test_az_url_without_any_account_names_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(
+        StorageAccessError,
+        match=r"az://chips/x.zarr: no Azure account given; "
+        "pass --storage-options",
+    ):
+        open_store("az://chips/x.zarr")
+
+
+def test_memory_stores_at_different_urls_are_independent() -> None:
+    a, b = f"memory://{uuid.uuid4().hex}/a.zarr", f"memory://{uuid.uuid4().hex}/b.zarr"
+    writer = open_writer(a, small_params(("s0",)))
+    write_source(writer, 0, chips(3, seed=0))
+    writer.finish()
+    assert open_store(a).summary.num_chips == 3
+    with pytest.raises(StoreError, match="no chip store there"):
+        open_store(b)
+    fs = fsspec.filesystem("memory")
+    assert fs.exists(a.removeprefix("memory:/"))
+
+
+def _closed_port() -> int:
+    from tests.azurite import free_port
+
+    return free_port()  # bound and released: nothing listens there

@@ -1,0 +1,422 @@
+"""Tiling end to end: round trips, edges, labels, statistics, splits, resume, real NAIP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rasterio
+from affine import Affine
+from pyproj import Transformer
+from rasterio.crs import CRS
+
+from tests.tiling.rasters import ALBERS, Scenes, write_nlcd_cover, write_raster
+from tests.tiling.test_store import snapshot
+from tiling.classes import get_class_map
+from tiling.errors import LabelError, StoreError, StoreExistsError, TilingError
+from tiling.grid import chip_offsets
+from tiling.store import ChipStore, open_store
+from tiling.tile import TileConfig, plan_tiling, tile
+from tiling.writer import ChipStoreWriter
+
+ALPHA_NIR = ("m_3211605_ne_11_060_20200415.tif", "m_4208701_ne_16_060_20200902.tif")
+
+
+def config(images: list[Path] | tuple[Path, ...], out: Path, **kw: Any) -> TileConfig:
+    base: dict[str, Any] = {
+        "images": tuple(str(p) for p in images),
+        "out": str(out),
+        "chip_size": 64,
+        "shard_size": 4,
+        "min_valid": 0.0,
+        "workers": 2,
+    }
+    base.update(kw)
+    return TileConfig(**base)
+
+
+def reassemble(store: ChipStore, source_id: int) -> np.ndarray:
+    """Paste every chip of a source at its index offsets; -1 where no chip landed."""
+    record = next(s for s in store.summary.sources if s.id == source_id)
+    h, w = record.shape
+    c = store.summary.chip_size
+    canvas = np.full((4, h, w), -1, dtype=np.int16)
+    index = store.index()
+    ids = np.flatnonzero(index[:, 0] == source_id)
+    images, _ = store.read_chips(ids)
+    for chip, (_, row, col, _) in zip(images, index[ids], strict=True):
+        region = canvas[:, row : row + c, col : col + c]
+        assert ((region == -1) | (region == chip)).all(), "overlapping chips disagree"
+        region[...] = chip
+    return canvas
+
+
+def test_chips_reassembled_at_their_offsets_give_back_the_source(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    out = tmp_path / "rt.zarr"
+    tile(config(scenes.images, out, stride=48))
+    store = open_store(str(out))
+    for source_id, pixels in enumerate(scenes.image_pixels):
+        assert np.array_equal(reassemble(store, source_id), pixels)
+    with rasterio.open(scenes.images[0]) as ds:
+        record = store.summary.sources[0]
+        assert Affine(*record.transform) == ds.transform
+        assert CRS.from_wkt(record.crs) == ds.crs
+        assert record.shape == (ds.height, ds.width)
+
+
+def test_edge_chips_are_flush_with_the_image_edges(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "edges.zarr"
+    tile(config(scenes.images[:1], out))  # 300 x 413 px, 64 px chips
+    index = open_store(str(out)).index()
+    assert sorted(set(index[:, 1])) == [0, 64, 128, 192, 236]
+    assert sorted(set(index[:, 2])) == [0, 64, 128, 192, 256, 320, 349]
+    assert len(index) == 5 * 7
+
+
+def test_chip_larger_than_the_image_is_refused_before_writing(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    out = tmp_path / "big.zarr"
+    with pytest.raises(
+        TilingError,
+        match=r"b.tif: chip size 300 is larger than the image "
+        r"\(257 x 390 px\); pass --chip-size 257 or smaller",
+    ):
+        tile(config(scenes.images, out, chip_size=300))
+    assert not out.exists()
+
+
+def test_labels_follow_the_image_grid_and_counts_and_stats_are_exact(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    out = tmp_path / "labels.zarr"
+    cfg = config(
+        scenes.images,
+        out,
+        labels=(str(scenes.root / "labels" / "*.tif"),),
+        class_map="chesapeake7to5",
+        min_valid=0.6,
+    )
+    result = tile(cfg)
+    store = open_store(str(out))
+    s = store.summary
+    assert result.summary == s and s.complete and s.has_labels
+    images, labels = store.read_chips(store.chip_ids("all"))
+    assert labels is not None
+    index = store.index()
+    # every kept chip of image A has labels equal to the 7→5 remap of the label tiles
+    cmap = get_class_map("chesapeake7to5")
+    with rasterio.open(scenes.chesapeake[1]) as west, rasterio.open(scenes.chesapeake[0]) as east:
+        mosaic = np.concatenate(
+            [
+                cmap.apply(west.read(1)[10:310, 10:260]),
+                cmap.apply(east.read(1)[10:310, 0:163], nodata=15),
+            ],
+            axis=1,
+        )
+    for k in np.flatnonzero(index[:, 0] == 0):
+        _, r, c, _ = index[k]
+        assert np.array_equal(labels[k], mosaic[r : r + 64, c : c + 64])
+    # statistics over valid pixels of kept chips, recomputed from the stored chips
+    valid = (images != 0).any(axis=1)
+    assert s.class_counts == tuple(np.bincount(labels.ravel(), minlength=5))
+    assert (labels[~valid] == 0).all(), "no label where the image has no data"
+    for band in range(4):
+        values = images[:, band][valid].astype(np.int64)
+        assert s.band_stats.sums[band] == int(values.sum())
+        assert s.band_stats.sums_sq[band] == int((values * values).sum())
+        assert s.band_mean[band] == pytest.approx(values.mean(), rel=1e-12)
+        assert s.band_std[band] == pytest.approx(values.std(), rel=1e-9)
+    assert s.band_stats.count == int(valid.sum())
+    # --min-valid: every kept chip has ≥ 60 % valid image and label pixels, and some of
+    # image B's chips over its nodata corner were dropped
+    assert (valid.mean(axis=(1, 2)) >= 0.6).all()
+    assert ((labels != 0).mean(axis=(1, 2)) >= 0.6).all()
+    assert s.sources[1].chips < 5 * 7
+
+
+def test_labels_from_a_30_m_albers_raster_are_warped_onto_the_image(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    out = tmp_path / "nlcd.zarr"
+    tile(config(scenes.images[1:], out, labels=(str(scenes.nlcd),), class_map="nlcd"))
+    store = open_store(str(out))
+    images, labels = store.read_chips(store.chip_ids("all"))
+    assert labels is not None
+    with rasterio.open(scenes.nlcd) as ds:
+        raw, inv = ds.read(1), ~ds.transform
+    with rasterio.open(scenes.images[1]) as ds:
+        transform = ds.transform
+    to_albers = Transformer.from_crs("EPSG:26918", ALBERS, always_xy=True)
+    cmap = get_class_map("nlcd")
+    checked = 0
+    for k, (_, r, c, _) in enumerate(store.index()):
+        rows, cols = np.mgrid[r : r + 64, c : c + 64]
+        xs, ys = transform * (cols + 0.5, rows + 0.5)
+        lc, lr = inv * to_albers.transform(xs, ys)
+        expected = cmap.apply(raw[np.floor(lr).astype(int), np.floor(lc).astype(int)])
+        expected[(images[k] == 0).all(axis=0)] = 0
+        frac = np.stack([lr % 1, lc % 1])
+        ambiguous = (np.minimum(frac, 1 - frac) < 1e-3).any(axis=0)
+        assert not ((labels[k] != expected) & ~ambiguous).any()
+        checked += 1
+    assert checked == store.summary.num_chips > 20
+
+
+def test_split_is_by_blocks_of_chips_and_matches_the_plan(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "split.zarr"
+    cfg = config(scenes.images, out, val_fraction=0.3, split_block_chips=2)
+    plan = plan_tiling(cfg)
+    tile(cfg, plan=plan)
+    store = open_store(str(out))
+    s = store.summary
+    assert (s.num_train, s.num_val) == (plan.max_train, plan.max_val)
+    assert 0 < s.num_val < s.num_chips
+    index = store.index()
+    for source in plan.sources:
+        rows = index[index[:, 0] == source.id]
+        row_of = {o: i for i, o in enumerate(source.grid.row_offsets)}
+        col_of = {o: j for j, o in enumerate(source.grid.col_offsets)}
+        splits: dict[int, set[int]] = {}
+        for _, r, c, split in rows:
+            block = source.grid.block_of(row_of[r], col_of[c], 2)
+            splits.setdefault(block, set()).add(int(split))
+        assert all(len(v) == 1 for v in splits.values()), "a block is split between sets"
+    assert np.array_equal(store.chip_ids("val"), np.flatnonzero(index[:, 3] == 1))
+
+
+def test_worker_count_does_not_change_a_byte(scenes: Scenes, tmp_path: Path) -> None:
+    kw = {"labels": (str(scenes.nlcd),), "class_map": "nlcd", "val_fraction": 0.2}
+    tile(config(scenes.images, tmp_path / "k1.zarr", workers=1, **kw))
+    tile(config(scenes.images, tmp_path / "k3.zarr", workers=3, **kw))
+    assert snapshot(str(tmp_path / "k1.zarr"), {}) == snapshot(str(tmp_path / "k3.zarr"), {})
+
+
+def test_rerun_after_a_crash_between_sources_equals_an_uninterrupted_run(
+    scenes: Scenes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    images = [scenes.images[1], scenes.images[0], scenes.images[1].parent / "b.tif"]
+    kw = {"labels": (str(scenes.nlcd),), "class_map": "nlcd", "shard_size": 3}
+    tile(config(images[:2], tmp_path / "whole.zarr", **kw))
+    real_commit = ChipStoreWriter.commit_source
+
+    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
+        record = real_commit(self, **kwargs)
+        raise RuntimeError(f"killed after source {record.id}")
+
+    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
+    with pytest.raises(RuntimeError, match="killed after source 0"):
+        tile(config(images[:2], tmp_path / "resumed.zarr", **kw))
+    monkeypatch.undo()
+    partial = open_store(str(tmp_path / "resumed.zarr")).summary
+    assert [s.id for s in partial.sources] == [0] and not partial.complete
+    result = tile(config(images[:2], tmp_path / "resumed.zarr", **kw))
+    assert (result.sources_resumed, result.sources_written) == (1, 1)
+    assert snapshot(str(tmp_path / "whole.zarr"), {}) == snapshot(
+        str(tmp_path / "resumed.zarr"), {}
+    )
+
+
+@pytest.mark.slow  # ~5 s: three CLI processes
+def test_a_killed_subprocess_resumes_to_the_same_store(scenes: Scenes, tmp_path: Path) -> None:
+    """A real SIGKILL in the middle of writing, not a polite exception."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from tiling.writer import ChipStoreWriter\n"
+        "real = ChipStoreWriter.append_encoded\n"
+        "calls = [0]\n"
+        "def append(self, *a):\n"
+        "    real(self, *a); calls[0] += 1\n"
+        "    if calls[0] == 3: os.kill(os.getpid(), 9)\n"
+        "ChipStoreWriter.append_encoded = append\n"
+        "from landcover.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+
+    def args(out: str) -> list[str]:
+        return [
+            "tile",
+            str(scenes.images[0]),
+            str(scenes.images[1]),
+            "--out",
+            str(tmp_path / out),
+            "--chip-size",
+            "64",
+            "--shard-size",
+            "3",
+            "--min-valid",
+            "0",
+            "--workers",
+            "2",
+        ]
+
+    killed = subprocess.run(
+        [sys.executable, "-c", code, *args("k.zarr")], capture_output=True, timeout=120
+    )
+    assert killed.returncode == -9
+    assert not open_store(str(tmp_path / "k.zarr")).summary.complete
+    for out in ("k.zarr", "clean.zarr"):
+        done = subprocess.run(
+            [sys.executable, "-m", "landcover.cli", *args(out)],
+            capture_output=True,
+            timeout=120,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+    assert snapshot(str(tmp_path / "k.zarr"), {}) == snapshot(str(tmp_path / "clean.zarr"), {})
+
+
+def test_bad_label_values_leave_nothing_a_rerun_would_trust(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "bad.zarr"
+    cfg = config(scenes.images, out, labels=(str(scenes.nlcd),), class_map="chesapeake7to5")
+    with pytest.raises(
+        LabelError,
+        match=r"nlcd.tif: label values \[.*\] are not in class map "
+        r"'chesapeake7to5'; choose another --class-map",
+    ):
+        tile(cfg)
+    summary = open_store(str(out)).summary
+    assert summary.num_chips == 0 and not summary.complete
+    with pytest.raises(
+        StoreExistsError,
+        match=r"written with other options \(class_map "
+        r"chesapeake7to5 \(now nlcd\)\)",
+    ):
+        tile(config(scenes.images, out, labels=(str(scenes.nlcd),), class_map="nlcd"))
+
+
+def test_labels_missing_an_image_are_refused_before_writing(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "nolabels.zarr"
+    with pytest.raises(LabelError, match=r"b.tif: no label raster overlaps it"):
+        tile(config(scenes.images, out, labels=(str(scenes.chesapeake[1]),)))
+    assert not out.exists()
+
+
+def test_identity_class_map_needs_the_number_of_classes(scenes: Scenes, tmp_path: Path) -> None:
+    with pytest.raises(TilingError, match=r"--class-map identity needs --num-classes K"):
+        plan_tiling(
+            config(
+                scenes.images, tmp_path / "x.zarr", labels=(str(scenes.nlcd),), class_map="identity"
+            )
+        )
+
+
+def test_a_directory_that_is_not_a_store_is_never_overwritten(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "thesis.tex").write_text("x")
+    with pytest.raises(
+        StoreExistsError,
+        match="is a non-empty directory that is not a chip store; choose another --out",
+    ):
+        tile(config(scenes.images, tmp_path / "precious", overwrite=True))
+    assert (tmp_path / "precious" / "thesis.tex").exists()
+
+
+def test_real_naip_files_tile_images_only(real_naip_paths: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "naip.zarr"
+    result = tile(config(real_naip_paths, out, min_valid=0.9))
+    store = open_store(str(out))
+    assert result.summary.num_chips == store.summary.num_chips
+    assert not store.summary.has_labels
+    for record in store.summary.sources:
+        h, w = record.shape
+        full_grid = len(chip_offsets(h, 64, 64)) * len(chip_offsets(w, 64, 64))
+        assert record.chips == full_grid, f"{record.path}: no pixel of these files is nodata"
+        if Path(record.path).name in ALPHA_NIR:
+            canvas = reassemble(store, record.id)
+            with rasterio.open(record.path) as ds:
+                assert np.array_equal(canvas, ds.read()), "NIR (tagged alpha) must be kept"
+        assert CRS.from_wkt(record.crs).to_epsg() == rasterio.open(record.path).crs.to_epsg()
+    assert len({CRS.from_wkt(r.crs).to_epsg() for r in store.summary.sources}) == 5
+
+
+def test_real_naip_file_tiles_with_synthetic_nlcd_labels(
+    real_naip_dir: Path, tmp_path: Path
+) -> None:
+    image = real_naip_dir / "m_4112001_sw_10_060_20220716.tif"  # 22 m, UTM 10N
+    nlcd = write_nlcd_cover(tmp_path / "nlcd.tif", (image,), seed=9)
+    out = tmp_path / "naip_labels.zarr"
+    tile(config([image], out, labels=(str(nlcd),), class_map="nlcd", min_valid=0.9))
+    store = open_store(str(out))
+    _, labels = store.read_chips(store.chip_ids("all"))
+    assert labels is not None
+    assert store.summary.num_chips == len(chip_offsets(340, 64, 64)) * len(
+        chip_offsets(262, 64, 64)
+    )
+    assert (labels != 0).mean() > 0.99
+    assert set(np.unique(labels)) <= {1, 2, 3, 4}
+    assert sum(store.summary.class_counts) == labels.size
+
+
+def test_real_naip_with_nodata_drops_chips_over_nodata(real_naip_dir: Path, tmp_path: Path) -> None:
+    source = real_naip_dir / "m_3610332_se_13_060_20200903-downsampled.tif"  # nodata 0
+    with rasterio.open(source) as ds:
+        data, profile = ds.read(), ds.profile
+    data[:, :100, :100] = 0  # a nodata corner, as at the edge of a NAIP quarter quad
+    holed = tmp_path / "holed.tif"
+    with rasterio.open(holed, "w", **profile) as ds:
+        ds.write(data)
+    out = tmp_path / "holed.zarr"
+    tile(config([holed], out, min_valid=0.9))
+    index = open_store(str(out)).index()
+    expected = {
+        (r, c)
+        for r in chip_offsets(233, 64, 64)
+        for c in chip_offsets(192, 64, 64)
+        if max(0, 100 - r) * max(0, 100 - c) <= 0.1 * 64 * 64  # nodata px inside the chip
+    }
+    assert {(int(r), int(c)) for _, r, c, _ in index} == expected
+    assert len(expected) == 4 * 3 - 4  # the four chips over the corner are dropped
+
+
+def test_band_count_and_dtype_errors_surface_through_tile(tmp_path: Path) -> None:
+    bad = write_raster(tmp_path / "three.tif", np.ones((3, 80, 80), dtype=np.uint8))
+    with pytest.raises(TilingError, match=r"three.tif: expected 4 bands \(R, G, B, NIR\), found 3"):
+        tile(config([bad], tmp_path / "x.zarr"))
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_store_errors_are_tiling_errors() -> None:
+    assert issubclass(StoreError, TilingError) and issubclass(StoreExistsError, FileExistsError)
+
+
+@pytest.mark.azurite
+def test_images_and_labels_read_from_az_urls(scenes: Scenes, tmp_path: Path, azurite: Any) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("az", **azurite.storage_options)
+    prefix = f"{azurite.container}/inputs-{tmp_path.name}"
+    fs.put(str(scenes.root / "naip") + "/", f"{prefix}/naip/", recursive=True)
+    fs.put(str(scenes.nlcd), f"{prefix}/nlcd/nlcd.tif")
+    remote = TileConfig(
+        images=(f"az://{prefix}/naip/*.tif",),
+        labels=(f"az://{prefix}/nlcd",),
+        out=str(tmp_path / "remote.zarr"),
+        chip_size=64,
+        shard_size=4,
+        min_valid=0.0,
+        class_map="nlcd",
+        storage_options=azurite.storage_options,
+    )
+    local = config(
+        scenes.images, tmp_path / "local.zarr", labels=(str(scenes.nlcd),), class_map="nlcd"
+    )
+    result = tile(remote)
+    tile(local)
+    assert [s.path for s in result.summary.sources] == [
+        f"az://{prefix}/naip/a.tif",
+        f"az://{prefix}/naip/b.tif",
+    ]
+    chunks = {k: v for k, v in snapshot(str(tmp_path / "remote.zarr"), {}).items() if "/c/" in k}
+    assert chunks == {
+        k: v for k, v in snapshot(str(tmp_path / "local.zarr"), {}).items() if "/c/" in k
+    }
