@@ -20,9 +20,11 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +37,19 @@ from rasterio.crs import CRS
 from rasterio.enums import ColorInterp, Resampling
 from rasterio.errors import CRSError
 from rasterio.features import rasterize
+from rasterio.io import DatasetWriter
 from rasterio.warp import reproject, transform_bounds
 from rasterio.warp import transform as transform_points
 from tqdm import tqdm
 
 from tiling.classes import CHESAPEAKE_CLASSES, CHESAPEAKE_NODATA_RAW
 from tiling.errors import TilingError
+from tiling.noise import NoiseField
 
 logger = logging.getLogger(__name__)
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 
 WATER, TREE, LOW_VEG, BARREN, IMPERVIOUS, ROAD = 1, 2, 3, 4, 5, 6
@@ -260,97 +263,19 @@ def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-# --- smooth fields: hashed-lattice value noise ---------------------------------------------
+# --- smooth fields (see tiling.noise) ------------------------------------------------------
 
-_HASH_Y, _HASH_X = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03)
-_LACUNARITY = 2.13  # not 2: octave lattices never line up
-
-
-def _lattice(iy: I64, ix: I64, key: np.uint64) -> F32:
-    """Uniform values in [-1, 1) at integer lattice points: a pure function of (iy, ix, key)."""
-    h = (iy.astype(np.uint64) * _HASH_Y) ^ (ix.astype(np.uint64) * _HASH_X) ^ key
-    h ^= h >> np.uint64(30)  # SplitMix64 finaliser
-    h *= np.uint64(0xBF58476D1CE4E5B9)
-    h ^= h >> np.uint64(27)
-    h *= np.uint64(0x94D049BB133111EB)
-    h ^= h >> np.uint64(31)
-    return (h >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-23) - np.float32(1.0)
-
-
-def _fade(t: F64) -> F32:
-    return (t * t * t * (t * (t * 6 - 15) + 10)).astype(np.float32)
-
-
-@dataclass(frozen=True, slots=True)
-class _Field:
-    """Fractal value noise in about [-1, 1], `octaves` layers from `spacing_m` down."""
-
-    name: str
-    spacing_m: float
-    octaves: int = 1
-
-    def _octaves(self, seed: int) -> list[tuple[float, np.uint64, float]]:
-        state = np.random.SeedSequence([seed, _crc(self.name)]).generate_state(
-            self.octaves, np.uint64
-        )
-        amps = [0.5**o for o in range(self.octaves)]
-        return [
-            (self.spacing_m / _LACUNARITY**o, np.uint64(state[o]), amps[o] / sum(amps))
-            for o in range(self.octaves)
-        ]
-
-    def on_grid(self, seed: int, x_m: F64, y_m: F64) -> F32:
-        """Values at the (y, x) grid of pixel centres; separable, so O(pixels) per octave."""
-        total = np.zeros((y_m.size, x_m.size), dtype=np.float32)
-        rows = np.empty_like(total)  # reused: fresh large arrays cost a page fault per 4 KiB
-        for spacing, key, amp in self._octaves(seed):
-            shift = int(key % np.uint64(1000)) / 1000.0
-            rx, tx, x0, nx = _axis(x_m / spacing + shift)
-            ry, ty, y0, ny = _axis(y_m / spacing + shift)
-            lattice = _lattice(
-                np.arange(y0, y0 + ny)[:, None], np.arange(x0, x0 + nx)[None, :], key
-            )
-            along_x = lattice[:, rx] * (1 - tx) + lattice[:, rx + 1] * tx
-            along_x *= np.float32(amp)
-            total += np.take(along_x, ry, axis=0, out=rows)
-            np.take(np.diff(along_x, axis=0), ry, axis=0, out=rows)
-            rows *= ty[:, None]
-            total += rows
-        return total
-
-    def at(self, seed: int, x_m: F64, y_m: F64) -> F32:
-        """Values at scattered points: the field `on_grid` samples, to float rounding."""
-        total = np.zeros(x_m.shape, dtype=np.float32)
-        for spacing, key, amp in self._octaves(seed):
-            shift = int(key % np.uint64(1000)) / 1000.0
-            sx, sy = x_m / spacing + shift, y_m / spacing + shift
-            ix, iy = np.floor(sx).astype(np.int64), np.floor(sy).astype(np.int64)
-            tx, ty = _fade(sx - ix), _fade(sy - iy)
-            top = _lattice(iy, ix, key) * (1 - tx) + _lattice(iy, ix + 1, key) * tx
-            bottom = _lattice(iy + 1, ix, key) * (1 - tx) + _lattice(iy + 1, ix + 1, key) * tx
-            total += amp * (top * (1 - ty) + bottom * ty)
-        return total
-
-
-def _axis(s: F64) -> tuple[I64, F32, int, int]:
-    i = np.floor(s)
-    t = _fade(s - i)
-    idx = i.astype(np.int64)
-    lo = int(idx.min())
-    return idx - lo, t, lo, int(idx.max()) - lo + 2
-
-
-_FOREST = _Field("forest", 420.0, 5)
-_LAKE = _Field("lake", 650.0, 4)
-_DEVELOPED = _Field("developed", 900.0, 2)
-_BARREN_PATCH = _Field("barren", 140.0, 3)
-_CONIFER = _Field("conifer", 300.0, 1)
-_URBAN_TREES = _Field("urban_trees", 16.0, 2)
-_DETAIL = _Field("detail", 40.0, 1)
-_VIGOUR_FIELD = _Field("vigour", 90.0, 2)
-_TURBIDITY = _Field("turbidity", 350.0, 2)
-_HAZE = _Field("haze", 700.0, 1)
-_CROWN = _Field("crown", 6.0, 2)
+_FOREST = NoiseField("forest", 420.0, 5)
+_LAKE = NoiseField("lake", 650.0, 4)
+_DEVELOPED = NoiseField("developed", 900.0, 2)
+_BARREN_PATCH = NoiseField("barren", 140.0, 3)
+_CONIFER = NoiseField("conifer", 300.0, 1)
+_URBAN_TREES = NoiseField("urban_trees", 16.0, 2)
+_DETAIL = NoiseField("detail", 40.0, 1)
+_VIGOUR_FIELD = NoiseField("vigour", 90.0, 2)
+_TURBIDITY = NoiseField("turbidity", 350.0, 2)
+_HAZE = NoiseField("haze", 700.0, 1)
+_CROWN = NoiseField("crown", 6.0, 2)
 
 
 # --- the world: thresholds and vector layers -----------------------------------------------
@@ -370,7 +295,7 @@ class _Layer:
         if hits.size == 0:
             return np.zeros(window.shape, dtype=np.int32)
         return rasterize(  # type: ignore[no-any-return]
-            zip(self.geoms[hits], (np.asarray(hits) + 1).tolist(), strict=True),
+            zip(self.geoms[hits], (hits + 1).tolist(), strict=True),
             out_shape=window.shape,
             transform=window.transform,
             fill=0,
@@ -573,35 +498,20 @@ def _roads(
 ) -> tuple[npt.NDArray[np.object_], F64, npt.NDArray[np.uint8]]:
     """Country roads across the world and a rotated street grid where the land is developed."""
     extent = shapely.box(-200, -200, width_m + 200, height_m + 200)
+    country_road = partial(_meander, rng, step_m=25, wiggle=0.04, pull=0.05, extent=extent)
     lines: list[shapely.LineString] = []
     n_ew, n_ns = max(1, round(height_m / 1500)), max(1, round(width_m / 1500))
     for i in range(n_ew):
         y = (i + rng.uniform(0.2, 0.8)) * height_m / n_ew
-        lines.append(
-            _meander(rng, (-200.0, y), 0.0, step_m=25, wiggle=0.04, pull=0.05, extent=extent)
-        )
+        lines.append(country_road((-200.0, y), 0.0))
     for i in range(n_ns):
         x = (i + rng.uniform(0.2, 0.8)) * width_m / n_ns
-        lines.append(
-            _meander(
-                rng, (x, -200.0), math.pi / 2, step_m=25, wiggle=0.04, pull=0.05, extent=extent
-            )
-        )
+        lines.append(country_road((x, -200.0), math.pi / 2))
     half_widths = list(rng.uniform(5.0, 6.0, len(lines)))
 
     spacing, angle = rng.uniform(170, 230), rng.uniform(-0.35, 0.35)
     rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
-    corners = (
-        np.array(
-            [
-                [-200, -200],
-                [width_m + 200, -200],
-                [-200, height_m + 200],
-                [width_m + 200, height_m + 200],
-            ]
-        )
-        @ rot
-    )  # into the grid's frame
+    corners = shapely.get_coordinates(extent) @ rot  # into the grid's frame
     lo, hi = np.floor(corners.min(0) / spacing), np.ceil(corners.max(0) / spacing)
     gi, gj = np.meshgrid(np.arange(lo[0], hi[0] + 1), np.arange(lo[1], hi[1] + 1))
     nodes = (np.stack([gi, gj], -1) + rng.uniform(-0.15, 0.15, (*gi.shape, 2))) * spacing
@@ -635,13 +545,10 @@ def _buildings(
         dist = np.arange(15.0 + rng.uniform(0, spacing), length - 15.0, spacing)
         if dist.size == 0:
             continue
-        a, b = (
-            shapely.line_interpolate_point(line, dist),
-            shapely.line_interpolate_point(line, dist + 1),
-        )
-        pa, pb = shapely.get_coordinates(a), shapely.get_coordinates(b)
-        points.append(pa)
-        directions.append((pb - pa) / np.linalg.norm(pb - pa, axis=1, keepdims=True))
+        here = shapely.get_coordinates(shapely.line_interpolate_point(line, dist))
+        ahead = shapely.get_coordinates(shapely.line_interpolate_point(line, dist + 1))
+        points.append(here)
+        directions.append((ahead - here) / np.linalg.norm(ahead - here, axis=1, keepdims=True))
         road_hw.append(np.full(len(dist), hw))
     p = np.concatenate(points * 2)
     u = np.concatenate(directions * 2)
@@ -653,10 +560,10 @@ def _buildings(
     commercial = level > t["commercial"]
     draw = rng.random(len(p))
     keep = np.where(level > t["developed"], draw < np.where(commercial, 0.5, 0.8), draw < 0.03)
-    big = commercial[:, None]
-    along = np.where(big, rng.uniform(25, 55, (len(p), 1)), rng.uniform(9, 17, (len(p), 1)))
-    across = np.where(big, rng.uniform(20, 40, (len(p), 1)), rng.uniform(8, 14, (len(p), 1)))
-    setback = np.where(big, rng.uniform(22, 35, (len(p), 1)), rng.uniform(6, 14, (len(p), 1)))
+    big, shape = commercial[:, None], (len(p), 1)
+    along = np.where(big, rng.uniform(25, 55, shape), rng.uniform(9, 17, shape))
+    across = np.where(big, rng.uniform(20, 40, shape), rng.uniform(8, 14, shape))
+    setback = np.where(big, rng.uniform(22, 35, shape), rng.uniform(6, 14, shape))
     centre = p + n * (hw + setback + across / 2)
     houses = _rectangles(centre, u, n, along, across)
     lots = _rectangles(p + n * (hw + 2 + (setback - 4) / 2), u, n, along * 1.1, setback - 4)
@@ -791,23 +698,32 @@ def _apply_nodata(
 # --- writing -------------------------------------------------------------------------------
 
 
-def _profile(**kwargs: Any) -> dict[str, Any]:
-    return {
-        "driver": "GTiff",
-        "tiled": True,
-        "blockxsize": BLOCK_PX,
-        "blockysize": BLOCK_PX,
-        "compress": "deflate",
-        "zlevel": 1,  # as small as level 6 with the predictor, twice as fast
-        "interleave": "pixel",
-        **kwargs,
-    }
+@contextmanager
+def _create_geotiff(path: Path, **profile: Any) -> Iterator[DatasetWriter]:
+    """A tiled, deflated GeoTIFF open for writing under a temporary name, renamed to `path`
+    only once it is complete and closed."""
+    partial = path.with_name(f".{path.name}.partial")
+    with rasterio.open(
+        partial,
+        "w",
+        driver="GTiff",
+        tiled=True,
+        blockxsize=BLOCK_PX,
+        blockysize=BLOCK_PX,
+        compress="deflate",
+        zlevel=1,  # as small as level 6 with the predictor, twice as fast
+        interleave="pixel",
+        **profile,
+    ) as dst:
+        yield dst
+    os.replace(partial, path)
 
 
 def _write_image(
     path: Path, image: npt.NDArray[np.uint8], transform: Affine, crs: CRS, k: int
 ) -> None:
-    profile = _profile(
+    with _create_geotiff(
+        path,
         width=image.shape[2],
         height=image.shape[1],
         count=4,
@@ -817,9 +733,7 @@ def _write_image(
         nodata=IMAGE_NODATA,
         photometric="RGB",
         predictor=2,
-    )
-    partial = path.with_name(f".{path.name}.partial")  # renamed only once complete
-    with rasterio.open(partial, "w", **profile) as dst:
+    ) as dst:
         dst.write(image)
         dst.colorinterp = (
             ColorInterp.red,
@@ -830,7 +744,6 @@ def _write_image(
         for i, name in enumerate(BAND_NAMES, start=1):
             dst.set_band_description(i, name)
         dst.update_tags(SOURCE="landcover synthetic NAIP-like scene", SCENE=str(k))
-    os.replace(partial, path)
 
 
 def _write_labels(
@@ -843,47 +756,54 @@ def _write_labels(
 ) -> None:
     """Labels on the image grid, or reprojected (nearest) onto a grid of the same resolution
     in `label_crs` that covers the image footprint, as the Chesapeake 1 m product is."""
-    m, res = _MARGIN_PX, padded_transform.a
+    m = _MARGIN_PX
     if label_crs is None:
-        labels, transform, out_crs = (
-            padded[m:-m, m:-m],
-            padded_transform @ Affine.translation(m, m),
-            crs,
-        )
+        labels, transform = padded[m:-m, m:-m], padded_transform @ Affine.translation(m, m)
     else:
-        west, north = padded_transform @ (m, m)
-        footprint = transform_bounds(
-            crs, label_crs, west, north - size * res, west + size * res, north, densify_pts=21
-        )
-        x0, y0 = math.floor(footprint[0] / res) * res, math.floor(footprint[1] / res) * res
-        x1, y1 = math.ceil(footprint[2] / res) * res, math.ceil(footprint[3] / res) * res
-        transform = Affine(res, 0, x0, 0, -res, y1)
-        labels = np.full((round((y1 - y0) / res), round((x1 - x0) / res)), LABEL_NODATA, np.uint8)
-        reproject(
-            padded,
-            labels,
-            src_transform=padded_transform,
-            src_crs=crs,
-            src_nodata=LABEL_NODATA,
-            dst_transform=transform,
-            dst_crs=label_crs,
-            dst_nodata=LABEL_NODATA,
-            resampling=Resampling.nearest,
-        )
-        out_crs = label_crs
-    profile = _profile(
+        labels, transform = _reproject_labels(padded, padded_transform, crs, label_crs, size)
+    with _create_geotiff(
+        path,
         width=labels.shape[1],
         height=labels.shape[0],
         count=1,
         dtype="uint8",
-        crs=out_crs,
+        crs=crs if label_crs is None else label_crs,
         transform=transform,
         nodata=LABEL_NODATA,
-    )
-    partial = path.with_name(f".{path.name}.partial")
-    with rasterio.open(partial, "w", **profile) as dst:
+    ) as dst:
         dst.write_colormap(1, {c.code: (*c.color, 255) for c in CHESAPEAKE_CLASSES[1:]})
         dst.write(labels, 1)
         dst.set_band_description(1, "land cover (Chesapeake codes, 15 = nodata)")
         dst.update_tags(**{f"CLASS_{c.code}": c.name for c in CHESAPEAKE_CLASSES[1:]})
-    os.replace(partial, path)
+
+
+def _reproject_labels(
+    padded: npt.NDArray[np.uint8],
+    padded_transform: Affine,
+    crs: CRS,
+    label_crs: CRS,
+    size: int,
+) -> tuple[npt.NDArray[np.uint8], Affine]:
+    """The labels on the smallest `label_crs` grid of the same resolution, aligned to whole
+    multiples of it, that holds the image footprint; nodata outside the padded labels."""
+    m, res = _MARGIN_PX, padded_transform.a
+    west, north = padded_transform @ (m, m)
+    footprint = transform_bounds(
+        crs, label_crs, west, north - size * res, west + size * res, north, densify_pts=21
+    )
+    x0, y0 = math.floor(footprint[0] / res) * res, math.floor(footprint[1] / res) * res
+    x1, y1 = math.ceil(footprint[2] / res) * res, math.ceil(footprint[3] / res) * res
+    transform = Affine(res, 0, x0, 0, -res, y1)
+    labels = np.full((round((y1 - y0) / res), round((x1 - x0) / res)), LABEL_NODATA, np.uint8)
+    reproject(
+        padded,
+        labels,
+        src_transform=padded_transform,
+        src_crs=crs,
+        src_nodata=LABEL_NODATA,
+        dst_transform=transform,
+        dst_crs=label_crs,
+        dst_nodata=LABEL_NODATA,
+        resampling=Resampling.nearest,
+    )
+    return labels, transform
