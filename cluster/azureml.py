@@ -1,0 +1,379 @@
+"""The Azure ML engine (SDK v2, `azure-ai-ml`, the optional extra `landcover[azureml]`).
+
+A plan is two YAML documents that `azure.ai.ml.load_compute` / `load_job` (and `az ml ...
+create -f`) accept:
+
+- `compute.yaml`: an `AmlCompute` cluster of `vmSize`, `min_instances: 0` (scales to zero when
+  idle, after `idleSecondsBeforeScaleDown`), `max_instances` >= targetNodeCount, tier from
+  vmPriority;
+- `job.yaml`: a command job on that compute, `instance_count = targetNodeCount`,
+  `distribution: pytorch` with `process_count_per_instance = processesPerNode`, the chip store
+  as input `store` (`uri_folder`, mode `ro_mount` or `direct` from data.mode), the run dir as
+  output `run`, and the command `python -m landcover.train ${{inputs.store}} --out
+  ${{outputs.run}} ...`.
+
+`launch` needs the SDK and credentials. Credentials are checked before anything else, and
+fast: if no source that `DefaultAzureCredential` could use is present (service-principal or
+workload-identity environment variables, a managed-identity endpoint, the az/azd/pwsh CLIs,
+or the Azure instance metadata service, probed with a 1 s timeout), it fails at once; else one
+token is requested with a time limit. Either way the user gets one line saying what to do.
+The SDK is imported only inside `launch`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped,unused-ignore]
+
+from cluster.engine import (
+    LaunchOptions,
+    LaunchResult,
+    Plan,
+    TrainJob,
+    is_url,
+    threads_per_worker,
+    worker_args,
+)
+from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
+from cluster.redact import Redactor
+from cluster.spec import AzureMLSpec, ClusterSpec
+
+logger = logging.getLogger(__name__)
+
+JOB_SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
+COMPUTE_SCHEMA = "https://azuremlschemas.azureedge.net/latest/amlCompute.schema.json"
+MANAGEMENT_SCOPE = "https://management.azure.com/.default"
+IMDS_URL = "http://169.254.169.254/metadata/instance/compute?api-version=2021-02-01"
+IMDS_TIMEOUT_S = 1.0
+TOKEN_TIMEOUT_S = 30.0
+INSTALL_HINT = "pip install 'landcover[azureml]'"
+LOGIN_HINT = (
+    "run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
+    "for a service principal"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AzureMLPlan:
+    spec: ClusterSpec
+    job: TrainJob
+    job_document: Mapping[str, Any]  # real values: what is submitted
+    compute_document: Mapping[str, Any]
+    notes: tuple[str, ...]
+    redactor: Redactor = field(repr=False, compare=False)
+    engine: str = "azureml"
+
+    @property
+    def azureml(self) -> AzureMLSpec:
+        assert self.spec.azureml is not None  # the spec requires it for this engine
+        return self.spec.azureml
+
+    def describe(self) -> str:
+        spec, aml, doc = self.spec, self.azureml, self.job_document
+        store = doc["inputs"]["store"]
+        lines = [
+            "engine: azureml (Azure ML SDK v2: AmlCompute cluster + PyTorch command job)",
+            f"workspace: {aml.workspace} (resource group {aml.resource_group}, "
+            f"subscription {aml.subscription_id})",
+            f"compute: {aml.compute_name}: {spec.vm_size} x 0..{spec.max_nodes} "
+            f"({spec.vm_priority}), scales to zero after "
+            f"{aml.idle_seconds_before_scale_down} s idle",
+            f"job: {spec.node_count} node(s) x {spec.processes_per_node} process(es) = "
+            f"{spec.workers} worker(s), image {aml.image}",
+            f"store: {store['path']} ({store['mode']})",
+            f"run dir: output 'run' ({doc['outputs']['run'].get('path', 'workspace default')})",
+            f"command: {doc['command']}",
+        ]
+        lines += [f"note: {n}" for n in self.notes]
+        return self.redactor.text("\n".join(lines))
+
+    def files(self) -> dict[str, str]:
+        return {
+            "job.yaml": _yaml(self.redactor.data(self.job_document)),
+            "compute.yaml": _yaml(self.redactor.data(self.compute_document)),
+        }
+
+
+def _yaml(document: Any) -> str:
+    return str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=1000))
+
+
+class AzureMLEngine:
+    def plan(self, spec: ClusterSpec, job: TrainJob) -> AzureMLPlan:
+        if spec.azureml is None:
+            raise ClusterError('engine "azureml" needs an "azureml" section in cluster.json')
+        aml = spec.azureml
+        notes = list(spec.notes)
+        input_path, note = input_path_for(job.store, spec)
+        if note:
+            notes.append(note)
+        args = worker_args(spec, job, store="${{inputs.store}}", out="${{outputs.run}}")
+        command = " ".join(
+            a if a.startswith("${{") else shlex.quote(a)
+            for a in ["python", "-m", job.entry_module, *args]
+        )
+        output: dict[str, Any] = {"type": "uri_folder", "mode": "rw_mount"}
+        if job.out.startswith("azureml://"):
+            output["path"] = job.out
+        else:
+            notes.append(
+                f"--out {job.out} is not reachable from Azure ML: the run dir is the job's "
+                "output 'run'; `launch --wait` downloads it there"
+            )
+        document: dict[str, Any] = {
+            "$schema": JOB_SCHEMA,
+            "type": "command",
+            "display_name": spec.name,
+            "experiment_name": aml.experiment_name,
+            "description": f"landcover training: {spec.workers} worker(s)",
+            "command": command,
+            "environment": {"image": aml.image},
+            "compute": f"azureml:{aml.compute_name}",
+            "resources": {"instance_count": spec.node_count},
+            "distribution": {
+                "type": "pytorch",
+                "process_count_per_instance": spec.processes_per_node,
+            },
+            "inputs": {
+                "store": {
+                    "type": "uri_folder",
+                    "path": input_path,
+                    "mode": "ro_mount" if spec.data.mode == "mount" else "direct",
+                }
+            },
+            "outputs": {"run": output},
+            "tags": {"landcover_workers": str(spec.workers)},
+        }
+        threads = threads_per_worker(spec)
+        if threads is not None:
+            document["environment_variables"] = {"OMP_NUM_THREADS": str(threads)}
+        if aml.code is not None:
+            # the uploaded snapshot is the working directory: `-m landcover.train` finds it
+            document["code"] = str(Path(aml.code).resolve())
+        compute = {
+            "$schema": COMPUTE_SCHEMA,
+            "name": aml.compute_name,
+            "type": "amlcompute",
+            "size": spec.vm_size,
+            "min_instances": 0,
+            "max_instances": spec.max_nodes,
+            "idle_time_before_scale_down": aml.idle_seconds_before_scale_down,
+            "tier": "low_priority" if spec.vm_priority == "lowpriority" else "dedicated",
+        }
+        if spec.elastic is not None:
+            notes.append(
+                "elastic: Azure ML command jobs run on exactly instance_count nodes and do not "
+                "restart workers; elastic applies to the local and kubernetes engines"
+            )
+        if spec.gpus_per_node is None:
+            notes.append(f"vmSize {spec.vm_size} is not in cluster/vmsizes.py: not checked")
+        if spec.setup_command:
+            notes.append("setupCommand is not run by Azure ML: bake it into azureml.image")
+        if spec.mounts:
+            notes.append(
+                "mounts: Azure ML mounts the store input itself (data.mode); account keys in "
+                "cluster.json are not used (the workspace identity reaches the storage)"
+            )
+        return AzureMLPlan(
+            spec=spec,
+            job=job,
+            job_document=document,
+            compute_document=compute,
+            notes=tuple(notes),
+            redactor=spec.redactor(),
+        )
+
+    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
+        if not isinstance(plan, AzureMLPlan):
+            raise TypeError(f"the azureml engine cannot launch a {plan.engine} plan")
+        return _submit(plan, options)
+
+
+def input_path_for(store: str, spec: ClusterSpec) -> tuple[str, str | None]:
+    """The store as an Azure ML `uri_folder` path, and a note when it needed explaining.
+
+    azureml://, https://, wasbs:// and abfss://container@account... pass through; adlfs-style
+    az://container/path (and abfs://container/path) need the account name, taken from
+    data.accountName or from a mount of the same container; a local path is uploaded at submit.
+    """
+    passthrough = ("azureml://", "https://", "http://", "wasbs://", "wasb://")
+    if store.startswith(passthrough):
+        return store, None
+    for scheme in ("az://", "abfs://", "abfss://"):
+        if store.startswith(scheme):
+            container, _, path = store[len(scheme) :].partition("/")
+            if "@" in container:  # abfss://fs@account.dfs.core.windows.net/path
+                return store, None
+            account = spec.data.account_name or next(
+                (m.account_name for m in spec.mounts if m.container_name == container), None
+            )
+            if account is None:
+                raise ClusterError(
+                    f"store {store}: Azure ML needs the storage account of container "
+                    f'{container!r}; set "data": {{"accountName": "..."}} in cluster.json or give '
+                    "the store as https://ACCOUNT.blob.core.windows.net/CONTAINER/PATH"
+                )
+            return f"https://{account}.blob.core.windows.net/{container}/{path}", None
+    if is_url(store):
+        raise ClusterError(
+            f"store {store}: Azure ML cannot read this URL; use azureml://, https:// or az://"
+        )
+    return str(Path(store).resolve()), f"store {store} is a local path: uploaded at submit"
+
+
+# ----------------------------------------------------------------------------- credentials
+
+
+def credential_sources(env: Mapping[str, str] | None = None) -> list[str]:
+    """The credential sources DefaultAzureCredential could use here (fast, no token)."""
+    env = os.environ if env is None else env
+    sources = []
+    if env.get("AZURE_CLIENT_ID") and env.get("AZURE_TENANT_ID"):
+        if env.get("AZURE_CLIENT_SECRET") or env.get("AZURE_CLIENT_CERTIFICATE_PATH"):
+            sources.append("service principal (environment)")
+        if env.get("AZURE_FEDERATED_TOKEN_FILE"):
+            sources.append("workload identity")
+    if env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT"):
+        sources.append("managed identity (endpoint)")
+    path = env.get("PATH")
+    for tool, label in (("az", "Azure CLI"), ("azd", "Azure Developer CLI"), ("pwsh", "pwsh")):
+        if shutil.which(tool, path=path):
+            sources.append(label)
+    if not sources and _imds_answers():
+        sources.append("managed identity (instance metadata)")
+    return sources
+
+
+def _imds_answers() -> bool:
+    """Whether the Azure instance metadata service answers (only on Azure VMs); 1 s at most."""
+    request = urllib.request.Request(IMDS_URL, headers={"Metadata": "true"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=IMDS_TIMEOUT_S) as response:
+            body = json.loads(response.read(65536) or b"{}")
+    except (OSError, ValueError):  # URLError, timeouts and refusals are OSErrors
+        return False
+    return isinstance(body, dict) and "vmId" in body
+
+
+def check_credentials(timeout_s: float = TOKEN_TIMEOUT_S) -> Any:
+    """A DefaultAzureCredential that has just produced a token; one-line error otherwise."""
+    sources = credential_sources()
+    if not sources:
+        raise EngineUnavailableError(f"no Azure credentials found: {LOGIN_HINT}")
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        raise EngineUnavailableError(
+            f"the azureml engine needs azure-identity: {INSTALL_HINT}"
+        ) from None
+    credential = DefaultAzureCredential(exclude_interactive_browser_credential=True)
+    outcome: dict[str, BaseException | None] = {}
+
+    def request_token() -> None:
+        try:
+            credential.get_token(MANAGEMENT_SCOPE)
+            outcome["error"] = None
+        except BaseException as exc:  # reported to the caller below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=request_token, daemon=True, name="azure-token")
+    thread.start()
+    thread.join(timeout_s)
+    if "error" not in outcome:
+        raise EngineUnavailableError(
+            f"Azure credentials ({', '.join(sources)}) gave no token within {timeout_s:g} s: "
+            f"check the network, then {LOGIN_HINT}"
+        )
+    error = outcome["error"]
+    if error is not None:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise EngineUnavailableError(f"Azure credentials failed ({first}): {LOGIN_HINT}")
+    return credential
+
+
+# ----------------------------------------------------------------------------- submission
+
+
+def _submit(plan: AzureMLPlan, options: LaunchOptions) -> LaunchResult:
+    # is the SDK there (without paying seconds to import it before the credential check)?
+    if importlib.util.find_spec("azure.ai.ml") is None:
+        raise EngineUnavailableError(f"the azureml engine needs the Azure ML SDK: {INSTALL_HINT}")
+    credential = check_credentials()
+    from azure.ai.ml import MLClient, load_compute, load_job
+    from azure.core.exceptions import AzureError
+
+    aml = plan.azureml
+    started = time.monotonic()
+    redact = plan.redactor.text
+    try:
+        client = MLClient(credential, aml.subscription_id, aml.resource_group, aml.workspace)
+        with tempfile.TemporaryDirectory(prefix="landcover-aml-") as tmp:
+            # the real (unredacted) documents go only to this private temporary directory
+            job_yaml = Path(tmp) / "job.yaml"
+            compute_yaml = Path(tmp) / "compute.yaml"
+            job_yaml.write_text(_yaml(dict(plan.job_document)))
+            compute_yaml.write_text(_yaml(dict(plan.compute_document)))
+            logger.info("creating or updating compute %s", aml.compute_name)
+            client.compute.begin_create_or_update(load_compute(compute_yaml)).result()
+            submitted = client.jobs.create_or_update(load_job(job_yaml))
+        name = str(submitted.name)
+        url = getattr(submitted, "studio_url", None)
+        logger.info("submitted Azure ML job %s: %s", name, url)
+        if not options.wait:
+            return LaunchResult(
+                engine="azureml",
+                job_id=name,
+                status="submitted",
+                run_dir=None,
+                log_location=url,
+                wall_time_s=time.monotonic() - started,
+                url=url,
+            )
+        client.jobs.stream(name)
+        status = str(client.jobs.get(name).status)
+        if status != "Completed":
+            raise LaunchError(f"Azure ML job {name} ended {status}; logs: {url}")
+        run_dir = None
+        if not is_url(plan.job.out):
+            run_dir = _download_run(client, name, Path(plan.job.out))
+    except AzureError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LaunchError(redact(f"Azure ML refused the request: {first}")) from None
+    return LaunchResult(
+        engine="azureml",
+        job_id=name,
+        status="succeeded",
+        run_dir=run_dir,
+        log_location=url,
+        wall_time_s=time.monotonic() - started,
+        url=url,
+    )
+
+
+def _download_run(client: Any, name: str, out: Path) -> str:
+    """Fetch the job's `run` output into `out` (through a temporary sibling, then renamed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-download-", dir=out.parent) as tmp:
+        client.jobs.download(name, download_path=tmp, output_name="run")
+        fetched = next((p for p in Path(tmp).rglob("metrics.jsonl")), None)
+        source = fetched.parent if fetched is not None else Path(tmp)
+        if out.exists():
+            raise LaunchError(f"{out} exists; the run of job {name} stays in Azure ML")
+        shutil.move(str(source), str(out))
+    return str(out)

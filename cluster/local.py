@@ -1,0 +1,424 @@
+"""The local engine: torchrun on this machine, each simulated node one torchrun agent.
+
+`targetNodeCount` nodes are `targetNodeCount` torchrun agents that meet through a c10d
+rendezvous on 127.0.0.1 (a free port), each starting `processesPerNode` workers — the same
+elastic agent code path a real multi-node job takes, so restarts and rejoining are exercised
+for real. With `elastic.maxRestarts` > 0 a failed worker group is restarted (every agent
+re-rendezvouses) and the workers get `--resume`, so they continue from the last checkpoint.
+
+Agent output (which includes the workers') is streamed line by line, redacted, to
+`LaunchOptions.on_output` and to `LOG_DIR/node-<i>.log`; LOG_DIR is `RUN_DIR/logs` (or a
+temporary directory when the run dir is a URL). If any agent fails, the others are stopped
+and `LaunchError` names the failing node's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import psutil  # type: ignore[import-untyped,unused-ignore]
+
+from cluster.engine import (
+    LaunchOptions,
+    LaunchResult,
+    Plan,
+    TrainJob,
+    check_run_dir,
+    clear_run_results,
+    is_url,
+    threads_per_worker,
+    worker_args,
+)
+from cluster.errors import LaunchError
+from cluster.redact import Redactor
+from cluster.spec import ClusterSpec, local_cpu_count, local_gpu_count
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+# Seconds an agent waits after SIGTERM (it forwards it to its workers) before SIGKILL.
+STOP_GRACE_S = 10.0
+_POLL_S = 0.2
+# the last line of a Python traceback, or a CLI's one-line "error: ..." (torchrun may prefix
+# worker lines with "[rank0]:" or "[default0]:")
+_ERROR_LINE = re.compile(
+    r"^(?:\[[^\]]*\]:?\s*)*(?:error: (?P<message>.+)|(?P<exception>\w+(?:Error|Exception)\b.*))$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPlan:
+    """Everything a local launch does: one command line per simulated node."""
+
+    spec: ClusterSpec
+    job: TrainJob
+    agent_commands: tuple[tuple[str, ...], ...]
+    agent_env: tuple[Mapping[str, str], ...]  # per agent, on top of `env`
+    env: Mapping[str, str]
+    rdzv_endpoint: str
+    rdzv_id: str
+    threads_per_worker: int
+    cores: int
+    log_dir: str
+    redactor: Redactor = field(repr=False, compare=False)
+    gpu_note: str | None = None
+    engine: str = "local"
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More workers than cores: the measurement says little about real scaling."""
+        return self.spec.workers > self.cores
+
+    def log_path(self, node: int) -> str:
+        return str(Path(self.log_dir) / f"node-{node}.log")
+
+    def describe(self) -> str:
+        spec = self.spec
+        r = self.redactor
+        lines = [
+            "engine: local (torchrun agents on this machine, c10d rendezvous)",
+            f"cluster: {spec.name}: {spec.node_count} simulated node(s) x "
+            f"{spec.processes_per_node} process(es) = {spec.workers} worker(s)",
+            f"cores: {self.cores}; {self.threads_per_worker} thread(s) per worker"
+            + (
+                f" (OVERSUBSCRIBED: {spec.workers} workers on {self.cores} cores)"
+                if self.oversubscribed
+                else ""
+            ),
+            f"rendezvous: c10d at {self.rdzv_endpoint}, id {self.rdzv_id}",
+            _restarts_line(spec),
+            f"store: {r.text(self.job.store)}",
+            f"run dir: {r.text(self.job.out)}",
+            f"logs: {Path(self.log_dir) / 'node-<i>.log'}",
+            "environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()),
+        ]
+        for i, command in enumerate(self.agent_commands):
+            extra = " ".join(f"{k}={v}" for k, v in self.agent_env[i].items())
+            lines.append(f"node {i}: {extra + ' ' if extra else ''}{_shell(r.args(command))}")
+        notes = _notes(spec) + ([self.gpu_note] if self.gpu_note else [])
+        lines += [f"note: {n}" for n in notes]
+        return "\n".join(lines)
+
+    def files(self) -> dict[str, str]:
+        """`torchrun.sh`: the same launch as a shell script (redacted)."""
+        r = self.redactor
+        out = [
+            "#!/usr/bin/env bash",
+            f"# landcover cluster plan: engine local, {self.spec.node_count} simulated node(s) x "
+            f"{self.spec.processes_per_node} process(es)",
+            "set -u",
+            *(f"export {k}={shlex.quote(v)}" for k, v in self.env.items()),
+            f"mkdir -p {shlex.quote(self.log_dir)}",
+            "pids=()",
+        ]
+        for i, command in enumerate(self.agent_commands):
+            extra = "".join(f"{k}={shlex.quote(v)} " for k, v in self.agent_env[i].items())
+            out.append(f"{extra}{_shell(r.args(command))} > {shlex.quote(self.log_path(i))} 2>&1 &")
+            out.append("pids+=($!)")
+        out += [
+            "status=0",
+            'for pid in "${pids[@]}"; do wait "$pid" || status=$?; done',
+            'exit "$status"',
+        ]
+        return {"torchrun.sh": "\n".join(out) + "\n"}
+
+
+def _restarts_line(spec: ClusterSpec) -> str:
+    if spec.elastic is None:
+        return "restarts: none (a failed worker fails the job)"
+    e = spec.elastic
+    return (
+        f"restarts: up to {e.max_restarts}, nodes {e.min_nodes}..{e.max_nodes}; workers get "
+        "--resume and continue from the last checkpoint"
+    )
+
+
+def _notes(spec: ClusterSpec) -> list[str]:
+    notes = list(spec.notes)
+    if spec.mounts:
+        notes.append("mounts are not used locally: give the store as a path or URL")
+    if spec.setup_command:
+        notes.append("setupCommand is not run locally")
+    if spec.vm_size != "local":
+        notes.append(f"vmSize {spec.vm_size} is only a label here: this machine runs the job")
+    return notes
+
+
+def _shell(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LocalEngine:
+    """torchrun on this machine; `targetNodeCount` agents simulate the nodes."""
+
+    def plan(self, spec: ClusterSpec, job: TrainJob) -> LocalPlan:
+        check_run_dir(spec, job)  # refuse now what launch would refuse
+        cores = local_cpu_count()
+        threads = threads_per_worker(spec) or 1
+        endpoint = f"{LOOPBACK}:{free_port()}"
+        rdzv_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
+        if spec.elastic is not None and spec.elastic.min_nodes != spec.elastic.max_nodes:
+            nnodes = f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}"
+        else:
+            nnodes = str(spec.node_count)
+        args = worker_args(spec, job, store=job.store, out=job.out)
+        commands = []
+        for node in range(spec.node_count):
+            # is_host pins the rendezvous store on agent 0 instead of a race to bind the port;
+            # a short last call: every agent starts at once, none is worth waiting 30 s for
+            conf = f"is_host={1 if node == 0 else 0},last_call_timeout=1"
+            commands.append(
+                (
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    nnodes,
+                    "--nproc-per-node",
+                    str(spec.processes_per_node),
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    endpoint,
+                    "--rdzv-id",
+                    rdzv_id,
+                    "--rdzv-conf",
+                    conf,
+                    "--local-addr",
+                    LOOPBACK,
+                    "--max-restarts",
+                    str(spec.max_restarts),
+                    "-m",
+                    job.entry_module,
+                    *args,
+                )
+            )
+        agent_env, gpu_note = _gpu_partition(spec)
+        env = {
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1",
+            # torch shares the rendezvous TCPStore with the workers by default and keeps it
+            # across restarts, so restarted workers read the dead group's addresses and
+            # hang; a fresh store per round makes elastic restarts work (torch 2.15)
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        }
+        return LocalPlan(
+            spec=spec,
+            job=job,
+            agent_commands=tuple(commands),
+            agent_env=agent_env,
+            gpu_note=gpu_note,
+            env=env,
+            rdzv_endpoint=endpoint,
+            rdzv_id=rdzv_id,
+            threads_per_worker=threads,
+            cores=cores,
+            log_dir=_log_dir(job.out, rdzv_id),
+            redactor=spec.redactor(),
+        )
+
+    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
+        if not isinstance(plan, LocalPlan):
+            raise TypeError(f"the local engine cannot launch a {plan.engine} plan")
+        return _run_agents(plan, options)
+
+
+def _log_dir(out: str, rdzv_id: str) -> str:
+    if is_url(out):  # a run dir on blob storage: the logs stay on this machine
+        return str(Path(tempfile.gettempdir()) / f"landcover-launch-{rdzv_id}")
+    return str(Path(out) / "logs")
+
+
+def _gpu_partition(spec: ClusterSpec) -> tuple[tuple[Mapping[str, str], ...], str | None]:
+    """Per-agent CUDA_VISIBLE_DEVICES, and a note when the GPUs cannot go round.
+
+    NCCL wants one GPU per worker: each simulated node gets its own slice when there are
+    enough; otherwise the GPUs are hidden and every worker trains on CPU (gloo), rather than
+    two ranks colliding on one device."""
+    gpus = local_gpu_count()
+    nodes, per_node = spec.node_count, spec.processes_per_node
+    if gpus == 0 or (nodes == 1 and gpus >= per_node):
+        return tuple({} for _ in range(nodes)), None
+    if gpus < nodes * per_node:
+        note = (
+            f"{nodes * per_node} workers but {gpus} GPU(s) here: GPUs hidden, workers train on "
+            "CPU (NCCL needs one GPU per worker)"
+        )
+        return tuple({"CUDA_VISIBLE_DEVICES": ""} for _ in range(nodes)), note
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(gpus)]
+    return tuple(
+        {"CUDA_VISIBLE_DEVICES": ",".join(ids[n * per_node : (n + 1) * per_node])}
+        for n in range(nodes)
+    ), None
+
+
+# ----------------------------------------------------------------------------- running
+
+
+class _Pump(threading.Thread):
+    """Copies one agent's output, redacted, to its log file and to on_output."""
+
+    def __init__(
+        self,
+        stream: IO[str],
+        log_path: Path,
+        node: int,
+        redactor: Redactor,
+        on_output: Callable[[str], None] | None,
+    ) -> None:
+        super().__init__(daemon=True, name=f"landcover-node-{node}")
+        self.stream = stream
+        self.log_path = log_path
+        self.node = node
+        self.redactor = redactor
+        self.on_output = on_output
+        self.last_error: str | None = None
+
+    def run(self) -> None:
+        with self.log_path.open("a", encoding="utf-8") as log:
+            for raw in self.stream:
+                line = self.redactor.text(raw.rstrip("\n"))
+                log.write(line + "\n")
+                log.flush()
+                match = _ERROR_LINE.match(line)
+                if match and "ChildFailedError" not in line:
+                    self.last_error = match.group("message") or match.group("exception")
+                if self.on_output is not None:
+                    try:
+                        self.on_output(f"[node {self.node}] {line}")
+                    except Exception:  # e.g. a closed stdout: keep draining, or the agent blocks
+                        logger.exception("output callback failed; node %d logs only", self.node)
+                        self.on_output = None
+
+
+def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
+    found = check_run_dir(plan.spec, plan.job)
+    if found and plan.spec.max_restarts > 0 and plan.job.has_option("--overwrite"):
+        logger.info("--overwrite: removing %s from %s", ", ".join(found), plan.job.out)
+        clear_run_results(plan.job.out, found)
+    log_dir = Path(plan.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(len(plan.agent_commands)):  # one launch, one set of logs
+        Path(plan.log_path(i)).unlink(missing_ok=True)
+    logger.info(
+        "launching %d simulated node(s) x %d process(es); logs in %s",
+        plan.spec.node_count,
+        plan.spec.processes_per_node,
+        log_dir,
+    )
+    started = time.monotonic()
+    procs: list[subprocess.Popen[str]] = []
+    pumps: list[_Pump] = []
+    try:
+        for i, command in enumerate(plan.agent_commands):
+            env = {**os.environ, **plan.env, **plan.agent_env[i], **options.env}
+            proc = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=options.cwd,
+                text=True,
+                errors="replace",
+                bufsize=1,
+                start_new_session=True,  # a Ctrl-C in our terminal is ours to forward
+            )
+            procs.append(proc)
+            assert proc.stdout is not None  # stdout=PIPE
+            pump = _Pump(proc.stdout, Path(plan.log_path(i)), i, plan.redactor, options.on_output)
+            pump.start()
+            pumps.append(pump)
+        failed = _wait(procs, options.timeout_s, started)
+    finally:
+        _stop_all(procs)
+        for pump in pumps:
+            pump.join(timeout=5.0)
+    wall_time_s = time.monotonic() - started
+    if failed is not None:
+        node, code = failed
+        if code is None:
+            raise LaunchError(
+                f"the local job did not finish within {options.timeout_s:g} s and was stopped; "
+                f"logs: {log_dir}"
+            )
+        cause = pumps[node].last_error if node < len(pumps) else None
+        raise LaunchError(
+            f"training failed on simulated node {node} (exit code {code})"
+            + (f": {cause}" if cause else "")
+            + f"; logs: {plan.log_path(node)}"
+        )
+    logger.info("local job %s finished in %.1f s", plan.rdzv_id, wall_time_s)
+    return LaunchResult(
+        engine="local",
+        job_id=plan.rdzv_id,
+        status="succeeded",
+        run_dir=None if is_url(plan.job.out) else plan.job.out,
+        log_location=str(log_dir),
+        wall_time_s=wall_time_s,
+    )
+
+
+def _wait(
+    procs: list[subprocess.Popen[str]], timeout_s: float | None, started: float
+) -> tuple[int, int | None] | None:
+    """None when every agent exited 0; else (node, exit code), or (node, None) on timeout."""
+    while True:
+        codes = [p.poll() for p in procs]
+        for node, code in enumerate(codes):
+            if code not in (None, 0):
+                return node, code
+        if all(code == 0 for code in codes):
+            return None
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            return 0, None
+        time.sleep(_POLL_S)
+
+
+def _stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    """Stop the agents still running and every worker they started: SIGTERM to all at once
+    (an agent forwards it to its workers), then SIGKILL whatever is left after the grace."""
+    running = [p for p in procs if p.poll() is None]
+    if not running:
+        return
+    children: list[psutil.Process] = []
+    for proc in running:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            children += psutil.Process(proc.pid).children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for child in children:  # workers in sessions of their own, orphaned by a killed agent
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()

@@ -1,0 +1,228 @@
+"""Azure ML: the planned YAML loads with azure-ai-ml offline; launch fails fast without
+credentials."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped,unused-ignore]
+
+from cluster import azureml
+from cluster.azureml import AzureMLEngine, AzureMLPlan, credential_sources, input_path_for
+from cluster.engine import LaunchOptions, TrainJob, launch_plan, plan_job, write_plan_files
+from cluster.errors import ClusterError, EngineUnavailableError
+from cluster.spec import ClusterSpec, parse_cluster_spec
+
+# azure-ai-ml's schemas still use marshmallow 3 idioms: hundreds of warnings that are not ours
+pytestmark = pytest.mark.filterwarnings("ignore::marshmallow.warnings.Marshmallow4Warning")
+
+SAS = "sv=2022-11-02&ss=b&srt=co&sp=rl&se=2030-01-01&sig=U2VjcmV0U2lnbmF0dXJlMTIz"
+ACCOUNT_KEY = "QWNjb3VudEtleUZvckF6dXJlTUxUZXN0cw=="
+
+
+def aml_spec(**overrides: Any) -> ClusterSpec:
+    document: dict[str, Any] = {
+        "name": "landcover-nc6",
+        "engine": "azureml",
+        "vmSize": "Standard_NC24s_v3",
+        "vmPriority": "lowpriority",
+        "targetNodeCount": 2,
+        "data": {"mode": "direct", "accountName": "landcoverdata"},
+        "azureml": {
+            "subscriptionId": "00000000-0000-0000-0000-000000000000",
+            "resourceGroup": "rg",
+            "workspace": "ws",
+            "image": "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest",
+            "computeName": "gpu-cluster",
+            "idleSecondsBeforeScaleDown": 600,
+        },
+        "mounts": [
+            {
+                "accountName": "landcoverdata",
+                "containerName": "chips",
+                "relativeMountPath": "bfs",
+                "credentials": {"accountKey": ACCOUNT_KEY},
+            }
+        ],
+    }
+    document.update(overrides)
+    return parse_cluster_spec(document)
+
+
+def test_planned_yaml_loads_with_azure_ai_ml(tmp_path: Path) -> None:
+    from azure.ai.ml import load_compute, load_job
+
+    spec = aml_spec(elastic={"maxRestarts": 1})
+    job = TrainJob(
+        "az://chips/naip.zarr",
+        "runs/a",
+        ("--epochs", "3", "--storage-options", f'{{"sas_token": "{SAS}"}}'),
+    )
+    plan = plan_job(spec, job)
+    assert isinstance(plan, AzureMLPlan)
+    written = write_plan_files(plan, tmp_path)
+    job_yaml, compute_yaml = tmp_path / "job.yaml", tmp_path / "compute.yaml"
+    assert {p.name for p in written} == {"plan.txt", "job.yaml", "compute.yaml"}
+
+    loaded: Any = load_job(job_yaml)  # a Command job
+    assert loaded.type == "command"
+    assert loaded.compute == "gpu-cluster"
+    assert loaded.resources.instance_count == 2
+    assert loaded.distribution.type == "pytorch"
+    assert loaded.distribution.process_count_per_instance == 4  # 4 V100s per NC24s_v3
+    store = loaded.inputs["store"]
+    assert store.type == "uri_folder" and store.mode == "direct"
+    assert store.path == "https://landcoverdata.blob.core.windows.net/chips/naip.zarr"
+    assert loaded.outputs["run"].type == "uri_folder"
+    command = loaded.command
+    assert command.startswith(
+        "python -m landcover.train ${{inputs.store}} --out ${{outputs.run}} --epochs 3"
+    )
+    assert command.endswith("--resume --threads 6")  # 24 vCPUs / 4 processes
+    assert loaded.environment_variables == {"OMP_NUM_THREADS": "6"}
+
+    compute: Any = load_compute(compute_yaml)  # an AmlCompute
+    assert compute.type == "amlcompute"
+    assert (compute.size, compute.min_instances, compute.max_instances) == (
+        "Standard_NC24s_v3",
+        0,
+        2,
+    )
+    assert compute.idle_time_before_scale_down == 600
+    assert compute.tier == "low_priority"
+
+    # secrets: never in the printed plan nor in any written file; the plan itself keeps them
+    for text in [plan.describe(), *(p.read_text() for p in written)]:
+        assert "U2VjcmV0U2lnbmF0dXJlMTIz" not in text and ACCOUNT_KEY not in text
+    assert "U2VjcmV0U2lnbmF0dXJlMTIz" in str(plan.job_document["command"])
+    assert "elastic: Azure ML command jobs run on exactly" in plan.describe()
+
+
+def test_a_broken_job_document_is_refused_by_the_sdk(tmp_path: Path) -> None:
+    """The load check above can fail: the SDK rejects a document we get wrong."""
+    from azure.ai.ml import load_job
+    from azure.ai.ml.exceptions import ValidationException
+    from marshmallow.exceptions import ValidationError
+
+    plan = plan_job(aml_spec(), TrainJob("az://chips/x.zarr", "r"))
+    assert isinstance(plan, AzureMLPlan)
+    document = yaml.safe_load(plan.files()["job.yaml"])
+    document["distribution"]["processes_per_node"] = document["distribution"].pop(
+        "process_count_per_instance"
+    )
+    broken = tmp_path / "job.yaml"
+    broken.write_text(yaml.safe_dump(document))
+    with pytest.raises((ValidationException, ValidationError)):
+        load_job(broken)
+
+
+def test_store_urls_become_azure_ml_inputs(tmp_path: Path) -> None:
+    spec = aml_spec(data={"mode": "mount"})  # no accountName: found through the mount
+    assert input_path_for("az://chips/a.zarr", spec) == (
+        "https://landcoverdata.blob.core.windows.net/chips/a.zarr",
+        None,
+    )
+    for passthrough in (
+        "azureml://datastores/chips/paths/a.zarr",
+        "https://acct.blob.core.windows.net/c/a.zarr",
+        "abfss://c@acct.dfs.core.windows.net/a.zarr",
+    ):
+        assert input_path_for(passthrough, spec) == (passthrough, None)
+    with pytest.raises(ClusterError, match="needs the storage account of container 'other'"):
+        input_path_for("az://other/a.zarr", spec)
+    with pytest.raises(ClusterError, match="Azure ML cannot read this URL"):
+        input_path_for("memory://a.zarr", spec)
+    path, note = input_path_for(str(tmp_path / "chips.zarr"), spec)
+    assert path == str(tmp_path / "chips.zarr") and note and "uploaded at submit" in note
+    plan = plan_job(spec, TrainJob("az://chips/a.zarr", "azureml://datastores/runs/paths/a"))
+    assert isinstance(plan, AzureMLPlan)
+    assert plan.job_document["inputs"]["store"]["mode"] == "ro_mount"
+    assert plan.job_document["outputs"]["run"]["path"] == "azureml://datastores/runs/paths/a"
+
+
+@pytest.fixture()
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Azure environment, no CLIs on PATH, and a metadata service that refuses at once."""
+    for name in (
+        "AZURE_CLIENT_ID",
+        "AZURE_TENANT_ID",
+        "AZURE_CLIENT_SECRET",
+        "AZURE_CLIENT_CERTIFICATE_PATH",
+        "AZURE_FEDERATED_TOKEN_FILE",
+        "IDENTITY_ENDPOINT",
+        "MSI_ENDPOINT",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(azureml, "IMDS_URL", "http://127.0.0.1:9/metadata/instance")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("no_credentials")
+def test_launch_without_credentials_fails_fast_and_clearly() -> None:
+    assert credential_sources() == []
+    plan = plan_job(aml_spec(), TrainJob("az://chips/a.zarr", "r"))
+    with pytest.raises(EngineUnavailableError) as info:
+        launch_plan(plan, LaunchOptions())
+    assert str(info.value) == (
+        "no Azure credentials found: run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID "
+        "and AZURE_CLIENT_SECRET for a service principal"
+    )
+
+
+def test_credential_sources_are_detected_without_network(tmp_path: Path) -> None:
+    az = tmp_path / "az"
+    az.write_text("#!/bin/sh\n")
+    az.chmod(0o755)
+    env = {
+        "AZURE_CLIENT_ID": "id",
+        "AZURE_TENANT_ID": "tenant",
+        "AZURE_CLIENT_SECRET": "secret",
+        "PATH": str(tmp_path),
+    }
+    assert credential_sources(env) == ["service principal (environment)", "Azure CLI"]
+
+
+class _HangingCredential:
+    def __init__(self, **kwargs: Any) -> None:
+        self.release = threading.Event()
+
+    def get_token(self, *scopes: str) -> Any:
+        self.release.wait(30)
+
+
+class _RefusingCredential:
+    def __init__(self, **kwargs: Any) -> None:
+        pass
+
+    def get_token(self, *scopes: str) -> Any:
+        raise RuntimeError("DefaultAzureCredential failed to retrieve a token\nmore lines")
+
+
+@pytest.mark.timeout(60)
+def test_a_credential_that_hangs_or_fails_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import azure.identity
+
+    monkeypatch.setenv("AZURE_CLIENT_ID", "id")
+    monkeypatch.setenv("AZURE_TENANT_ID", "tenant")
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", "secret")
+    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", _HangingCredential)
+    with pytest.raises(EngineUnavailableError, match=r"gave no token within 0.5 s: check"):
+        azureml.check_credentials(timeout_s=0.5)
+    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", _RefusingCredential)
+    with pytest.raises(EngineUnavailableError) as info:
+        azureml.check_credentials(timeout_s=5)
+    assert str(info.value) == (
+        "Azure credentials failed (DefaultAzureCredential failed to retrieve a token): run "
+        "`az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET for a "
+        "service principal"
+    )
+
+
+def test_engine_refuses_another_engines_plan() -> None:
+    local_plan = plan_job(parse_cluster_spec({"targetNodeCount": 1}), TrainJob("s", "r"))
+    with pytest.raises(TypeError, match="cannot launch a local plan"):
+        AzureMLEngine().launch(local_plan, LaunchOptions())

@@ -1,0 +1,172 @@
+"""The local engine: what it plans, and how it runs, streams, stops and reports agents.
+
+The mechanics (streaming, redaction, stopping the other agents, timeouts) are tested with plain
+Python commands standing in for torchrun agents, which start in milliseconds; one real torchrun
+launch checks that a failing worker comes back as a LaunchError naming its log. The elastic
+restart with real agents is tested through the CLI (tests/landcover/test_cli_cluster.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped,unused-ignore]
+import pytest
+
+from cluster import local
+from cluster.engine import LaunchOptions, TrainJob, launch_plan, plan_job
+from cluster.errors import ClusterError, LaunchError
+from cluster.local import LocalPlan
+from cluster.spec import local_cpu_count, local_spec, parse_cluster_spec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAKE_WORKER = "tests.cluster.fake_worker"
+
+
+def local_plan(tmp_path: Path, **spec_fields: object) -> LocalPlan:
+    spec = parse_cluster_spec(
+        {"targetNodeCount": 2, "processesPerNode": 1, "elastic": {"maxRestarts": 2}}
+    )
+    spec = replace(spec, **spec_fields)  # type: ignore[arg-type]
+    plan = plan_job(spec, TrainJob("chips.zarr", str(tmp_path / "run"), ("--epochs", "2")))
+    assert isinstance(plan, LocalPlan)
+    return plan
+
+
+def test_plan_is_one_torchrun_agent_per_simulated_node(tmp_path: Path) -> None:
+    plan = local_plan(tmp_path)
+    assert len(plan.agent_commands) == 2
+    host = plan.rdzv_endpoint
+    assert host.startswith("127.0.0.1:")
+    threads = max(1, local_cpu_count() // 2)
+    for node, command in enumerate(plan.agent_commands):
+        text = " ".join(command)
+        assert command[:3] == (sys.executable, "-m", "torch.distributed.run")
+        assert f"--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {host}" in text
+        assert f"--rdzv-conf is_host={1 - min(node, 1)},last_call_timeout=1" in text
+        assert "--max-restarts 2 -m landcover.train chips.zarr --out" in text
+        assert text.endswith(f"--epochs 2 --resume --threads {threads}")
+    assert plan.env["OMP_NUM_THREADS"] == str(threads)
+    assert plan.log_dir == str(tmp_path / "run" / "logs")
+    script = plan.files()["torchrun.sh"]
+    assert script.count("torch.distributed.run") == 2 and 'wait "$pid"' in script
+    assert ("OVERSUBSCRIBED" in plan.describe()) == (local_cpu_count() < 2)
+
+
+def test_more_workers_than_cores_is_marked_oversubscribed(tmp_path: Path) -> None:
+    cores = local_cpu_count()
+    plan = plan_job(local_spec(cores + 1), TrainJob("s", str(tmp_path / "r")))
+    assert isinstance(plan, LocalPlan)
+    assert plan.oversubscribed and plan.threads_per_worker == 1
+    assert f"OVERSUBSCRIBED: {cores + 1} workers on {cores} cores" in plan.describe()
+    assert not plan_job(local_spec(1), TrainJob("s", "r")).describe().count("OVERSUBSCRIBED")
+
+
+def scripted_plan(tmp_path: Path, *scripts: str) -> LocalPlan:
+    """A local plan whose 'agents' are small Python scripts."""
+    plan = local_plan(tmp_path)
+    commands = tuple((sys.executable, "-c", s) for s in scripts)
+    return replace(plan, agent_commands=commands, agent_env=tuple({} for _ in scripts))
+
+
+def test_output_is_streamed_and_logged_redacted(tmp_path: Path) -> None:
+    key = "QWNjb3VudEtleVNob3VsZE5vdExlYWs="
+    plan = scripted_plan(
+        tmp_path,
+        f"print('epoch 1 done; AccountKey={key};')",
+        "import os; print('threads', os.environ['OMP_NUM_THREADS'])",
+    )
+    lines: list[str] = []
+    result = launch_plan(plan, LaunchOptions(on_output=lines.append))
+    assert result.status == "succeeded" and result.run_dir == str(tmp_path / "run")
+    assert sorted(lines) == [
+        "[node 0] epoch 1 done; AccountKey=<redacted>;",
+        f"[node 1] threads {plan.env['OMP_NUM_THREADS']}",
+    ]
+    log = Path(plan.log_path(0)).read_text()
+    assert log == "epoch 1 done; AccountKey=<redacted>;\n" and key not in log
+
+
+def test_a_failing_agent_stops_the_others_and_names_its_log(tmp_path: Path) -> None:
+    pid_file = tmp_path / "sleeper.pid"
+    plan = scripted_plan(
+        tmp_path,
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)",
+        "import sys, time; time.sleep(0.5); print('[rank1]: error: x.zarr: no chip store');"
+        " sys.exit(3)",
+    )
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan, LaunchOptions())
+    assert str(info.value) == (
+        "training failed on simulated node 1 (exit code 3): x.zarr: no chip store; "
+        f"logs: {tmp_path / 'run' / 'logs' / 'node-1.log'}"
+    )
+    assert not psutil.pid_exists(int(pid_file.read_text()))
+
+
+def test_a_job_past_its_time_limit_is_stopped(tmp_path: Path) -> None:
+    plan = scripted_plan(tmp_path, "import time; time.sleep(120)")
+    with pytest.raises(LaunchError, match=r"did not finish within 1 s and was stopped; logs: "):
+        launch_plan(plan, LaunchOptions(timeout_s=1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_failing_worker_under_torchrun_is_a_launch_error(tmp_path: Path) -> None:
+    spec = parse_cluster_spec({"targetNodeCount": 1, "processesPerNode": 1})
+    job = TrainJob("chips.zarr", str(tmp_path / "run"), ("--fail",), entry_module=FAKE_WORKER)
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan_job(spec, job), LaunchOptions(env=env, cwd=str(REPO_ROOT)))
+    log = tmp_path / "run" / "logs" / "node-0.log"
+    assert str(info.value) == (
+        "training failed on simulated node 0 (exit code 1): "
+        f"ValueError: fake worker failing on purpose; logs: {log}"
+    )
+    assert "fake worker failing on purpose" in log.read_text()
+
+
+def test_an_old_run_is_never_resumed_silently(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_text("old")
+    (run / "metrics.jsonl").write_text("{}\n")
+    spec = parse_cluster_spec({"targetNodeCount": 1, "elastic": {"maxRestarts": 1}})
+    with pytest.raises(ClusterError, match=r"already holds a training run \(metrics.jsonl, "):
+        plan_job(spec, TrainJob("s", str(run)))
+    assert plan_job(spec, TrainJob("s", str(run), ("--resume",))).job.out == str(run)
+    # --overwrite: cleared once by the launcher; every worker group itself only resumes
+    plan = plan_job(spec, TrainJob("s", str(run), ("--overwrite",)))
+    assert isinstance(plan, LocalPlan)
+    assert plan.agent_commands[0][-3:] == ("--resume", "--threads", str(local_cpu_count()))
+    assert "--overwrite" not in plan.agent_commands[0]
+    launch_plan(replace(plan, agent_commands=((sys.executable, "-c", "pass"),)), LaunchOptions())
+    assert sorted(p.name for p in run.iterdir()) == ["logs"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "per_node", "expected"),
+    [
+        (0, 2, 1, [{}, {}]),
+        (1, 1, 1, [{}]),
+        (4, 2, 2, [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]),
+        (1, 2, 1, [{"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": ""}]),
+    ],
+)
+def test_simulated_nodes_share_out_the_gpus_or_use_none(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: int,
+    nodes: int,
+    per_node: int,
+    expected: list[dict[str, str]],
+) -> None:
+    monkeypatch.setattr(local, "local_gpu_count", lambda: gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plan = local_plan(tmp_path, node_count=nodes, processes_per_node=per_node)
+    assert [dict(e) for e in plan.agent_env] == expected
+    hidden = expected[0].get("CUDA_VISIBLE_DEVICES") == ""
+    assert ("GPUs hidden, workers train on CPU" in plan.describe()) == hidden
