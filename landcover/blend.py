@@ -1,0 +1,166 @@
+"""Sliding windows over a grid and the smooth blending of their overlapping logits.
+
+Windows of `size` pixels step by `size - overlap`; the last window on each axis is placed
+flush with the grid's end, so every pixel is covered and no window hangs over the edge
+(unless the grid is smaller than one window). Each window's logits are weighted by a
+separable profile that ramps up over the overlap as sin² and down as cos², so on a regular
+stride the weights of neighbouring windows add up to exactly one; the accumulated weighted
+sum is divided by the accumulated weight in any case. A side that touches the grid's edge is
+not tapered (no window continues it), so the weight is positive everywhere.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+
+def window_starts(length: int, size: int, overlap: int) -> tuple[int, ...]:
+    """Start offsets of windows covering [0, length): stride size-overlap, last one flush."""
+    if size < 1 or not 0 <= overlap < size:
+        raise ValueError(f"window size {size} with overlap {overlap}: need 0 <= overlap < size")
+    if length <= size:
+        return (0,)
+    stride = size - overlap
+    starts = list(range(0, length - size, stride))
+    starts.append(length - size)
+    return tuple(starts)
+
+
+def taper_profile(
+    size: int, overlap: int, *, taper_start: bool, taper_end: bool
+) -> npt.NDArray[np.float32]:
+    """1-D weights: sin² ramp over the first `overlap` px, cos² over the last, 1 between."""
+    profile = np.ones(size, dtype=np.float64)
+    if overlap > 0:
+        t = (np.arange(overlap, dtype=np.float64) + 0.5) / overlap
+        ramp = np.sin(0.5 * math.pi * t) ** 2
+        if taper_start:
+            profile[:overlap] = np.minimum(profile[:overlap], ramp)
+        if taper_end:
+            profile[size - overlap :] = np.minimum(profile[size - overlap :], ramp[::-1])
+    return profile.astype(np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLayout:
+    """All windows over a `height` x `width` grid."""
+
+    height: int
+    width: int
+    size: int
+    overlap: int
+    row_starts: tuple[int, ...]
+    col_starts: tuple[int, ...]
+
+    @classmethod
+    def over(cls, height: int, width: int, *, size: int, overlap: int) -> WindowLayout:
+        return cls(
+            height,
+            width,
+            size,
+            overlap,
+            window_starts(height, size, overlap),
+            window_starts(width, size, overlap),
+        )
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.row_starts) * len(self.col_starts)
+
+    def rows_touching(self, start: int, stop: int) -> tuple[int, ...]:
+        """Row starts of windows that overlap grid rows [start, stop)."""
+        return _touching(self.row_starts, self.size, start, stop)
+
+    def cols_touching(self, start: int, stop: int) -> tuple[int, ...]:
+        return _touching(self.col_starts, self.size, start, stop)
+
+    def weight(self, row_start: int, col_start: int) -> npt.NDArray[np.float32]:
+        """(size, size) blending weight of the window at (row_start, col_start)."""
+        return _weight(*self.weight_key(row_start, col_start))
+
+    def weight_key(self, row_start: int, col_start: int) -> tuple[int, int, bool, bool, bool, bool]:
+        """What the weight depends on: size, overlap and which sides are tapered."""
+        return (
+            self.size,
+            self.overlap,
+            row_start > 0,
+            row_start + self.size < self.height,
+            col_start > 0,
+            col_start + self.size < self.width,
+        )
+
+
+@lru_cache(maxsize=16)
+def _weight(
+    size: int, overlap: int, top: bool, bottom: bool, left: bool, right: bool
+) -> npt.NDArray[np.float32]:
+    rows = taper_profile(size, overlap, taper_start=top, taper_end=bottom)
+    cols = taper_profile(size, overlap, taper_start=left, taper_end=right)
+    weight = np.outer(rows, cols).astype(np.float32)
+    weight.flags.writeable = False
+    return weight
+
+
+def _touching(starts: tuple[int, ...], size: int, start: int, stop: int) -> tuple[int, ...]:
+    # starts is sorted; a window [s, s+size) touches [start, stop) when s < stop and s+size > start
+    lo = bisect.bisect_right(starts, start - size)
+    hi = bisect.bisect_left(starts, stop)
+    return starts[lo:hi]
+
+
+class LogitBlender:
+    """Weighted sum of window logits over one block [row0, row0+height) x [col0, col0+width)."""
+
+    def __init__(
+        self,
+        layout: WindowLayout,
+        num_classes: int,
+        row0: int,
+        col0: int,
+        height: int,
+        width: int,
+        *,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.layout = layout
+        self.row0, self.col0, self.height, self.width = row0, col0, height, width
+        self.device = torch.device(device)
+        self.total = torch.zeros(
+            (num_classes, height, width), dtype=torch.float32, device=self.device
+        )
+        self.weight = torch.zeros((height, width), dtype=torch.float32, device=self.device)
+        self._weights: dict[tuple[int, int, bool, bool, bool, bool], torch.Tensor] = {}
+
+    def add(self, logits: torch.Tensor, row_start: int, col_start: int) -> None:
+        """Add one window's (classes, size, size) logits, placed at grid (row_start, col_start)."""
+        size_r, size_c = logits.shape[-2:]
+        r0 = max(row_start, self.row0)
+        r1 = min(row_start + size_r, self.row0 + self.height)
+        c0 = max(col_start, self.col0)
+        c1 = min(col_start + size_c, self.col0 + self.width)
+        if r0 >= r1 or c0 >= c1:
+            return
+        w = self._device_weight(self.layout.weight_key(row_start, col_start))
+        src = (slice(r0 - row_start, r1 - row_start), slice(c0 - col_start, c1 - col_start))
+        dst = (slice(r0 - self.row0, r1 - self.row0), slice(c0 - self.col0, c1 - self.col0))
+        w_part = w[src]
+        self.total[:, dst[0], dst[1]].add_(logits[:, src[0], src[1]] * w_part)
+        self.weight[dst].add_(w_part)
+
+    def blended(self) -> torch.Tensor:
+        """(classes, height, width) weighted mean of the logits; 0 where no window added."""
+        return self.total / self.weight.clamp_min(1e-12)
+
+    def _device_weight(self, key: tuple[int, int, bool, bool, bool, bool]) -> torch.Tensor:
+        cached = self._weights.get(key)
+        if cached is None:
+            cached = torch.from_numpy(np.array(_weight(*key))).to(self.device)
+            self._weights[key] = cached
+        return cached
