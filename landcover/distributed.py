@@ -1,0 +1,223 @@
+"""Where a training process sits in the job, and the collectives the trainer needs.
+
+`read_dist_env` is the ONE place that reads the launcher's environment (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK or GROUP_RANK): torchrun,
+Azure ML, Kubeflow's PyTorchJob and mpirun wrappers all set some subset of these. Everything
+else receives a `DistEnv`.
+
+A world of one is a plain process: no process group, and every collective is a no-op, so the
+trainer runs the same code with or without a launcher. Backends: gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from landcover.errors import TrainingError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The first collective after the one-time shard load waits for the slowest rank's load, which
+# on blob storage can take many minutes; the default 10 min (NCCL) would kill healthy jobs.
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=60)
+
+
+@dataclass(frozen=True, slots=True)
+class DistEnv:
+    """This process's place in the job, as the launcher described it."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.world_size / self.local_world_size)
+
+
+def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Read the launcher's variables (default: `os.environ`); none set means a world of one."""
+    env = os.environ if environ is None else environ
+
+    def integer(name: str, default: int, *, minimum: int) -> int:
+        text = env.get(name, "").strip()
+        if not text:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise TrainingError(f"{name}={text!r} is not an integer; fix the launcher") from None
+        if value < minimum:
+            raise TrainingError(f"{name}={value} must be >= {minimum}; fix the launcher")
+        return value
+
+    world_size = integer("WORLD_SIZE", 1, minimum=1)
+    rank = integer("RANK", 0, minimum=0)
+    local_rank = integer("LOCAL_RANK", rank if world_size > 1 else 0, minimum=0)
+    local_world_size = integer("LOCAL_WORLD_SIZE", world_size, minimum=1)
+    # torchrun calls the node index GROUP_RANK; most other launchers call it NODE_RANK.
+    node_name = "NODE_RANK" if env.get("NODE_RANK", "").strip() else "GROUP_RANK"
+    node_rank = integer(node_name, rank // local_world_size, minimum=0)
+    if rank >= world_size:
+        raise TrainingError(f"RANK={rank} must be < WORLD_SIZE={world_size}; fix the launcher")
+    if local_rank >= local_world_size:
+        raise TrainingError(
+            f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world_size}; "
+            "fix the launcher"
+        )
+    master_addr = env.get("MASTER_ADDR", "").strip() or None
+    master_port = integer("MASTER_PORT", 0, minimum=0) or None
+    if world_size > 1 and (master_addr is None or master_port is None):
+        raise TrainingError(
+            f"WORLD_SIZE={world_size} but MASTER_ADDR/MASTER_PORT are not set; launch with "
+            "torchrun (python -m torch.distributed.run) or set them"
+        )
+    return DistEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@contextmanager
+def process_group(env: DistEnv, device: torch.device) -> Iterator[Collectives]:
+    """Join the job's process group for the duration of the block (nothing for a world of 1)."""
+    if not env.is_distributed:
+        yield Collectives(env, device)
+        return
+    if dist.is_initialized():
+        raise TrainingError("a torch.distributed process group is already running in this process")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = backend_for(device)
+    # Explicit tcp:// with the values read above, so nothing else consults the environment;
+    # under torchrun this still reuses the agent's store at MASTER_ADDR:MASTER_PORT.
+    init_method = f"tcp://{env.master_addr}:{env.master_port}"
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=PROCESS_GROUP_TIMEOUT,
+    )
+    logger.debug("rank %d/%d joined the %s group", env.rank, env.world_size, backend)
+    try:
+        yield Collectives(env, device)
+    finally:
+        dist.destroy_process_group()
+
+
+class Collectives:
+    """The few collectives the trainer uses; all of them are no-ops in a world of one."""
+
+    def __init__(self, env: DistEnv, device: torch.device) -> None:
+        self.env = env
+        # NCCL only moves CUDA tensors; gloo only CPU ones.
+        self.device = (
+            device if device.type == "cuda" and env.is_distributed else torch.device("cpu")
+        )
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place sum over ranks of a tensor that lives on `self.device`."""
+        if self.env.is_distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        return [float(v) for v in self.sum_(tensor).cpu()]
+
+    def max_floats(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.env.is_distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return [float(v) for v in tensor.cpu()]
+
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank."""
+        if not self.env.is_distributed:
+            return obj
+        box: list[Any] = [obj]
+        dist.broadcast_object_list(box, src=0, device=self.device)
+        result: T = box[0]
+        return result
+
+    def gather_objects(self, obj: T) -> list[T]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.env.is_distributed:
+            return [obj]
+        out: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def gather_to_main(self, obj: T) -> list[T] | None:
+        """Every rank's `obj`, in rank order, on rank 0 (None elsewhere)."""
+        if not self.env.is_distributed:
+            return [obj]
+        out: list[Any] | None = [None] * self.env.world_size if self.env.is_main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def scatter_from_main(self, objs: list[T] | None) -> T:
+        """Rank r receives `objs[r]` of rank 0's list."""
+        if not self.env.is_distributed:
+            assert objs is not None
+            return objs[0]
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, objs if self.env.is_main else None, src=0)
+        result: T = box[0]
+        return result
+
+    def broadcast_module(self, module: nn.Module, *, buffers_only: bool = False) -> None:
+        """Overwrite every rank's parameters and/or buffers with rank 0's."""
+        if not self.env.is_distributed:
+            return
+        tensors = list(module.buffers())
+        if not buffers_only:
+            tensors = list(module.parameters()) + tensors
+        with torch.no_grad():
+            for tensor in tensors:
+                dist.broadcast(tensor.data, src=0)
+
+    def barrier(self) -> None:
+        if self.env.is_distributed:
+            dist.barrier()
+
+    def raise_if_any(self, message: str | None) -> None:
+        """Raise the same TrainingError on every rank when any rank has a message."""
+        messages = [m for m in self.gather_objects(message) if m]
+        if messages:
+            raise TrainingError(messages[0])

@@ -1,0 +1,448 @@
+"""The trainer: one worker in-process, two gloo workers (spawn and torchrun), resume, outputs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from click.testing import CliRunner
+from torch import nn
+
+from landcover import cli
+from landcover.commands.train import params_to_argv, worker_command
+from landcover.distributed import DistEnv
+from landcover.errors import ModelFileError, TrainingError
+from landcover.modelfile import load_model_file
+from landcover.models import build_model
+from landcover.train import (
+    Scores,
+    TrainCallbacks,
+    TrainConfig,
+    check_shard_fits,
+    class_weights_from_counts,
+    dice_loss,
+    read_metrics,
+    scores_from_confusion,
+    segmentation_loss,
+    train,
+    warmup_cosine,
+)
+from tiling.store import open_store
+
+METRIC_FIELDS = [
+    "epoch", "world_size", "nodes", "epoch_time_s", "load_time_s", "val_time_s", "train_loss",
+    "val_loss", "val_miou", "val_accuracy", "per_class_iou", "samples_per_s", "pixels_per_s",
+    "step_time_s", "data_time_s", "steps", "comm_bytes_per_step", "comm_time_s", "compression",
+    "block_momentum", "model", "batch_size", "device", "threads_per_worker", "host", "lr", "time",
+]  # fmt: skip
+
+
+def make_config(store: str, out: Path, **overrides: Any) -> TrainConfig:
+    # One thread: fast on 2 cores, and immune to other processes competing for them.
+    options: dict[str, Any] = {
+        "epochs": 2,
+        "batch_size": 8,
+        "device": "cpu",
+        "seed": 0,
+        "threads": 1,
+    }
+    options.update(overrides)
+    return TrainConfig(store_url=store, out_dir=str(out), **options)
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [int(s.getsockname()[1]) for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def checkpoint(run: Path) -> dict[str, Any]:
+    payload = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert isinstance(payload, dict)
+    return payload
+
+
+# Wall-clock measurements inside saved state, which no two runs share.
+TIMINGS = frozenset({"comm_time_s"})
+
+
+def assert_same_tensors(a: Any, b: Any, where: str = "") -> None:
+    """Bitwise equality of nested dicts/lists of tensors and plain values (timings aside)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, Mapping):
+        assert set(a) == set(b), where
+        for key in set(a) - TIMINGS:
+            assert_same_tensors(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_tensors(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def assert_metric_lines(run: Path, *, epochs: int, world_size: int) -> list[dict[str, Any]]:
+    lines = read_metrics(run)
+    assert [m["epoch"] for m in lines] == list(range(1, epochs + 1))
+    for m in lines:
+        missing = [f for f in METRIC_FIELDS if f not in m]
+        assert not missing, missing
+        assert m["world_size"] == world_size and m["nodes"] == 1
+        assert m["per_class_iou"][0] is None and len(m["per_class_iou"]) == 5
+        assert 0.0 <= m["val_miou"] <= 1.0 and 0.0 <= m["val_accuracy"] <= 1.0
+        assert m["epoch_time_s"] > 0 and m["step_time_s"] > m["data_time_s"] > 0
+        assert m["samples_per_s"] == pytest.approx(
+            m["steps"] * m["batch_size"] * world_size / m["epoch_time_s"]
+        )
+        assert m["pixels_per_s"] == pytest.approx(m["samples_per_s"] * 64 * 64)
+        assert m["device"].startswith("cpu: ") and m["time"].endswith("+00:00")
+    return lines
+
+
+class KilledError(Exception):
+    """Raised by a test callback to stop a run after a checkpoint, like a killed job."""
+
+
+def interrupt_after(epoch_to_stop: int) -> TrainCallbacks:
+    def on_epoch_end(epoch: int, record: Mapping[str, Any]) -> None:
+        if epoch == epoch_to_stop:
+            raise KilledError
+
+    return TrainCallbacks(on_epoch_end=on_epoch_end)
+
+
+# -- pieces -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"epochs": 0}, "--epochs 0 must be >= 1"),
+        ({"batch_size": 0}, "--batch-size 0 must be >= 1"),
+        ({"optimizer": "lbfgs"}, "--optimizer 'lbfgs': use one of"),
+        ({"resume": True, "overwrite": True}, "--resume and --overwrite exclude each other"),
+        ({"block_momentum": True, "compression": "fp16"}, "use one of them"),
+        ({"block_momentum_value": 1.0}, "--block-momentum-value 1.0 must be in \\[0, 1\\)"),
+    ],
+)
+def test_bad_configs_are_named(overrides: dict[str, Any], message: str, tmp_path: Path) -> None:
+    with pytest.raises(TrainingError, match=message):
+        make_config("store.zarr", tmp_path, **overrides)
+
+
+def test_median_frequency_class_weights() -> None:
+    weights = class_weights_from_counts([500, 100, 300, 0, 900], 5)
+    # Frequencies of the present classes 1, 2, 4: 0.0769, 0.2308, 0.6923; median 0.2308.
+    assert weights[0] == 0.0 and weights[3] == 0.0
+    assert weights == pytest.approx([0.0, 3.0, 1.0, 0.0, 1 / 3])
+    assert max(class_weights_from_counts([0, 1, 10**6], 3)) == 10.0  # clipped
+
+
+def test_scores_from_confusion() -> None:
+    # rows = truth, columns = prediction; class 3 never occurs, class 0 is nodata.
+    cm = np.zeros((4, 4), np.int64)
+    cm[1, 1], cm[1, 2], cm[2, 2], cm[2, 1] = 6, 2, 3, 1
+    scores = scores_from_confusion(cm)
+    assert scores.per_class_iou == pytest.approx([None, 6 / 9, 3 / 6, None])
+    assert scores.miou == pytest.approx((6 / 9 + 3 / 6) / 2)
+    assert scores.accuracy == pytest.approx(9 / 12)
+
+
+def test_loss_ignores_nodata_and_never_returns_nan() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 6, 6)
+    labels = torch.randint(1, 5, (2, 6, 6))
+    labels[:, :3] = 0
+    weights = torch.tensor([0.0, 1.0, 2.0, 1.0, 0.5])
+    base = segmentation_loss(logits, labels, class_weights=weights, dice=True)
+    changed = logits.clone()
+    changed[:, :, :3] = torch.randn(2, 5, 3, 6) * 10  # only nodata pixels
+    assert segmentation_loss(changed, labels, class_weights=weights, dice=True) == base
+    reference = torch.nn.functional.cross_entropy(logits, labels, weight=weights, ignore_index=0)
+    plain = segmentation_loss(logits, labels, class_weights=weights, dice=False)
+    assert plain == pytest.approx(float(reference), rel=1e-6)
+    nodata = segmentation_loss(logits, torch.zeros_like(labels), class_weights=None, dice=True)
+    assert float(nodata) == 0.0
+
+
+def test_dice_loss_is_zero_for_a_perfect_prediction() -> None:
+    labels = torch.randint(1, 4, (2, 8, 8))
+    perfect = torch.nn.functional.one_hot(labels, 4).permute(0, 3, 1, 2).float() * 50
+    assert float(dice_loss(perfect, labels)) == pytest.approx(0.0, abs=1e-6)
+    assert float(dice_loss(-perfect, labels)) > 0.9
+
+
+def test_warm_up_then_cosine_decay() -> None:
+    values = [warmup_cosine(s, warmup_steps=4, total_steps=20) for s in range(20)]
+    assert values[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert values[4] == pytest.approx(1.0)
+    assert all(a >= b for a, b in itertools.pairwise(values[4:]))
+    assert values[-1] == pytest.approx(0.01, abs=0.01)
+
+
+def test_shard_too_big_names_the_worker_count_that_fits() -> None:
+    gib = 1024**3
+
+    def need(workers: int) -> int:  # a 100 GiB store
+        return -(-100 * gib // workers)
+
+    assert check_shard_fits(need, world_size=10, local_world_size=2, available_bytes=40 * gib)
+    with pytest.raises(TrainingError) as info:
+        check_shard_fits(need, world_size=4, local_world_size=2, available_bytes=40 * gib)
+    # 40 GiB x 0.7 / 2 local workers = 14 GiB per worker: 100 / 14 -> 8 workers.
+    assert str(info.value) == (
+        "each worker's shard needs 25.00 GiB with 4 workers but only 14.00 GiB is free per "
+        "worker (40.00 GiB available x 0.7 / 2 workers on this node); use at least 8 workers "
+        "in total (spread over more nodes) or machines with more memory"
+    )
+
+
+def test_training_refuses_a_shard_that_does_not_fit(
+    tiny_store: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("landcover.train.available_memory_bytes", lambda: 200_000)
+    with pytest.raises(TrainingError, match=r"use at least \d+ workers in total"):
+        train(make_config(tiny_store, run_dir))
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_malicious_model_file_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "model.pt"
+    path.write_bytes(pickle.dumps({"format": "landcover-model", "payload": Exploit()}, protocol=2))
+    with pytest.raises(ModelFileError, match="refused to load"):
+        load_model_file(path)
+    assert not marker.exists()
+
+
+# -- one worker, in this process ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_one_worker_run_outputs_and_exact_resume(tiny_store: str, tmp_path: Path) -> None:
+    """Uninterrupted 2 epochs vs. interrupted after epoch 1 + `--resume`: same bits."""
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    epoch_end_states: dict[int, dict[str, torch.Tensor]] = {}
+
+    def keep_state(epoch: int, step: int, model: nn.Module) -> None:
+        epoch_end_states[epoch] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    result = train(make_config(tiny_store, whole), callbacks=TrainCallbacks(on_step=keep_state))
+    assert result.epochs_completed == 2 and not result.stopped_early
+    lines = assert_metric_lines(whole, epochs=2, world_size=1)
+    assert lines[0]["comm_bytes_per_step"] == 0 and lines[0]["compression"] == "none"
+
+    # --resume with nothing to resume starts fresh (what elastic restarts rely on).
+    with pytest.raises(KilledError):
+        train(make_config(tiny_store, broken, resume=True), callbacks=interrupt_after(1))
+    assert [m["epoch"] for m in read_metrics(broken)] == [1]
+    resumed = train(make_config(tiny_store, broken, resume=True))
+    assert resumed.epochs_completed == 2
+    a, b = checkpoint(whole), checkpoint(broken)
+    assert_same_tensors(a["model"], b["model"], "model")
+    assert_same_tensors(a["optimizer"], b["optimizer"], "optimizer")
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 2 * lines[0]["steps"]
+    for x, y in zip(lines, read_metrics(broken), strict=True):
+        assert (x["train_loss"], x["val_miou"]) == (y["train_loss"], y["val_miou"])
+
+    run = json.loads((whole / "run.json").read_text())
+    assert run["world_size"] == 1 and run["config"]["batch_size"] == 8
+    assert run["store"]["summary"]["chip_size"] == 64 and run["versions"]["torch"]
+    assert run["device"].startswith("cpu: ")
+
+    # model.pt is the best epoch's model, self-describing, and predicts like the trained one.
+    model, meta = load_model_file(whole / "model.pt")
+    summary = open_store(tiny_store).summary
+    assert meta.architecture == "small_unet" and meta.chip_size == 64
+    assert meta.band_mean == pytest.approx(summary.band_mean)
+    assert meta.class_map == summary.class_map
+    assert meta.training["epoch"] == result.best_epoch
+    trained = build_model("small_unet", num_classes=5)
+    trained.load_state_dict(epoch_end_states[result.best_epoch])
+    assert_same_tensors(epoch_end_states[2], a["model"], "last epoch")
+    images = torch.randn(2, 4, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model(images), trained.eval()(images))
+
+
+@pytest.mark.slow
+def test_learning_check(tiny_store: str, run_dir: Path) -> None:
+    """small_unet reaches val mIoU >= 0.55 within 6 epochs on the tiny synthetic store.
+
+    2 synthetic scenes of 448 px, 64 px chips (73 train / 24 val chips), batch 8, one worker,
+    default AdamW + warm-up/cosine schedule. Observed best-of-6-epochs val mIoU 0.62-0.73
+    over seeds 0-3 (0.63 for seed 0); an untrained model scores 0.05-0.4 after one epoch.
+    """
+    result = train(make_config(tiny_store, run_dir, epochs=6))
+    assert result.best_val_miou >= 0.55, read_metrics(run_dir)
+    lines = read_metrics(run_dir)
+    assert lines[-1]["train_loss"] < lines[0]["train_loss"]
+
+
+def test_early_stop_on_val_miou(
+    tiny_store: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flat = Scores(miou=0.5, accuracy=0.5, per_class_iou=[None, 0.5, 0.5, 0.5, 0.5])
+    monkeypatch.setattr("landcover.train.scores_from_confusion", lambda cm: flat)
+    result = train(make_config(tiny_store, run_dir, epochs=5, patience=2))
+    assert result.stopped_early and result.epochs_completed == 3 and result.best_epoch == 1
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [1, 2, 3]
+    # An elastic restart of a run that stopped early has nothing left to do.
+    again = train(make_config(tiny_store, run_dir, epochs=5, patience=2, resume=True))
+    assert again.stopped_early and again.epochs_completed == 3
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [1, 2, 3]
+
+
+def test_cli_trains_in_process_then_refuses_to_overwrite(tiny_store: str, run_dir: Path) -> None:
+    args = ["train", tiny_store, "--out", str(run_dir), "--epochs", "1", "--batch-size", "8",
+            "--threads", "1", "--device", "cpu",
+            "--storage-options", '{"account_name": "acct", "account_key": "s3cret"}']  # fmt: skip
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    assert "1 epochs, best val mIoU" in result.output
+    run = (run_dir / "run.json").read_text()
+    assert '"account_name": "acct"' in run and "s3cret" not in run
+    again = CliRunner().invoke(cli.main, args)
+    assert again.exit_code == 2
+    assert "already holds a training run (metrics.jsonl, run.json, model.pt, checkpoints); " in (
+        again.output
+    )
+    assert again.output.strip().endswith(
+        "pass --resume to continue it or --overwrite to replace it"
+    )
+
+
+# -- two gloo workers ---------------------------------------------------------------------------
+
+
+def _set_launcher_env(rank: int, port: int) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+
+
+def _check_replicas(epoch: int, step: int, model: nn.Module) -> None:
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    copies = [torch.empty_like(flat) for _ in range(2)]
+    dist.all_gather(copies, flat)
+    assert torch.equal(copies[0], copies[1]), f"replicas differ after epoch {epoch} step {step}"
+
+
+def _whole_and_resumed_worker(
+    rank: int, ports: list[int], store: str, root: str, extra: dict[str, Any]
+) -> None:
+    """Train 2 epochs; then again, killed after epoch 1 and resumed (3 process groups)."""
+    whole, broken = Path(root) / "whole", Path(root) / "broken"
+    # The first run reads the launcher variables, as under torchrun; the others get a DistEnv.
+    _set_launcher_env(rank, ports[0])
+    check = TrainCallbacks(on_step=None if extra.get("block_momentum") else _check_replicas)
+    train(make_config(store, whole, **extra), callbacks=check)
+
+    def env(port: int) -> DistEnv:
+        return DistEnv(rank=rank, world_size=2, local_rank=rank, local_world_size=2,
+                       master_addr="127.0.0.1", master_port=port)  # fmt: skip
+
+    try:
+        train(make_config(store, broken, **extra), dist_env=env(ports[1]),
+              callbacks=interrupt_after(1))  # fmt: skip
+        raise AssertionError("the run was not interrupted")
+    except KilledError:
+        pass
+    train(make_config(store, broken, resume=True, **extra), dist_env=env(ports[2]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra", [{}, {"block_momentum": True, "block_size": 3}], ids=["ddp", "bmuf"]
+)
+def test_two_workers_train_in_step_and_resume_exactly(
+    extra: dict[str, Any], tiny_store: str, tmp_path: Path
+) -> None:
+    """DDP: parameters identical on both ranks after every step. Both modes: a run killed
+    after epoch 1 and resumed ends bitwise equal to an uninterrupted one, per-rank state
+    included (comm meters; BMUF's local models, which differ between block syncs)."""
+    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+        _whole_and_resumed_worker,
+        args=(free_ports(3), tiny_store, str(tmp_path), extra),
+        nprocs=2,
+        join=True,
+    )
+    lines = assert_metric_lines(tmp_path / "whole", epochs=2, world_size=2)
+    assert lines[-1]["train_loss"] < lines[0]["train_loss"]
+    assert lines[0]["threads_per_worker"] == 1
+    assert lines[0]["block_momentum"] == bool(extra)
+    assert lines[0]["compression"] == "none"
+    assert lines[0]["comm_bytes_per_step"] > 0 and lines[0]["comm_time_s"] > 0
+    if not extra:  # small_unet's float32 gradients, all-reduced every step
+        model, _ = load_model_file(tmp_path / "whole" / "model.pt")
+        assert lines[0]["comm_bytes_per_step"] == 4 * sum(p.numel() for p in model.parameters())
+
+    a, b = checkpoint(tmp_path / "whole"), checkpoint(tmp_path / "broken")
+    assert_same_tensors(a["model"], b["model"], "model")
+    assert_same_tensors(a["optimizer"], b["optimizer"], "optimizer")
+    assert len(a["per_rank"]) == 2 and "comm" in a["per_rank"][1]
+    assert_same_tensors(a["per_rank"], b["per_rank"], "per_rank")
+    assert [m["train_loss"] for m in lines] == [
+        m["train_loss"] for m in read_metrics(tmp_path / "broken")
+    ]
+
+
+@pytest.mark.slow
+def test_cli_nproc_2_runs_torchrun(tiny_store: str, run_dir: Path) -> None:
+    args = ["train", tiny_store, "--out", str(run_dir), "--nproc", "2", "--epochs", "1",
+            "--batch-size", "8", "--device", "cpu", "--no-augment"]  # fmt: skip
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    assert "trained with 2 workers" in result.output
+    (line,) = assert_metric_lines(run_dir, epochs=1, world_size=2)
+    assert line["threads_per_worker"] == 1
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["config"]["augment"] is False and run["local_world_size"] == 2
+    # Same command again: the run dir is refused before any worker starts.
+    again = CliRunner().invoke(cli.main, args)
+    assert again.exit_code == 2 and "pass --resume to continue it" in again.output
+
+
+def test_worker_options_round_trip_through_the_command_line() -> None:
+    args = ["s.zarr", "--out", "r", "--epochs", "3", "--no-augment", "--amp", "--resume",
+            "--storage-options", '{"account_name": "x"}', "--compression", "powersgd:4",
+            "--block-size", "5", "--no-nesterov", "--patience", "2", "--lr", "0.01"]  # fmt: skip
+    parsed = worker_command.make_context("worker", list(args)).params
+    again = worker_command.make_context("worker", params_to_argv(worker_command, parsed)).params
+    assert again == parsed
+    assert parsed["storage_options"] == {"account_name": "x"} and parsed["amp"] is True
+    assert parsed["augment"] is False and parsed["nesterov"] is False
+
+
+def test_worker_entry_point_reports_bad_options_in_one_line(
+    tiny_store: str, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "landcover.train", tiny_store, "--out", str(tmp_path),
+               "--epochs", "0"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == "error: --epochs 0 must be >= 1"
