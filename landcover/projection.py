@@ -4,7 +4,7 @@ epoch time to cluster sizes nobody has measured.
 What is modelled (strong scaling of one epoch). The trainer keeps the per-worker batch `B`
 fixed and splits a dataset of `S` training samples evenly across `N` workers, so
 
-    steps(N)      = ceil(S / (N·B))                        every rank runs this many steps
+    steps(N)      = floor(floor(S / N) / B)                every rank runs this many steps
     comm(N)       = 2(N-1)·latency + 2(N-1)/N · payload / bandwidth     (0 when N = 1)
     epoch_time(N) = steps(N) · (B·compute_per_sample + comm(N))
 
@@ -84,8 +84,10 @@ def ring_allreduce_time_s(payload_bytes: float, workers: int, network: Network) 
 
 def steps_per_epoch(samples_per_epoch: int, workers: int, batch_size: int) -> int:
     """Steps every rank runs when `samples_per_epoch` are split evenly over `workers` ranks
-    with a per-worker batch of `batch_size` (a short last batch still costs a step)."""
-    return max(1, math.ceil(samples_per_epoch / (workers * batch_size)))
+    with a per-worker batch of `batch_size`: the trainer drops a short last batch and the
+    smallest shard decides (`landcover.data.steps_per_epoch`). At least one step, so that a
+    projection past the point where shards hold less than a batch stays defined."""
+    return max(1, (samples_per_epoch // workers) // batch_size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -435,7 +435,8 @@ def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> 
         _Paragraph(
             "Model: epoch_time(N) = steps(N) · (B · compute_per_sample + comm(N)) with a fixed "
             "per-worker batch B and the epoch's S samples split over N workers (strong scaling "
-            "of the epoch): steps(N) = ceil(S / (N·B)). comm(N) is one ring all-reduce per step, "
+            "of the epoch): steps(N) = floor(floor(S / N) / B), full batches of the smallest "
+            "shard as the trainer runs them. comm(N) is one ring all-reduce per step, "
             "2(N-1)·latency + 2(N-1)/N · bytes / bandwidth (reduce-scatter plus all-gather: "
             "2(N-1) messages of bytes/N), with bytes = the mode's measured comm bytes per step "
             "and the bandwidth per node. compute_per_sample is fitted to the measured epoch "

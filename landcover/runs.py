@@ -334,7 +334,7 @@ def _summarise(source: _Source) -> RunSummary:
         epoch_time_s=statistics.median(float(r["epoch_time_s"]) for r in used),
         load_time_s=max(float(r["load_time_s"]) for r in records),
         steps=round(statistics.median(int(r["steps"]) for r in used)),
-        samples_per_epoch=max(1, round(statistics.median(samples))),
+        samples_per_epoch=_train_chips(run_info) or max(1, round(statistics.median(samples))),
         samples_per_s=statistics.median(samples_per_s) if samples_per_s else None,
         comm_bytes_per_step=statistics.median(float(r["comm_bytes_per_step"]) for r in used),
         vm_size=_vm_size(run_info),
@@ -363,6 +363,12 @@ def _oversubscription(
         workers_per_host * threads_per_worker > cores,
         f"workers×threads {workers_per_host}×{threads_per_worker} vs {cores} cores",
     )
+
+
+def _train_chips(run_info: dict[str, Any]) -> int | None:
+    # The store's training chips (run.json) are the epoch's S; the samples a run trained
+    # (steps × workers × batch) undercount it by the dropped remainder.
+    return _positive_int(run_info.get("train_chips"))
 
 
 def _vm_size(run_info: dict[str, Any]) -> str | None:

@@ -40,9 +40,9 @@ def test_ring_allreduce_is_free_for_one_worker_or_nothing_to_send() -> None:
     assert ring_allreduce_time_s(0.0, 64, NET_10G) == 0.0
 
 
-def test_steps_per_epoch_counts_a_short_last_batch() -> None:
+def test_steps_per_epoch_drops_a_short_last_batch_like_the_trainer() -> None:
     assert steps_per_epoch(1000, 1, 8) == 125
-    assert steps_per_epoch(1000, 3, 8) == 42  # 333.3 samples per rank → 41.7 → 42
+    assert steps_per_epoch(1000, 3, 8) == 41  # 333 samples per rank → 41 full batches
     assert steps_per_epoch(1000, 148, 8) == 1
     assert steps_per_epoch(1000, 5000, 8) == 1
 
@@ -119,17 +119,17 @@ def test_project_by_hand() -> None:
     assert [p.workers for p in points] == [1, 4, 64]
     one, four, sixty_four = points
     assert one.epoch_time_s == pytest.approx(125 * 0.08)
-    # 4 workers: 32 steps · (0.08 + 6·50e-6 + 1.5·4e6/1.25e9)
+    # 4 workers: 250 samples each → 31 full batches · (0.08 + 6·50e-6 + 1.5·4e6/1.25e9)
     comm4 = 6 * 50e-6 + 1.5 * 4e6 / 1.25e9
-    assert four.steps == 32
-    assert four.comm_s == pytest.approx(32 * comm4)
-    assert four.epoch_time_s == pytest.approx(32 * (0.08 + comm4))
-    assert four.relative_error == pytest.approx((32 * (0.08 + comm4) - 3.0) / 3.0)
-    # 64 workers: 2 steps
+    assert four.steps == 31
+    assert four.comm_s == pytest.approx(31 * comm4)
+    assert four.epoch_time_s == pytest.approx(31 * (0.08 + comm4))
+    assert four.relative_error == pytest.approx((31 * (0.08 + comm4) - 3.0) / 3.0)
+    # 64 workers: 15 samples each, a batch of 8 fits once → 1 step
     comm64 = 126 * 50e-6 + 126 / 64 * 4e6 / 1.25e9
-    assert sixty_four.steps == 2
-    assert sixty_four.epoch_time_s == pytest.approx(2 * (0.08 + comm64))
-    assert sixty_four.speedup == pytest.approx(10.0 / (2 * (0.08 + comm64)))
+    assert sixty_four.steps == 1
+    assert sixty_four.epoch_time_s == pytest.approx(1 * (0.08 + comm64))
+    assert sixty_four.speedup == pytest.approx(10.0 / (1 * (0.08 + comm64)))
     assert sixty_four.efficiency == pytest.approx(sixty_four.speedup / 64)
     assert sixty_four.relative_error is None
 
