@@ -54,8 +54,19 @@ periodic model averaging whatever `nesterov` says. BatchNorm running statistics 
 buffers) are averaged at each block boundary, without momentum. Local optimizer state
 (SGD momentum, Adam moments) is left alone at block boundaries: each worker keeps its own, as
 CNTK keeps its local momentum; it is not averaged or reset. `BlockMomentum.state_dict()` holds
-this rank's Δ, W_global and position in the block; resuming mid-block also needs each rank's
-own local model and optimizer state (they differ between ranks until the block ends).
+this rank's Δ, W_global, the BatchNorm statistics of the last block end and the position in
+the block; resuming mid-block also needs each rank's own local model and optimizer state (they
+differ between ranks until the block ends).
+
+Validation and saving use the block-level global model: inside `with bmuf.global_model():`
+the model holds W_global and the BatchNorm statistics averaged at the last block end (the
+same on every rank), and on exit each rank gets its local weights back, bit for bit. We chose
+this over closing the partial block early (an extra model average whenever someone wants to
+look, as CNTK does before a checkpoint) because looking then never changes training: blocks
+keep `block_size` steps whatever the epoch length, a run validated or checkpointed more often
+follows the same trajectory, and a checkpoint taken mid-block (local models and optimizer
+states next to W_global and Δ) resumes into exactly the uninterrupted run. The price: mid-block
+the global model lacks the local steps since the last block end (at most `block_size - 1`).
 """
 
 # No `from __future__ import annotations` here: DistributedDataParallel.register_comm_hook
@@ -67,7 +78,8 @@ import math
 import threading
 import time
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast, get_args
 
@@ -765,8 +777,9 @@ class BlockMomentum:
         self._buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.meter = CommMeter("bmuf")
         self._collectives = _CountingCollectives(self.meter)
-        with torch.no_grad():
-            self.global_params = torch.cat([p.detach().reshape(-1) for p in self._params]).clone()
+        self.global_params = _flatten(self._params)
+        # BatchNorm statistics as averaged at the last block end (not filtered by momentum).
+        self.global_buffers = _flatten(self._buffers, like=self.global_params)
         self.delta = torch.zeros_like(self.global_params)
         self.local_steps = 0
 
@@ -779,14 +792,27 @@ class BlockMomentum:
         self._synchronise()
         return True
 
+    @contextmanager
+    def global_model(self) -> Iterator[None]:
+        """Within the block, the model holds the block-level global model: W_global and the
+        BatchNorm statistics of the last block end, identical on every rank. On exit every
+        rank's local parameters and statistics are put back bit for bit, so validating or
+        saving inside never changes training. No communication."""
+        local_params, local_buffers = _flatten(self._params), _flatten(self._buffers)
+        with torch.no_grad():
+            _copy_into(self._params, self.global_params)
+            _copy_into(self._buffers, self.global_buffers)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                _copy_into(self._params, local_params)
+                _copy_into(self._buffers, local_buffers)
+
     @torch.no_grad()
     def _synchronise(self) -> None:
         start_s = time.perf_counter()
-        dtype = self.global_params.dtype
-        flat = torch.cat(
-            [p.detach().reshape(-1) for p in self._params]
-            + [b.detach().reshape(-1).to(dtype) for b in self._buffers]
-        )
+        flat = torch.cat([_flatten(self._params), _flatten(self._buffers, like=self.global_params)])
         if self.world_size > 1:
             self._collectives.all_reduce(flat, group=self._group)
             flat.div_(self.world_size)
@@ -798,7 +824,8 @@ class BlockMomentum:
         if self.nesterov:
             restart = self.global_params + self.momentum * self.delta
         _copy_into(self._params, restart)
-        _copy_into(self._buffers, flat[count:])
+        self.global_buffers = flat[count:].clone()
+        _copy_into(self._buffers, self.global_buffers)
         self.meter._add_interval(start_s, time.perf_counter())
 
     def state_dict(self) -> dict[str, Any]:
@@ -809,6 +836,7 @@ class BlockMomentum:
             "nesterov": self.nesterov,
             "local_steps": self.local_steps,
             "global_params": self.global_params.detach().cpu().clone(),
+            "global_buffers": self.global_buffers.detach().cpu().clone(),
             "delta": self.delta.detach().cpu().clone(),
             "meter": self.meter.state_dict(),
         }
@@ -829,9 +857,21 @@ class BlockMomentum:
             )
         device = self.global_params.device
         self.global_params = global_params.to(device).clone()
+        if "global_buffers" in state:  # older checkpoints lack it: own stats until the block end
+            self.global_buffers = state["global_buffers"].to(device).clone()
         self.delta = state["delta"].to(device).clone()
         self.local_steps = int(state["local_steps"])
         self.meter.load_state_dict(state.get("meter", {}))
+
+
+def _flatten(tensors: Sequence[torch.Tensor], like: torch.Tensor | None = None) -> torch.Tensor:
+    """A new 1-D tensor holding a copy of `tensors` (in the dtype and device of `like`)."""
+    with torch.no_grad():
+        if like is not None:
+            tensors = [t.detach().to(like) for t in tensors]
+        if not tensors:
+            return torch.empty(0) if like is None else like.new_empty(0)
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
 def _copy_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:

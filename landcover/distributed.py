@@ -1,9 +1,13 @@
-"""Where a training process sits in the job, and the collectives the trainer needs.
+"""Where a training process sits in the job, its share of the node, and the collectives the
+trainer needs.
 
 `read_dist_env` is the ONE place that reads the launcher's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK or GROUP_RANK): torchrun,
 Azure ML, Kubeflow's PyTorchJob and mpirun wrappers all set some subset of these. Everything
 else receives a `DistEnv`.
+
+The LOCAL_WORLD_SIZE workers of a node share it: each gets its own GPU (`resolve_device`), its
+share of the cores (`configure_threads`) and of the free memory (`check_shard_fits`).
 
 A world of one is a plain process: no process group, and every collective is a no-op, so the
 trainer runs the same code with or without a launcher. Backends: gloo on CPU, NCCL on GPU.
@@ -14,12 +18,15 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping
+import platform
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil  # type: ignore[import-untyped]
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -33,6 +40,9 @@ T = TypeVar("T")
 # The first collective after the one-time shard load waits for the slowest rank's load, which
 # on blob storage can take many minutes; the default 10 min (NCCL) would kill healthy jobs.
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=60)
+# Fraction of the available RAM a node's shards may take: the model, optimizer, batch tensors,
+# allocator slack and the page cache all need the rest.
+MEMORY_SAFETY = 0.7
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,95 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         master_addr=master_addr,
         master_port=master_port,
     )
+
+
+# -- this process's share of the node -----------------------------------------------------------
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def configure_threads(threads: int | None, local_world_size: int) -> int:
+    """Give each local worker its share of the cores: 2 workers on 2 cores get 1 thread each,
+    which is what makes a 1-vs-2-worker epoch time a fair scaling measurement."""
+    count = threads or max(1, usable_cores() // local_world_size)
+    torch.set_num_threads(count)
+    try:
+        torch.set_num_interop_threads(count)
+    except RuntimeError:  # only settable once, before any inter-op work in this process
+        logger.debug("inter-op threads already fixed at %d", torch.get_num_interop_threads())
+    return count
+
+
+def resolve_device(name: str, env: DistEnv) -> torch.device:
+    """`--device auto|cpu|cuda` for this process: local rank r gets GPU r."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise TrainingError("--device cuda but no CUDA device is visible; use --device cpu")
+    count = torch.cuda.device_count()
+    if env.local_world_size > count:
+        raise TrainingError(
+            f"{env.local_world_size} workers on this node but only {count} GPUs; start at most "
+            f"{count} workers per node or use --device cpu"
+        )
+    return torch.device("cuda", env.local_rank)
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_description(device: torch.device) -> str:
+    """E.g. "cpu: AMD EPYC 7763" or "cuda: NVIDIA H100 80GB HBM3"."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {cpu_model_name()}"
+
+
+def available_memory_bytes() -> int:
+    return int(psutil.virtual_memory().available)
+
+
+def check_shard_fits(
+    shard_bytes_for: Callable[[int], int],
+    *,
+    world_size: int,
+    local_world_size: int,
+    available_bytes: int,
+) -> int:
+    """Bytes this rank's shard needs; TrainingError naming the worker count that would fit.
+
+    `shard_bytes_for(w)` is the per-rank shard size with w workers. Adding workers on the same
+    node does not help (they share its RAM), so the advice is a total count over more nodes.
+    """
+    need = shard_bytes_for(world_size)
+    budget = available_bytes * MEMORY_SAFETY / local_world_size
+    if need <= budget:
+        return need
+    workers = max(world_size + 1, math.ceil(shard_bytes_for(1) / max(budget, 1.0)))
+    while shard_bytes_for(workers) > budget and workers < 1 << 20:
+        workers += max(1, workers // 16)
+    gib = 1024**3
+    raise TrainingError(
+        f"each worker's shard needs {need / gib:.2f} GiB with {world_size} workers but only "
+        f"{budget / gib:.2f} GiB is free per worker ({available_bytes / gib:.2f} GiB available "
+        f"x {MEMORY_SAFETY} / {local_world_size} workers on this node); use at least "
+        f"{workers} workers in total (spread over more nodes) or machines with more memory"
+    )
+
+
+# -- the process group ----------------------------------------------------------------------------
 
 
 def backend_for(device: torch.device) -> str:

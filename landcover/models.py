@@ -16,6 +16,10 @@ of the RGB filters, so a pretrained network sees NIR as "another brightness" at 
 Weights come from torchvision's URLs through the torch hub cache (`$TORCH_HOME/hub/checkpoints`).
 Without network and without a seeded cache, building a pretrained model raises `TrainingError`;
 it never falls back to a random init.
+
+torchvision is imported by the builders that need it, not with this module: importing
+`torchvision.models` takes seconds, paid by every DDP worker, and `small_unet` (and
+`available()`) need none of it.
 """
 
 from __future__ import annotations
@@ -25,15 +29,16 @@ import io
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-import torchvision.models as tvm
-import torchvision.models.segmentation as tvseg
 from torch import nn
 
 from landcover.errors import TrainingError, UnknownModelError
+
+if TYPE_CHECKING:
+    import torchvision.models as tvm
 
 logger = logging.getLogger(__name__)
 
@@ -221,9 +226,12 @@ def _replace_conv_in_channels(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
     )
 
 
-def _download_weights(weights: tvm.WeightsEnum, model_name: str) -> dict[str, torch.Tensor]:
-    """ImageNet weights from the torch hub cache, downloading them if needed."""
-    url = str(weights.url)
+def _download_weights(weights_name: str, model_name: str) -> dict[str, torch.Tensor]:
+    """ImageNet weights (`weights_name` of torchvision.models, e.g. "ResNet18_Weights") from
+    the torch hub cache, downloading them if needed."""
+    import torchvision.models as tvm
+
+    url = str(getattr(tvm, weights_name).IMAGENET1K_V1.url)
     file_name = os.path.basename(url)
     hub_dir = torch.hub.get_dir()
     try:
@@ -289,16 +297,16 @@ def _small_unet(in_channels: int, num_classes: int, pretrained: str | None) -> n
     return SmallUNet(in_channels, num_classes)
 
 
-def _unet_resnet(
-    name: str, factory: Callable[..., tvm.ResNet], weights: tvm.WeightsEnum
-) -> ModelBuilder:
+def _unet_resnet(name: str, depth: int) -> ModelBuilder:
     def build(in_channels: int, num_classes: int, pretrained: str | None) -> nn.Module:
+        import torchvision.models as tvm
+
         use_weights = _check_pretrained(name, pretrained, supported=True)
-        resnet = factory(weights=None)
+        resnet = getattr(tvm, f"resnet{depth}")(weights=None)
         resnet.conv1 = _replace_conv_in_channels(resnet.conv1, in_channels)
         encoder = ResNetEncoder(resnet)
         if use_weights:
-            state = _download_weights(weights, name)
+            state = _download_weights(f"ResNet{depth}_Weights", name)
             _load_encoder_state(
                 encoder, state, stem_key="conv1.weight", in_channels=in_channels, model_name=name
             )
@@ -307,15 +315,18 @@ def _unet_resnet(
     return build
 
 
-def _resnet50_segmentation(name: str, factory: Callable[..., nn.Module]) -> ModelBuilder:
+def _resnet50_segmentation(name: str) -> ModelBuilder:
     def build(in_channels: int, num_classes: int, pretrained: str | None) -> nn.Module:
+        import torchvision.models.segmentation as tvseg
+
         use_weights = _check_pretrained(name, pretrained, supported=True)
+        factory = getattr(tvseg, name)
         # weights_backbone defaults to ImageNet in torchvision: pass None so nothing downloads.
         net = factory(weights=None, weights_backbone=None, num_classes=num_classes, aux_loss=False)
         backbone: Any = net.backbone
         backbone.conv1 = _replace_conv_in_channels(backbone.conv1, in_channels)
         if use_weights:
-            state = _download_weights(tvm.ResNet50_Weights.IMAGENET1K_V1, name)
+            state = _download_weights("ResNet50_Weights", name)
             _load_encoder_state(
                 backbone, state, stem_key="conv1.weight", in_channels=in_channels, model_name=name
             )
@@ -327,6 +338,8 @@ def _resnet50_segmentation(name: str, factory: Callable[..., nn.Module]) -> Mode
 def _lraspp_mobilenet_v3_large(
     in_channels: int, num_classes: int, pretrained: str | None
 ) -> nn.Module:
+    import torchvision.models.segmentation as tvseg
+
     name = "lraspp_mobilenet_v3_large"
     use_weights = _check_pretrained(name, pretrained, supported=True)
     net = tvseg.lraspp_mobilenet_v3_large(
@@ -335,7 +348,7 @@ def _lraspp_mobilenet_v3_large(
     stem: Any = net.backbone["0"]
     stem[0] = _replace_conv_in_channels(stem[0], in_channels)
     if use_weights:
-        state = _download_weights(tvm.MobileNet_V3_Large_Weights.IMAGENET1K_V1, name)
+        state = _download_weights("MobileNet_V3_Large_Weights", name)
         # The backbone is mobilenet.features: drop the "features." prefix and the classifier.
         features = {
             k.removeprefix("features."): v for k, v in state.items() if k.startswith("features.")
@@ -348,17 +361,11 @@ def _lraspp_mobilenet_v3_large(
 
 _REGISTRY: dict[str, ModelBuilder] = {
     "small_unet": _small_unet,
-    "unet_resnet18": _unet_resnet(
-        "unet_resnet18", tvm.resnet18, tvm.ResNet18_Weights.IMAGENET1K_V1
-    ),
-    "unet_resnet34": _unet_resnet(
-        "unet_resnet34", tvm.resnet34, tvm.ResNet34_Weights.IMAGENET1K_V1
-    ),
-    "unet_resnet50": _unet_resnet(
-        "unet_resnet50", tvm.resnet50, tvm.ResNet50_Weights.IMAGENET1K_V1
-    ),
-    "deeplabv3_resnet50": _resnet50_segmentation("deeplabv3_resnet50", tvseg.deeplabv3_resnet50),
-    "fcn_resnet50": _resnet50_segmentation("fcn_resnet50", tvseg.fcn_resnet50),
+    "unet_resnet18": _unet_resnet("unet_resnet18", 18),
+    "unet_resnet34": _unet_resnet("unet_resnet34", 34),
+    "unet_resnet50": _unet_resnet("unet_resnet50", 50),
+    "deeplabv3_resnet50": _resnet50_segmentation("deeplabv3_resnet50"),
+    "fcn_resnet50": _resnet50_segmentation("fcn_resnet50"),
     "lraspp_mobilenet_v3_large": _lraspp_mobilenet_v3_large,
 }
 

@@ -10,7 +10,12 @@ workers through torchrun. One `train(config)` call is one worker:
 3. epochs of `steps` synchronous steps (DDP with a comm hook, or BMUF), the same step count on
    every rank, then validation whose confusion matrices are summed over ranks;
 4. rank 0 appends a `metrics.jsonl` line, writes `model.pt` when val mIoU improves (so
-   `model.pt` is the best-by-val-mIoU model) and writes `checkpoints/last.pt` atomically.
+   `model.pt` is the best-by-val-mIoU model) and writes `checkpoints/last.pt` atomically
+   (`landcover.rundir`).
+
+Validation, `model.pt` and the checkpoint's `model` are the job's one model: the replicas under
+DDP, BMUF's block-level global model under `--block-momentum` (`BlockMomentum.global_model`;
+each learner's own model and optimizer state go into the checkpoint's per-rank part).
 
 Learning rate: the base `--lr` is multiplied by the world size (`--lr-scaling linear`, the
 "linear scaling rule"; `sqrt` and `none` too; never with BMUF, whose learners step like a
@@ -25,35 +30,84 @@ an uninterrupted one (bitwise on CPU with the same thread count).
 
 from __future__ import annotations
 
-import datetime as dt
-import json
+import importlib.metadata
 import logging
 import math
 import os
 import platform
 import re
-import shutil
 import socket
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import psutil  # type: ignore[import-untyped]
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+import landcover
 from landcover.data import Batch, ShardDataset, derive_seed, steps_per_epoch
-from landcover.distributed import Collectives, DistEnv, process_group, read_dist_env
+from landcover.distributed import (
+    Collectives,
+    DistEnv,
+    available_memory_bytes,
+    check_shard_fits,
+    configure_threads,
+    cpu_model_name,
+    device_description,
+    process_group,
+    read_dist_env,
+    resolve_device,
+    usable_cores,
+)
 from landcover.errors import TrainingError
+from landcover.losses import (
+    class_weights_from_counts,
+    confusion_counts,
+    scores_from_confusion,
+    segmentation_loss,
+)
 from landcover.modelfile import ModelMeta, save_model_file
+from landcover.rundir import (
+    MODEL_FILE,
+    append_metrics,
+    jsonable,
+    prepare_run_dir,
+    read_checkpoint,
+    read_metrics,
+    rewrite_metrics,
+    save_checkpoint,
+    to_cpu,
+    utc_now,
+    write_run_json,
+)
+
+if TYPE_CHECKING:
+    from landcover.comm import BlockMomentum, CommMeter
+    from landcover.losses import Scores
+
+# cpu_model_name, segmentation_loss and usable_cores live in landcover.distributed and
+# landcover.losses; they are exported here too because benchmarks/bench_train.py imports them.
+__all__ = [
+    "TrainCallbacks",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "cpu_model_name",
+    "lr_scale",
+    "main",
+    "read_metrics",
+    "segmentation_loss",
+    "train",
+    "usable_cores",
+    "warmup_cosine",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,18 +124,8 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 LR_SCALINGS: tuple[str, ...] = ("linear", "sqrt", "none")
 DEFAULT_LR: Mapping[str, float] = {"adamw": 2e-3, "sgd": 0.02}
 MIN_LR_RATIO = 0.01
-# Fraction of the available RAM a node's shards may take: the model, optimizer, batch tensors,
-# allocator slack and the page cache all need the rest.
-MEMORY_SAFETY = 0.7
-MAX_CLASS_WEIGHT = 10.0
-CHECKPOINT_FORMAT = "landcover-checkpoint"
-CHECKPOINT_VERSION = 1
-METRICS_FILE = "metrics.jsonl"
-RUN_FILE = "run.json"
-MODEL_FILE = "model.pt"
-CHECKPOINT_DIR = "checkpoints"
-LAST_CHECKPOINT = "last.pt"
-RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR)
+# Options a resumed run must share with its checkpoint (they shape the saved state).
+RESUME_MUST_MATCH = ("model", "batch_size", "optimizer")
 # Storage options that must not end up in run.json or checkpoints (adlfs/s3fs/gcsfs names).
 SECRET_OPTION = re.compile(r"key|secret|token|password|credential|sas|connection", re.IGNORECASE)
 
@@ -174,9 +218,9 @@ class TrainConfig:
 
     def to_json(self) -> dict[str, Any]:
         """Plain values for run.json and checkpoints; secrets in storage options redacted."""
-        values = {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+        values = {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
         values["storage_options"] = {
-            k: "<redacted>" if SECRET_OPTION.search(k) else _jsonable(v)
+            k: "<redacted>" if SECRET_OPTION.search(k) else jsonable(v)
             for k, v in self.storage_options.items()
         }
         return values
@@ -215,233 +259,6 @@ def train(
         return trainer.run()
 
 
-# -- run directory ------------------------------------------------------------------------------
-
-
-def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
-    """Refuse a run dir that already holds results unless told to resume or overwrite."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise TrainingError(f"{out}: exists and is not a directory; choose another --out")
-    found = [name for name in RESULT_NAMES if (out / name).exists()]
-    if found and not (resume or overwrite):
-        raise TrainingError(
-            f"{out}: already holds a training run ({', '.join(found)}); pass --resume to "
-            "continue it or --overwrite to replace it"
-        )
-
-
-def _reset_run_dir(out: Path) -> None:
-    for name in RESULT_NAMES:
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-
-
-def _write_atomic(path: Path, write: Callable[[str], None]) -> None:
-    """Write through a temp file in the same directory, then rename: never a half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(json.dumps(obj, indent=2) + "\n")
-
-    _write_atomic(path, write)
-
-
-def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-# -- machine ------------------------------------------------------------------------------------
-
-
-def available_memory_bytes() -> int:
-    return int(psutil.virtual_memory().available)
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
-def configure_threads(threads: int | None, local_world_size: int) -> int:
-    """Give each local worker its share of the cores: 2 workers on 2 cores get 1 thread each,
-    which is what makes a 1-vs-2-worker epoch time a fair scaling measurement."""
-    count = threads or max(1, usable_cores() // local_world_size)
-    torch.set_num_threads(count)
-    try:
-        torch.set_num_interop_threads(count)
-    except RuntimeError:  # only settable once, before any inter-op work in this process
-        logger.debug("inter-op threads already fixed at %d", torch.get_num_interop_threads())
-    return count
-
-
-def resolve_device(name: str, env: DistEnv) -> torch.device:
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise TrainingError("--device cuda but no CUDA device is visible; use --device cpu")
-    count = torch.cuda.device_count()
-    if env.local_world_size > count:
-        raise TrainingError(
-            f"{env.local_world_size} workers on this node but only {count} GPUs; start at most "
-            f"{count} workers per node or use --device cpu"
-        )
-    return torch.device("cuda", env.local_rank)
-
-
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def device_description(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"cpu: {cpu_model_name()}"
-
-
-def check_shard_fits(
-    shard_bytes_for: Callable[[int], int],
-    *,
-    world_size: int,
-    local_world_size: int,
-    available_bytes: int,
-) -> int:
-    """Bytes this rank's shard needs; TrainingError naming the worker count that would fit.
-
-    `shard_bytes_for(w)` is the per-rank shard size with w workers. Adding workers on the same
-    node does not help (they share its RAM), so the advice is a total count over more nodes.
-    """
-    need = shard_bytes_for(world_size)
-    budget = available_bytes * MEMORY_SAFETY / local_world_size
-    if need <= budget:
-        return need
-    workers = max(world_size + 1, math.ceil(shard_bytes_for(1) / max(budget, 1.0)))
-    while shard_bytes_for(workers) > budget and workers < 1 << 20:
-        workers += max(1, workers // 16)
-    gib = 1024**3
-    raise TrainingError(
-        f"each worker's shard needs {need / gib:.2f} GiB with {world_size} workers but only "
-        f"{budget / gib:.2f} GiB is free per worker ({available_bytes / gib:.2f} GiB available "
-        f"x {MEMORY_SAFETY} / {local_world_size} workers on this node); use at least "
-        f"{workers} workers in total (spread over more nodes) or machines with more memory"
-    )
-
-
-# -- loss and metrics ---------------------------------------------------------------------------
-
-
-def class_weights_from_counts(counts: Sequence[int], num_classes: int) -> list[float]:
-    """Median-frequency balancing: w_c = median(f) / f_c over the classes present, clipped to
-    [1/MAX, MAX] so a class with a handful of pixels cannot dominate; nodata and absent
-    classes get 0 (they are never a target)."""
-    padded = np.zeros(num_classes, dtype=np.float64)
-    values = np.asarray(counts, dtype=np.float64)[:num_classes]
-    padded[: len(values)] = values
-    padded[0] = 0.0
-    present = padded > 0
-    weights = np.zeros(num_classes, dtype=np.float64)
-    if present.any():
-        freq = padded[present] / padded[present].sum()
-        weights[present] = np.clip(np.median(freq) / freq, 1 / MAX_CLASS_WEIGHT, MAX_CLASS_WEIGHT)
-    return [float(w) for w in weights]
-
-
-def segmentation_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    class_weights: torch.Tensor | None,
-    dice: bool,
-) -> torch.Tensor:
-    """Cross-entropy over labelled pixels (code 0 = nodata is ignored), optionally + soft Dice.
-
-    Computed as a sum over a clamped weight total instead of `reduction="mean"`, so a batch
-    of nodata only gives 0 (not NaN) without a host sync to check for it.
-    """
-    num_classes = logits.shape[1]
-    weights = (
-        class_weights
-        if class_weights is not None
-        else torch.ones(num_classes, device=logits.device).index_fill_(0, _zero(logits), 0.0)
-    )
-    total = F.cross_entropy(logits, labels, weight=weights, ignore_index=0, reduction="sum")
-    loss = total / weights[labels].sum().clamp_min(1e-6)
-    if dice:
-        loss = loss + dice_loss(logits, labels)
-    return loss
-
-
-def _zero(like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(1, dtype=torch.int64, device=like.device)
-
-
-def dice_loss(logits: torch.Tensor, labels: torch.Tensor, *, smooth: float = 1.0) -> torch.Tensor:
-    """1 - mean soft Dice over the classes (not nodata) present in the batch's labels."""
-    num_classes = logits.shape[1]
-    valid = (labels != 0).unsqueeze(1).to(logits.dtype)
-    probs = logits.softmax(dim=1) * valid
-    target = F.one_hot(labels, num_classes).permute(0, 3, 1, 2).to(logits.dtype) * valid
-    dims = (0, 2, 3)
-    intersection = (probs * target).sum(dims)[1:]
-    cardinality = (probs.sum(dims) + target.sum(dims))[1:]
-    present = (target.sum(dims)[1:] > 0).to(logits.dtype)
-    dice = (2 * intersection + smooth) / (cardinality + smooth)
-    return ((1 - dice) * present).sum() / present.sum().clamp_min(1.0)
-
-
-def confusion_counts(pred: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Flattened (truth, prediction) counts over labelled pixels, int64 of length K*K."""
-    valid = labels != 0
-    index = labels[valid] * num_classes + pred[valid]
-    return torch.bincount(index, minlength=num_classes * num_classes)
-
-
-@dataclass(frozen=True, slots=True)
-class Scores:
-    miou: float
-    accuracy: float
-    per_class_iou: list[float | None]  # index = class code; nodata and absent classes None
-
-
-def scores_from_confusion(confusion: np.ndarray[Any, Any]) -> Scores:
-    """mIoU over the classes (not nodata) that occur in truth or prediction; pixel accuracy."""
-    cm = confusion.astype(np.float64)
-    tp = np.diag(cm)
-    union = cm.sum(axis=0) + cm.sum(axis=1) - tp
-    per_class: list[float | None] = [None]
-    for code in range(1, cm.shape[0]):
-        per_class.append(float(tp[code] / union[code]) if union[code] > 0 else None)
-    present = [v for v in per_class if v is not None]
-    miou = float(np.mean(present)) if present else float("nan")
-    total = cm.sum()
-    accuracy = float(tp.sum() / total) if total > 0 else float("nan")
-    return Scores(miou=miou, accuracy=accuracy, per_class_iou=per_class)
-
-
 def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int) -> float:
     """LR multiplier after `step` optimizer steps: linear warm-up, then cosine to MIN_LR_RATIO."""
     if step < warmup_steps:
@@ -455,10 +272,7 @@ def lr_scale(scaling: str, world_size: int) -> float:
     return {"linear": float(world_size), "sqrt": math.sqrt(world_size), "none": 1.0}[scaling]
 
 
-# -- the trainer --------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _EpochStats:
     epoch_time_s: float
     epoch_cpu_s: float
@@ -493,9 +307,8 @@ class Trainer:
         self.best_val_miou = -math.inf
         self.best_epoch = 0
         self.epochs_without_improvement = 0
-        self.start_epoch = 0
+        self.start_epoch = 0  # epochs done before this process started (resume)
         self.stopped_early = False
-        self.resumed_from: int | None = None
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -505,7 +318,7 @@ class Trainer:
         self._build_model()  # before the long load: a bad --model or --pretrained fails fast
         self._load_shards()
         common, own = self._read_checkpoint(checkpoint_path)
-        self._build_parallel_model(common, own)
+        self._build_parallel_model(own)
         self._build_optimizer(common, own)
         if self.env.is_main:
             self._write_run_json()
@@ -517,15 +330,9 @@ class Trainer:
         checkpoint: Path | None = None
         if self.env.is_main:
             try:
-                check_run_dir(self.out, resume=self.config.resume, overwrite=self.config.overwrite)
-                last = self.out / CHECKPOINT_DIR / LAST_CHECKPOINT
-                if self.config.resume and last.exists():
-                    checkpoint = last
-                else:
-                    if self.config.resume:
-                        logger.info("%s: no checkpoint to resume from; starting fresh", self.out)
-                    _reset_run_dir(self.out)
-                self.out.mkdir(parents=True, exist_ok=True)
+                checkpoint = prepare_run_dir(
+                    self.out, resume=self.config.resume, overwrite=self.config.overwrite
+                )
             except (TrainingError, OSError) as exc:
                 error = str(exc)
         self.comms.raise_if_any(error)
@@ -534,19 +341,15 @@ class Trainer:
     def _open_store(self) -> None:
         from tiling.store import assign_chips_to_ranks, open_store
 
-        store = open_store(self.config.store_url, storage_options=self.config.storage_options)
+        url = self.config.store_url
+        store = open_store(url, storage_options=self.config.storage_options)
         summary = store.summary
         if not summary.has_labels or summary.class_map is None:
-            raise TrainingError(
-                f"{self.config.store_url}: the store has no labels; tile with --labels to train"
-            )
-        world = self.env.world_size
-        train_ids = store.chip_ids("train")
-        val_ids = store.chip_ids("val")
+            raise TrainingError(f"{url}: the store has no labels; tile with --labels to train")
+        train_ids, val_ids = store.chip_ids("train"), store.chip_ids("val")
         if len(val_ids) == 0:
-            raise TrainingError(
-                f"{self.config.store_url}: the store has no val chips; tile with a val fraction > 0"
-            )
+            raise TrainingError(f"{url}: the store has no val chips; tile with a val fraction > 0")
+        world = self.env.world_size
         lengths = [len(ids) for ids in assign_chips_to_ranks(train_ids, world)]
         self.steps = steps_per_epoch(lengths, self.config.batch_size)
         if self.steps < 1:
@@ -555,21 +358,18 @@ class Trainer:
                 f"worker, fewer than --batch-size {self.config.batch_size}; use a smaller batch "
                 "or fewer workers"
             )
-        self.store = store
         self.summary = summary
         self.class_map = summary.class_map
         self.num_classes = int(summary.class_map.num_classes)
-        self.num_train = len(train_ids)
-        self.num_val = len(val_ids)
+        self.num_train, self.num_val = len(train_ids), len(val_ids)
 
     def _load_shards(self) -> None:
         from tiling.store import load_shard_into_memory, shard_bytes
 
+        splits = ("train", "val")
+
         def need(workers: int) -> int:
-            return sum(
-                int(shard_bytes(self.summary, world_size=workers, split=split))
-                for split in ("train", "val")
-            )
+            return sum(shard_bytes(self.summary, world_size=workers, split=s) for s in splits)
 
         error: str | None = None
         try:
@@ -583,39 +383,40 @@ class Trainer:
             error = str(exc)
         self.comms.raise_if_any(error)
 
-        loaded = {
-            split: load_shard_into_memory(
+        shards = [
+            load_shard_into_memory(
                 self.config.store_url,
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 split=split,
                 storage_options=self.config.storage_options,
             )
-            for split in ("train", "val")
-        }
-        load_time_s = sum(float(shard.load_time_s) for shard in loaded.values())
-        bytes_read = sum(int(shard.bytes_read) for shard in loaded.values())
+            for split in splits
+        ]
+        load_time_s = sum(float(shard.load_time_s) for shard in shards)
+        bytes_read = sum(int(shard.bytes_read) for shard in shards)
         self.load_time_s, self.load_bytes = self.comms.max_floats([load_time_s, bytes_read])
         # A shard on the GPU makes a batch one index_select; keep it on the host if it would
         # crowd out activations.
         storage = self.device
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            total = sum(s.nbytes for s in loaded.values())
-            storage = self.device if total < 0.25 * free else torch.device("cpu")
-        mean, std = list(self.summary.band_mean), list(self.summary.band_std)
+            if sum(shard.nbytes for shard in shards) >= 0.25 * free:
+                storage = torch.device("cpu")
         datasets = []
-        for split in ("train", "val"):
-            shard = loaded[split]
+        for shard in shards:
             if shard.labels is None:
                 raise TrainingError(f"{self.config.store_url}: the store has no labels to train")
             datasets.append(
                 ShardDataset(
-                    shard.images, shard.labels, band_mean=mean, band_std=std, device=storage
+                    shard.images,
+                    shard.labels,
+                    band_mean=list(self.summary.band_mean),
+                    band_std=list(self.summary.band_std),
+                    device=storage,
                 )
             )
         self.train_data, self.val_data = datasets
-        self.chip_size = self.train_data.chip_size
         logger.info(
             "rank %d: loaded %d train + %d val chips (%.1f MiB) in %.2f s",
             self.env.rank,
@@ -664,7 +465,8 @@ class Trainer:
         error: str | None = None
         if self.env.is_main:
             try:
-                payload = _load_checkpoint(path, self.config)
+                must_match = {key: getattr(self.config, key) for key in RESUME_MUST_MATCH}
+                payload = read_checkpoint(path, must_match=must_match)
                 per_rank = payload.pop("per_rank")
                 if len(per_rank) != self.env.world_size:
                     logger.warning(
@@ -680,7 +482,7 @@ class Trainer:
         self.comms.raise_if_any(error)
         common = self.comms.broadcast_object(payload)
         own = self.comms.scatter_from_main(per_rank)
-        assert common is not None
+        assert common is not None  # rank 0 raised otherwise
         try:
             self.module.load_state_dict(own.get("model", common["model"]))
         except RuntimeError as exc:
@@ -690,33 +492,26 @@ class Trainer:
                 "pass --overwrite to start over"
             ) from None
         self.start_epoch = int(common["epoch"])
-        self.resumed_from = self.start_epoch
         self.best_val_miou = float(common["best_val_miou"])
         self.best_epoch = int(common["best_epoch"])
         self.epochs_without_improvement = int(common["epochs_without_improvement"])
         self.stopped_early = bool(common.get("stopped_early", False))
         self.metrics = [dict(m) for m in common["metrics"]]
         if self.env.is_main:
-            # Lines after the checkpoint's epoch belong to the interrupted attempt.
-            lines = "".join(json.dumps(m) + "\n" for m in self.metrics)
-
-            def write(tmp: str) -> None:
-                Path(tmp).write_text(lines)
-
-            _write_atomic(self.out / METRICS_FILE, write)
+            # A worker killed after an epoch's metrics line but before its checkpoint left a
+            # line the checkpoint does not know; that epoch runs again.
+            rewrite_metrics(self.out, self.metrics)
         logger.info("resuming %s after epoch %d", self.out, self.start_epoch)
         return common, own
 
-    def _build_parallel_model(
-        self, common: Mapping[str, Any] | None, own: Mapping[str, Any]
-    ) -> None:
+    def _build_parallel_model(self, own: Mapping[str, Any]) -> None:
         from landcover.comm import BlockMomentum, install_comm_hook, parse_compression
 
         config = self.config
         spec = parse_compression(config.compression)
         self.compression = str(spec)  # normalised: "powersgd" -> "powersgd:2"
-        self.bmuf: Any = None
-        self.meter: Any = None
+        self.bmuf: BlockMomentum | None = None
+        self.meter: CommMeter | None = None
         self.model: nn.Module = self.module
         if not self.env.is_distributed:
             if config.compression != "none" or config.block_momentum:
@@ -771,50 +566,51 @@ class Trainer:
             self.scheduler.load_state_dict(common["scheduler"])
 
     def _write_run_json(self) -> None:
-        import torchvision
-
-        import landcover
-
-        info = {
-            "config": self.config.to_json(),
-            "versions": {
-                "landcover": landcover.__version__,
-                "torch": torch.__version__,
-                "torchvision": torchvision.__version__,
-                "numpy": np.__version__,
-                "python": platform.python_version(),
+        summary = self.summary
+        write_run_json(
+            self.out,
+            {
+                "world_size": self.env.world_size,
+                "nodes": self.env.nodes,
+                "local_world_size": self.env.local_world_size,
+                "threads_per_worker": self.threads,
+                "interop_threads": torch.get_num_interop_threads(),
+                "cores": os.cpu_count(),
+                "device": self.device_name,
+                "amp": self.amp,
+                "host": self.host,
+                "versions": {
+                    "landcover": landcover.__version__,
+                    "torch": torch.__version__,
+                    # from the metadata: importing torchvision takes seconds
+                    "torchvision": importlib.metadata.version("torchvision"),
+                    "numpy": np.__version__,
+                    "python": platform.python_version(),
+                },
+                "store": {"url": self.config.store_url, "summary": summary},
+                "config": self.config.to_json(),
+                "train_chips": self.num_train,
+                "val_chips": self.num_val,
+                "steps_per_epoch": self.steps,
+                "peak_lr": self.peak_lr,
+                "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps,
+                "load_time_s": self.load_time_s,
+                "load_bytes": int(self.load_bytes),
+                "resumed_from_epoch": self.start_epoch or None,
+                "started": utc_now(),
             },
-            "device": self.device_name,
-            "host": self.host,
-            "threads_per_worker": self.threads,
-            "interop_threads": torch.get_num_interop_threads(),
-            "world_size": self.env.world_size,
-            "nodes": self.env.nodes,
-            "local_world_size": self.env.local_world_size,
-            "amp": self.amp,
-            "store": {"url": self.config.store_url, "summary": _jsonable(self.summary)},
-            "train_chips": self.num_train,
-            "val_chips": self.num_val,
-            "steps_per_epoch": self.steps,
-            "peak_lr": self.peak_lr,
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-            "load_time_s": self.load_time_s,
-            "load_bytes": int(self.load_bytes),
-            "resumed_from_epoch": self.resumed_from,
-            "started": _now(),
-        }
-        _write_json_atomic(self.out / RUN_FILE, info)
+        )
 
     # -- the loop -------------------------------------------------------------------------------
 
     def _fit(self) -> TrainResult:
         config = self.config
-        stopped_early = self.stopped_early
-        if stopped_early:
+        if self.stopped_early:
             logger.info(
-                "%s stopped early after epoch %d; nothing to resume", self.out, self.start_epoch
+                "%s stopped early after epoch %d; nothing to do", self.out, self.start_epoch
             )
+            return self._result()
         logger.info(
             "training %s on %d chips x %d workers: %d steps/epoch of %d, peak lr %.3g, %s",
             config.model,
@@ -825,10 +621,8 @@ class Trainer:
             self.peak_lr,
             self.device_name,
         )
-        first = config.epochs + 1 if stopped_early else self.start_epoch + 1
-        for epoch in range(first, config.epochs + 1):
-            stats = self._train_epoch(epoch)
-            record = self._validate_and_record(epoch, stats)
+        for epoch in range(self.start_epoch + 1, config.epochs + 1):
+            record = self._record(epoch, self._train_epoch(epoch))
             improved = record["val_miou"] > self.best_val_miou  # NaN never improves
             if improved:
                 self.best_val_miou, self.best_epoch = record["val_miou"], epoch
@@ -842,25 +636,33 @@ class Trainer:
                 and epoch < config.epochs
             )
             # Rank 0 decides: every rank must leave the loop after the same epoch.
-            self.stopped_early = stopped_early = bool(self.comms.broadcast_object(stop))
+            self.stopped_early = bool(self.comms.broadcast_object(stop))
             self._save(epoch, record, improved=improved)
             if self.callbacks.on_epoch_end is not None:
                 self.callbacks.on_epoch_end(epoch, record)
-            if stopped_early:
+            if self.stopped_early:
                 logger.info(
                     "early stop after epoch %d: no val mIoU gain for %d epochs",
                     epoch,
                     self.epochs_without_improvement,
                 )
                 break
+        return self._result()
+
+    def _result(self) -> TrainResult:
         return TrainResult(
             run_dir=self.out,
             epochs_completed=len(self.metrics),
             best_epoch=self.best_epoch,
             best_val_miou=self.best_val_miou,
-            stopped_early=stopped_early,
+            stopped_early=self.stopped_early,
             metrics=tuple(self.metrics),
         )
+
+    def _global_model(self) -> AbstractContextManager[None]:
+        """The job's one model in `self.module`: BMUF's block-level global model for the
+        duration (each learner's local model back afterwards); the DDP replicas already are."""
+        return self.bmuf.global_model() if self.bmuf is not None else nullcontext()
 
     def _autocast(self) -> AbstractContextManager[Any]:
         if self.amp and self.device.type == "cuda":
@@ -932,7 +734,7 @@ class Trainer:
             train_loss=loss_total / self.env.world_size,
         )
 
-    def _progress(self, batches: Iterator[Batch] | Any, epoch: int) -> Iterator[Batch]:
+    def _progress(self, batches: Iterable[Batch], epoch: int) -> Iterator[Batch]:
         if not (self.env.is_main and sys.stderr.isatty()):
             return iter(batches)
         from tqdm.auto import tqdm
@@ -966,11 +768,14 @@ class Trainer:
         scores = scores_from_confusion(confusion.cpu().numpy().reshape(k, k))
         return scores, val_loss
 
-    def _validate_and_record(self, epoch: int, stats: _EpochStats) -> dict[str, Any]:
+    def _record(self, epoch: int, stats: _EpochStats) -> dict[str, Any]:
+        """Validate the job's model, then the epoch's metrics.jsonl record."""
         start = time.perf_counter()
-        scores, val_loss = self._validate()
+        with self._global_model():
+            scores, val_loss = self._validate()
         (val_time_s,) = self.comms.max_floats([time.perf_counter() - start])
         samples = self.steps * self.config.batch_size * self.env.world_size
+        chip_size = self.train_data.chip_size
         meter = self.meter
         record: dict[str, Any] = {
             "epoch": epoch,
@@ -988,7 +793,7 @@ class Trainer:
             "val_accuracy": scores.accuracy,
             "per_class_iou": scores.per_class_iou,
             "samples_per_s": samples / stats.epoch_time_s,
-            "pixels_per_s": samples * self.chip_size**2 / stats.epoch_time_s,
+            "pixels_per_s": samples * chip_size**2 / stats.epoch_time_s,
             "step_time_s": stats.epoch_time_s / self.steps,
             "data_time_s": stats.data_time_s,
             "steps": self.steps,
@@ -1002,7 +807,7 @@ class Trainer:
             "threads_per_worker": self.threads,
             "host": self.host,
             "lr": self.last_lr,  # of the epoch's last step
-            "time": _now(),
+            "time": utc_now(),
         }
         logger.info(
             "epoch %d/%d: train loss %.4f, val loss %.4f, val mIoU %.4f, accuracy %.4f; "
@@ -1026,41 +831,41 @@ class Trainer:
     def _save(self, epoch: int, record: Mapping[str, Any], *, improved: bool) -> None:
         """metrics line, model.pt (when improved, or when none exists), then the checkpoint."""
         own: dict[str, Any] = {}
-        if self.meter is not None:
-            state_holder = self.bmuf if self.bmuf is not None else self.meter
-            own["comm"] = _to_cpu(state_holder.state_dict())
         if self.bmuf is not None:
-            # Between block syncs every BMUF learner has its own model and optimizer state.
-            own["model"] = _to_cpu(self.module.state_dict())
-            own["optimizer"] = _to_cpu(self.optimizer.state_dict())
+            # Between block ends every BMUF learner has its own model and optimizer state.
+            own["comm"] = to_cpu(self.bmuf.state_dict())
+            own["model"] = to_cpu(self.module.state_dict())
+            own["optimizer"] = to_cpu(self.optimizer.state_dict())
+        elif self.meter is not None:
+            own["comm"] = to_cpu(self.meter.state_dict())
         per_rank = self.comms.gather_to_main(own)
         if not self.env.is_main:
             return
-        with (self.out / METRICS_FILE).open("a") as f:
-            f.write(json.dumps(_jsonable(record)) + "\n")
-        model_path = self.out / MODEL_FILE
-        if improved or not model_path.exists():
-            save_model_file(model_path, self.module, self._model_meta(epoch, record))
-        payload = {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "epoch": epoch,
-            "world_size": self.env.world_size,
-            "config": self.config.to_json(),
-            "model": _to_cpu(self.module.state_dict()),
-            "optimizer": _to_cpu(self.optimizer.state_dict()),
-            "scheduler": self.scheduler.state_dict(),
-            "per_rank": per_rank,
-            "best_val_miou": self.best_val_miou,
-            "best_epoch": self.best_epoch,
-            "epochs_without_improvement": self.epochs_without_improvement,
-            "stopped_early": self.stopped_early,
-            "metrics": [_jsonable(m) for m in self.metrics],
-            # No RNG state: every draw is a function of (seed, epoch, rank), see data.py.
-            "seed": self.config.seed,
-        }
-        path = self.out / CHECKPOINT_DIR / LAST_CHECKPOINT
-        _write_atomic(path, lambda tmp: torch.save(payload, tmp))
+        append_metrics(self.out, record)
+        with self._global_model():
+            model_path = self.out / MODEL_FILE
+            if improved or not model_path.exists():
+                save_model_file(model_path, self.module, self._model_meta(epoch, record))
+            model_state = to_cpu(self.module.state_dict())
+        save_checkpoint(
+            self.out,
+            {
+                "epoch": epoch,
+                "world_size": self.env.world_size,
+                "config": self.config.to_json(),
+                "model": model_state,
+                "optimizer": to_cpu(self.optimizer.state_dict()),
+                "scheduler": self.scheduler.state_dict(),
+                "per_rank": per_rank,
+                "best_val_miou": self.best_val_miou,
+                "best_epoch": self.best_epoch,
+                "epochs_without_improvement": self.epochs_without_improvement,
+                "stopped_early": self.stopped_early,
+                "metrics": [jsonable(m) for m in self.metrics],
+                # No RNG state: every draw is a function of (seed, epoch, rank), see data.py.
+                "seed": self.config.seed,
+            },
+        )
 
     def _model_meta(self, epoch: int, record: Mapping[str, Any]) -> ModelMeta:
         summary = self.summary
@@ -1078,7 +883,7 @@ class Trainer:
             "seed": self.config.seed,
             "store": self.config.store_url,
             "train_chips": self.num_train,
-            "time": _now(),
+            "time": utc_now(),
         }
         return ModelMeta(
             architecture=self.config.model,
@@ -1088,66 +893,8 @@ class Trainer:
             band_std=tuple(float(v) for v in summary.band_std),
             chip_size=int(summary.chip_size),
             resolution_m=float(summary.resolution_m or 0.0),
-            training=_jsonable(training),
+            training=jsonable(training),
         )
-
-
-def _load_checkpoint(path: Path, config: TrainConfig) -> dict[str, Any]:
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise TrainingError(
-            f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or pass --overwrite"
-        ) from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise TrainingError(f"{path}: not a landcover checkpoint; pass --overwrite to start over")
-    if int(payload.get("version", 0)) > CHECKPOINT_VERSION:
-        raise TrainingError(f"{path}: checkpoint from a newer landcover; upgrade landcover")
-    saved = payload["config"]
-    for key in ("model", "batch_size", "optimizer"):
-        if saved.get(key) != getattr(config, key):
-            raise TrainingError(
-                f"{path}: checkpoint was trained with --{key.replace('_', '-')} "
-                f"{saved.get(key)}, not {getattr(config, key)}; pass the same value or --overwrite"
-            )
-    return dict(payload)
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().clone()
-    if isinstance(obj, Mapping):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
-
-
-def _jsonable(obj: Any) -> Any:
-    """Plain JSON values from configs, store summaries, numpy scalars; NaN becomes null."""
-    if obj is None or isinstance(obj, bool | int | str):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if hasattr(obj, "to_json"):
-        return _jsonable(obj.to_json())
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj) if f.init}
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, np.ndarray | torch.Tensor):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return _jsonable(obj.item())
-    if isinstance(obj, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    return str(obj)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

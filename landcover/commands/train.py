@@ -100,8 +100,10 @@ def config_from_params(params: Mapping[str, Any]) -> Any:
 @click.pass_context
 def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     """Train a segmentation model on chip store STORE, writing RUN_DIR (--out)."""
+    from landcover.distributed import usable_cores
     from landcover.errors import TrainingError
-    from landcover.train import check_run_dir, train, usable_cores
+    from landcover.rundir import check_run_dir
+    from landcover.train import train
 
     config = config_from_params(params)
     if nproc < 1:

@@ -222,6 +222,8 @@ def run_block_momentum(rank: int) -> dict[str, Any]:
         diffs.append(float((flat_state(model_a) - flat_state(model_b)).abs().max()))
     out["momentum_vs_reference"] = diffs
     # 3. Default momentum (1 - 1/N); checkpoint mid-block (step 4 of blocks of 3), resume.
+    # The uninterrupted run also looks at the global model mid-block (steps 3 and 4), as the
+    # trainer does to validate and save; the resumed run never does.
     model = toy_model()
     optimizer = sgd(model)
     bmuf = BlockMomentum(model, block_size=3)
@@ -229,6 +231,13 @@ def run_block_momentum(rank: int) -> dict[str, Any]:
     for step in range(8):
         toy_step(model, optimizer, rank, step)
         bmuf.after_optimizer_step()
+        if step in (3, 4):
+            local = flat_state(model)
+            with bmuf.global_model():
+                out["global_model"] = flat_state(model)
+            out["global_state"] = torch.cat([bmuf.global_params, bmuf.global_buffers])
+            out["local_state"] = local
+            out["local_restored"] = torch.equal(flat_state(model), local)
         if step == 3:
             checkpoint = round_trip(
                 {
@@ -460,8 +469,21 @@ def test_bmuf_meter_counts_model_average_bytes(ranks: list[dict[str, Any]]) -> N
 
 @pytest.mark.slow
 def test_bmuf_state_dict_round_trip_mid_block_reproduces(ranks: list[dict[str, Any]]) -> None:
+    # ... although the uninterrupted run swapped the global model in and out mid-block.
     for rank in ranks:
         assert torch.equal(rank["bmuf"]["resumed"], rank["bmuf"]["continuous"])
+
+
+@pytest.mark.slow
+def test_bmuf_global_model_mid_block_is_the_same_on_every_rank(
+    ranks: list[dict[str, Any]],
+) -> None:
+    first, second = ranks[0]["bmuf"], ranks[1]["bmuf"]
+    assert not torch.equal(first["local_state"], second["local_state"])  # mid-block
+    assert torch.equal(first["global_model"], second["global_model"])
+    for rank in (first, second):
+        assert torch.equal(rank["global_model"], rank["global_state"])
+        assert rank["local_restored"]
 
 
 # -- single process -----------------------------------------------------------------------------
@@ -555,6 +577,24 @@ def test_block_momentum_checks_its_settings() -> None:
     other = BlockMomentum(nn.Linear(3, 3), block_size=2)
     with pytest.raises(TrainingError, match="holds 12 parameters, the model 8"):
         bmuf.load_state_dict(other.state_dict())
+
+
+def test_global_model_swaps_in_the_last_block_end_and_restores_local_weights() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    bmuf = BlockMomentum(model, block_size=2)
+    states = []
+    for _ in range(3):  # a block end after step 2, then one step into the next block
+        optimizer.zero_grad()
+        model(torch.randn(5, 3)).square().sum().backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        bmuf.after_optimizer_step()
+        states.append(flat_state(model))
+    assert not torch.equal(states[1], states[2])
+    with bmuf.global_model():
+        assert torch.equal(flat_state(model), states[1])  # N = 1: W_global is the local model
+    assert torch.equal(flat_state(model), states[2])
 
 
 def test_block_momentum_on_one_worker_keeps_local_training() -> None:

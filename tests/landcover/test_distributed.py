@@ -9,7 +9,13 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from landcover.distributed import Collectives, DistEnv, process_group, read_dist_env
+from landcover.distributed import (
+    Collectives,
+    DistEnv,
+    check_shard_fits,
+    process_group,
+    read_dist_env,
+)
 from landcover.errors import TrainingError
 
 TORCHRUN_ENV = {
@@ -65,6 +71,23 @@ def test_node_rank_defaults_from_rank() -> None:
 def test_bad_launcher_values_are_named(override: dict[str, str], message: str) -> None:
     with pytest.raises(TrainingError, match=message):
         read_dist_env({**TORCHRUN_ENV, **override})
+
+
+def test_shard_too_big_names_the_worker_count_that_fits() -> None:
+    gib = 1024**3
+
+    def need(workers: int) -> int:  # a 100 GiB store
+        return -(-100 * gib // workers)
+
+    assert check_shard_fits(need, world_size=10, local_world_size=2, available_bytes=40 * gib)
+    with pytest.raises(TrainingError) as info:
+        check_shard_fits(need, world_size=4, local_world_size=2, available_bytes=40 * gib)
+    # 40 GiB x 0.7 / 2 local workers = 14 GiB per worker: 100 / 14 -> 8 workers.
+    assert str(info.value) == (
+        "each worker's shard needs 25.00 GiB with 4 workers but only 14.00 GiB is free per "
+        "worker (40.00 GiB available x 0.7 / 2 workers on this node); use at least 8 workers "
+        "in total (spread over more nodes) or machines with more memory"
+    )
 
 
 def test_collectives_of_a_world_of_one_are_identities() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +59,18 @@ def stem_conv(model: nn.Module, in_channels: int) -> nn.Conv2d:
 
 def test_available_lists_every_model() -> None:
     assert available() == ALL_MODELS
+
+
+def test_small_unet_needs_no_torchvision_import() -> None:
+    # Importing torchvision.models costs every DDP worker seconds; small_unet needs none of it.
+    code = (
+        "import sys; from landcover.models import available, build_model; available(); "
+        "build_model('small_unet', num_classes=5); print('torchvision' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)

@@ -6,14 +6,14 @@ import itertools
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,25 +21,14 @@ import torch.multiprocessing as mp
 from click.testing import CliRunner
 from torch import nn
 
-from landcover import cli
+from landcover import cli, rundir
 from landcover.commands.train import params_to_argv, worker_command
 from landcover.distributed import DistEnv
 from landcover.errors import ModelFileError, TrainingError
+from landcover.losses import Scores
 from landcover.modelfile import load_model_file
 from landcover.models import build_model
-from landcover.train import (
-    Scores,
-    TrainCallbacks,
-    TrainConfig,
-    check_shard_fits,
-    class_weights_from_counts,
-    dice_loss,
-    read_metrics,
-    scores_from_confusion,
-    segmentation_loss,
-    train,
-    warmup_cosine,
-)
+from landcover.train import TrainCallbacks, TrainConfig, read_metrics, train, warmup_cosine
 from tiling.store import open_store
 
 METRIC_FIELDS = [
@@ -148,71 +137,12 @@ def test_bad_configs_are_named(overrides: dict[str, Any], message: str, tmp_path
         make_config("store.zarr", tmp_path, **overrides)
 
 
-def test_median_frequency_class_weights() -> None:
-    weights = class_weights_from_counts([500, 100, 300, 0, 900], 5)
-    # Frequencies of the present classes 1, 2, 4: 0.0769, 0.2308, 0.6923; median 0.2308.
-    assert weights[0] == 0.0 and weights[3] == 0.0
-    assert weights == pytest.approx([0.0, 3.0, 1.0, 0.0, 1 / 3])
-    assert max(class_weights_from_counts([0, 1, 10**6], 3)) == 10.0  # clipped
-
-
-def test_scores_from_confusion() -> None:
-    # rows = truth, columns = prediction; class 3 never occurs, class 0 is nodata.
-    cm = np.zeros((4, 4), np.int64)
-    cm[1, 1], cm[1, 2], cm[2, 2], cm[2, 1] = 6, 2, 3, 1
-    scores = scores_from_confusion(cm)
-    assert scores.per_class_iou == pytest.approx([None, 6 / 9, 3 / 6, None])
-    assert scores.miou == pytest.approx((6 / 9 + 3 / 6) / 2)
-    assert scores.accuracy == pytest.approx(9 / 12)
-
-
-def test_loss_ignores_nodata_and_never_returns_nan() -> None:
-    torch.manual_seed(0)
-    logits = torch.randn(2, 5, 6, 6)
-    labels = torch.randint(1, 5, (2, 6, 6))
-    labels[:, :3] = 0
-    weights = torch.tensor([0.0, 1.0, 2.0, 1.0, 0.5])
-    base = segmentation_loss(logits, labels, class_weights=weights, dice=True)
-    changed = logits.clone()
-    changed[:, :, :3] = torch.randn(2, 5, 3, 6) * 10  # only nodata pixels
-    assert segmentation_loss(changed, labels, class_weights=weights, dice=True) == base
-    reference = torch.nn.functional.cross_entropy(logits, labels, weight=weights, ignore_index=0)
-    plain = segmentation_loss(logits, labels, class_weights=weights, dice=False)
-    assert plain == pytest.approx(float(reference), rel=1e-6)
-    nodata = segmentation_loss(logits, torch.zeros_like(labels), class_weights=None, dice=True)
-    assert float(nodata) == 0.0
-
-
-def test_dice_loss_is_zero_for_a_perfect_prediction() -> None:
-    labels = torch.randint(1, 4, (2, 8, 8))
-    perfect = torch.nn.functional.one_hot(labels, 4).permute(0, 3, 1, 2).float() * 50
-    assert float(dice_loss(perfect, labels)) == pytest.approx(0.0, abs=1e-6)
-    assert float(dice_loss(-perfect, labels)) > 0.9
-
-
 def test_warm_up_then_cosine_decay() -> None:
     values = [warmup_cosine(s, warmup_steps=4, total_steps=20) for s in range(20)]
     assert values[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert values[4] == pytest.approx(1.0)
     assert all(a >= b for a, b in itertools.pairwise(values[4:]))
     assert values[-1] == pytest.approx(0.01, abs=0.01)
-
-
-def test_shard_too_big_names_the_worker_count_that_fits() -> None:
-    gib = 1024**3
-
-    def need(workers: int) -> int:  # a 100 GiB store
-        return -(-100 * gib // workers)
-
-    assert check_shard_fits(need, world_size=10, local_world_size=2, available_bytes=40 * gib)
-    with pytest.raises(TrainingError) as info:
-        check_shard_fits(need, world_size=4, local_world_size=2, available_bytes=40 * gib)
-    # 40 GiB x 0.7 / 2 local workers = 14 GiB per worker: 100 / 14 -> 8 workers.
-    assert str(info.value) == (
-        "each worker's shard needs 25.00 GiB with 4 workers but only 14.00 GiB is free per "
-        "worker (40.00 GiB available x 0.7 / 2 workers on this node); use at least 8 workers "
-        "in total (spread over more nodes) or machines with more memory"
-    )
 
 
 def test_training_refuses_a_shard_that_does_not_fit(
@@ -269,6 +199,7 @@ def test_one_worker_run_outputs_and_exact_resume(tiny_store: str, tmp_path: Path
         assert (x["train_loss"], x["val_miou"]) == (y["train_loss"], y["val_miou"])
 
     run = json.loads((whole / "run.json").read_text())
+    assert set(rundir.RUN_KEYS) <= set(run) and run["cores"] == os.cpu_count()
     assert run["world_size"] == 1 and run["config"]["batch_size"] == 8
     assert run["store"]["summary"]["chip_size"] == 64 and run["versions"]["torch"]
     assert run["device"].startswith("cpu: ")
@@ -302,6 +233,32 @@ def test_learning_check(tiny_store: str, run_dir: Path) -> None:
     assert lines[-1]["train_loss"] < lines[0]["train_loss"]
 
 
+@pytest.mark.slow
+def test_resume_drops_the_metrics_line_of_an_epoch_without_checkpoint(
+    tiny_store: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed after epoch 2's metrics line but before its checkpoint: the resumed run
+    repeats epoch 2 and metrics.jsonl holds it once."""
+    save_checkpoint = rundir.save_checkpoint
+
+    def killed_before_epoch_2_checkpoint(out: Path, payload: Mapping[str, Any]) -> None:
+        if payload["epoch"] == 2:
+            raise KilledError
+        save_checkpoint(out, payload)
+
+    monkeypatch.setattr("landcover.train.save_checkpoint", killed_before_epoch_2_checkpoint)
+    with pytest.raises(KilledError):
+        train(make_config(tiny_store, run_dir, augment=False))
+    killed = read_metrics(run_dir)
+    assert [m["epoch"] for m in killed] == [1, 2] and checkpoint(run_dir)["epoch"] == 1
+    monkeypatch.undo()
+    result = train(make_config(tiny_store, run_dir, augment=False, resume=True))
+    lines = read_metrics(run_dir)
+    assert [m["epoch"] for m in lines] == [1, 2] and result.epochs_completed == 2
+    assert lines[1]["train_loss"] == killed[1]["train_loss"]  # the same epoch 2, run again
+
+
+@pytest.mark.slow
 def test_early_stop_on_val_miou(
     tiny_store: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -355,7 +312,8 @@ def _check_replicas(epoch: int, step: int, model: nn.Module) -> None:
 def _whole_and_resumed_worker(
     rank: int, ports: list[int], store: str, root: str, extra: dict[str, Any]
 ) -> None:
-    """Train 2 epochs; then again, killed after epoch 1 and resumed (3 process groups)."""
+    """Train 2 epochs; then again, killed after epoch 1 and resumed (3 process groups).
+    The killed run leaves a copy of its epoch-1 outputs in ROOT/epoch1."""
     whole, broken = Path(root) / "whole", Path(root) / "broken"
     # The first run reads the launcher variables, as under torchrun; the others get a DistEnv.
     _set_launcher_env(rank, ports[0])
@@ -366,49 +324,110 @@ def _whole_and_resumed_worker(
         return DistEnv(rank=rank, world_size=2, local_rank=rank, local_world_size=2,
                        master_addr="127.0.0.1", master_port=port)  # fmt: skip
 
+    def keep_epoch_1_then_die(epoch: int, record: Mapping[str, Any]) -> None:
+        if rank == 0:
+            (Path(root) / "epoch1").mkdir()
+            for name in ("model.pt", "checkpoints/last.pt"):
+                shutil.copy(broken / name, Path(root) / "epoch1")
+        raise KilledError
+
     try:
         train(make_config(store, broken, **extra), dist_env=env(ports[1]),
-              callbacks=interrupt_after(1))  # fmt: skip
+              callbacks=TrainCallbacks(on_epoch_end=keep_epoch_1_then_die))  # fmt: skip
         raise AssertionError("the run was not interrupted")
     except KilledError:
         pass
     train(make_config(store, broken, resume=True, **extra), dist_env=env(ports[2]))
 
 
+TWO_WORKER_MODES: dict[str, dict[str, Any]] = {
+    "ddp": {},
+    "bmuf": {"block_momentum": True, "block_size": 3},  # 4 steps per epoch: ends mid-block
+}
+
+
+@pytest.fixture(scope="module")
+def two_worker_runs(
+    tiny_store: str, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """Mode name -> the root of `_whole_and_resumed_worker`'s runs, run once per module."""
+    roots: dict[str, Path] = {}
+
+    def run(mode: str) -> Path:
+        if mode not in roots:
+            root = tmp_path_factory.mktemp(f"two-workers-{mode}")
+            mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+                _whole_and_resumed_worker,
+                args=(free_ports(3), tiny_store, str(root), TWO_WORKER_MODES[mode]),
+                nprocs=2,
+                join=True,
+            )
+            roots[mode] = root
+        return roots[mode]
+
+    return run
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "extra", [{}, {"block_momentum": True, "block_size": 3}], ids=["ddp", "bmuf"]
-)
+@pytest.mark.parametrize("mode", list(TWO_WORKER_MODES))
 def test_two_workers_train_in_step_and_resume_exactly(
-    extra: dict[str, Any], tiny_store: str, tmp_path: Path
+    mode: str, two_worker_runs: Callable[[str], Path]
 ) -> None:
     """DDP: parameters identical on both ranks after every step. Both modes: a run killed
     after epoch 1 and resumed ends bitwise equal to an uninterrupted one, per-rank state
     included (comm meters; BMUF's local models, which differ between block syncs)."""
-    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
-        _whole_and_resumed_worker,
-        args=(free_ports(3), tiny_store, str(tmp_path), extra),
-        nprocs=2,
-        join=True,
-    )
-    lines = assert_metric_lines(tmp_path / "whole", epochs=2, world_size=2)
+    root = two_worker_runs(mode)
+    lines = assert_metric_lines(root / "whole", epochs=2, world_size=2)
     assert lines[-1]["train_loss"] < lines[0]["train_loss"]
     assert lines[0]["threads_per_worker"] == 1
-    assert lines[0]["block_momentum"] == bool(extra)
+    assert lines[0]["block_momentum"] == (mode == "bmuf")
     assert lines[0]["compression"] == "none"
     assert lines[0]["comm_bytes_per_step"] > 0 and lines[0]["comm_time_s"] > 0
-    if not extra:  # small_unet's float32 gradients, all-reduced every step
-        model, _ = load_model_file(tmp_path / "whole" / "model.pt")
+    if mode == "ddp":  # small_unet's float32 gradients, all-reduced every step
+        model, _ = load_model_file(root / "whole" / "model.pt")
         assert lines[0]["comm_bytes_per_step"] == 4 * sum(p.numel() for p in model.parameters())
 
-    a, b = checkpoint(tmp_path / "whole"), checkpoint(tmp_path / "broken")
+    a, b = checkpoint(root / "whole"), checkpoint(root / "broken")
     assert_same_tensors(a["model"], b["model"], "model")
     assert_same_tensors(a["optimizer"], b["optimizer"], "optimizer")
     assert len(a["per_rank"]) == 2 and "comm" in a["per_rank"][1]
     assert_same_tensors(a["per_rank"], b["per_rank"], "per_rank")
     assert [m["train_loss"] for m in lines] == [
-        m["train_loss"] for m in read_metrics(tmp_path / "broken")
+        m["train_loss"] for m in read_metrics(root / "broken")
     ]
+
+
+def flat_model_state(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """small_unet's parameters and float buffers, each flattened in module order (BMUF's)."""
+    model = build_model("small_unet", num_classes=5)
+    model.load_state_dict(state)
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    buffers = torch.cat([b.reshape(-1) for b in model.buffers() if b.is_floating_point()])
+    return params, buffers
+
+
+@pytest.mark.slow
+def test_bmuf_validates_and_saves_the_global_model(
+    two_worker_runs: Callable[[str], Path],
+) -> None:
+    """Epoch 1 ends mid-block (4 steps, blocks of 3): model.pt and the checkpoint's model are
+    BMUF's global model (W_global and the BatchNorm statistics of the last block end), the
+    same on both ranks, not rank 0's local model."""
+    root = two_worker_runs("bmuf")
+    saved = torch.load(root / "epoch1" / "last.pt", map_location="cpu", weights_only=True)
+    bmuf = [own["comm"] for own in saved["per_rank"]]
+    assert saved["epoch"] == 1 and [state["local_steps"] for state in bmuf] == [4, 4]
+    for key in ("global_params", "global_buffers"):
+        assert torch.equal(bmuf[0][key], bmuf[1][key]), key
+    local = [flat_model_state(own["model"]) for own in saved["per_rank"]]
+    assert not torch.equal(local[0][0], local[1][0])  # mid-block: the learners differ
+    model, meta = load_model_file(root / "epoch1" / "model.pt")
+    assert meta.training["epoch"] == 1
+    for state in (model.state_dict(), saved["model"]):
+        params, buffers = flat_model_state(state)
+        assert torch.equal(params, bmuf[0]["global_params"])
+        assert torch.equal(buffers, bmuf[0]["global_buffers"])
+        assert not torch.equal(params, local[0][0])
 
 
 @pytest.mark.slow
