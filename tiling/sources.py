@@ -65,8 +65,8 @@ class RasterInfo:
 
     @property
     def bounds(self) -> Bounds:
-        left, top = self.transform * (0, 0)
-        right, bottom = self.transform * (self.width, self.height)
+        left, top = self.transform @ (0, 0)
+        right, bottom = self.transform @ (self.width, self.height)
         return (min(left, right), min(bottom, top), max(left, right), max(bottom, top))
 
     @property

@@ -195,9 +195,9 @@ def test_labels_in_another_crs_and_resolution_are_warped_with_nearest(scenes: Sc
         raw = ds.read(1)
         inv = ~ds.transform
     rows, cols = np.mgrid[0:257, 0:390]
-    xs, ys = image.transform * (cols + 0.5, rows + 0.5)
+    xs, ys = image.transform @ (cols + 0.5, rows + 0.5)
     ax, ay = Transformer.from_crs("EPSG:26918", ALBERS, always_xy=True).transform(xs, ys)
-    lc, lr = inv * (ax, ay)
+    lc, lr = inv @ (ax, ay)
     expected = cmap.apply(raw[np.floor(lr).astype(int), np.floor(lc).astype(int)])
     # A centre within 1/1000 px of a cell edge may round either way in floating point;
     # every other pixel must match exactly, whole image and window alike.

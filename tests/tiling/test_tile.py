@@ -156,8 +156,8 @@ def test_labels_from_a_30_m_albers_raster_are_warped_onto_the_image(
     checked = 0
     for k, (_, r, c, _) in enumerate(store.index()):
         rows, cols = np.mgrid[r : r + 64, c : c + 64]
-        xs, ys = transform * (cols + 0.5, rows + 0.5)
-        lc, lr = inv * to_albers.transform(xs, ys)
+        xs, ys = transform @ (cols + 0.5, rows + 0.5)
+        lc, lr = inv @ to_albers.transform(xs, ys)
         expected = cmap.apply(raw[np.floor(lr).astype(int), np.floor(lc).astype(int)])
         expected[(images[k] == 0).all(axis=0)] = 0
         frac = np.stack([lr % 1, lc % 1])
