@@ -44,13 +44,15 @@ continues exactly where it stopped.
 
 Block momentum (`BlockMomentum`, Chen & Huo 2016, CNTK's BMUF) replaces the gradient
 all-reduce: every worker takes `block_size` local optimizer steps, then the workers average
-their models, and with G = mean_i(W_i) - W_global:
-    Δ = η·Δ + ζ·G,    W_global += Δ
+their models. With S the model every worker started the block from and G = mean_i(W_i) - S:
+    Δ = η·Δ + ζ·G,    W_global = S + Δ
 with block momentum η (default 1 - 1/N) and block learning rate ζ (default 1). Nesterov form:
-CNTK's. After the update every worker restarts from the look-ahead W_global + η·Δ instead of
-W_global (the paper's NBM variant). We chose it because it needs no state beyond Δ and
-W_global, it is what CNTK ships and tuned its defaults for, and with η = 0 it reduces exactly to
-periodic model averaging whatever `nesterov` says. BatchNorm running statistics (float
+CNTK's. After the update every worker restarts from the look-ahead S = W_global + η·Δ instead
+of S = W_global (the paper's NBM variant). G is taken from S, as CNTK takes it from its
+`prevWeight`, so under steady progress p per block Δ settles at ζ·p/(1 - η). We chose this
+form because it needs no state beyond Δ and W_global, it is what CNTK ships and tuned its
+defaults for, and with η = 0 it reduces exactly to periodic model averaging whatever
+`nesterov` says. BatchNorm running statistics (float
 buffers) are averaged at each block boundary, without momentum. Local optimizer state
 (SGD momentum, Adam moments) is left alone at block boundaries: each worker keeps its own, as
 CNTK keeps its local momentum; it is not averaged or reset. `BlockMomentum.state_dict()` holds
@@ -809,6 +811,12 @@ class BlockMomentum:
                 _copy_into(self._params, local_params)
                 _copy_into(self._buffers, local_buffers)
 
+    def _block_start(self) -> torch.Tensor:
+        """The model every worker starts a block from: W_global, plus η·Δ under Nesterov."""
+        if self.nesterov:
+            return self.global_params + self.momentum * self.delta
+        return self.global_params
+
     @torch.no_grad()
     def _synchronise(self) -> None:
         start_s = time.perf_counter()
@@ -817,13 +825,14 @@ class BlockMomentum:
             self._collectives.all_reduce(flat, group=self._group)
             flat.div_(self.world_size)
         count = self.global_params.numel()
-        block_gradient = flat[:count] - self.global_params
+        # G is measured from where the workers started this block: under Nesterov that is the
+        # look-ahead W_global + η·Δ (CNTK's prevWeight). Measuring from W_global would count
+        # the momentum twice and Δ would grow without bound under steady progress.
+        start = self._block_start()
+        block_gradient = flat[:count] - start
         self.delta.mul_(self.momentum).add_(block_gradient, alpha=self.block_lr)
-        self.global_params.add_(self.delta)
-        restart = self.global_params
-        if self.nesterov:
-            restart = self.global_params + self.momentum * self.delta
-        _copy_into(self._params, restart)
+        self.global_params = start + self.delta
+        _copy_into(self._params, self._block_start())
         self.global_buffers = flat[count:].clone()
         _copy_into(self._buffers, self.global_buffers)
         self.meter._add_interval(start_s, time.perf_counter())

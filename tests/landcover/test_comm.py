@@ -173,8 +173,9 @@ class ReferenceBlockMomentum:
                 mean = p.detach().clone()
                 dist.all_reduce(mean)
                 mean /= WORLD_SIZE
-                d.copy_(self.eta * d + self.zeta * (mean - w))
-                w.add_(d)
+                start = w + self.eta * d  # where the workers began this block
+                d.copy_(self.eta * d + self.zeta * (mean - start))
+                w.copy_(start + d)
                 p.copy_(w + self.eta * d)
             for b in self.model.buffers():
                 if b.is_floating_point():
