@@ -1,0 +1,215 @@
+"""Communication modes side by side: bytes, comm time, epoch time and val mIoU at 2 workers.
+
+For `small_unet` and `unet_resnet18`, every mode of `landcover train --compression` (none,
+fp16, bf16, powersgd:2, onebit) and `--block-momentum` (BMUF, blocks of 4 steps) trains the
+same synthetic store with `landcover train --nproc 2 --threads 1` (torchrun, gloo, one core
+per worker), same seed and settings, one run after another. From each run's metrics.jsonl:
+
+- bytes/step: the payload each rank hands to collectives per step (`comm_bytes_per_step`),
+  mean over epochs 2..E (PowerSGD's first epoch starts with 2 fp32 steps); BMUF's one model
+  average per block is spread over the block's steps;
+- comm ms/step: time with a bucket's communication in flight (compression and decompression
+  included), overlapping the backward pass (`comm_time_s`);
+- epoch s: the training steps of an epoch, median over epochs 2..E (the first pays for DDP's
+  bucket rebuild and the allocator's warm-up);
+- CPU s/epoch: CPU seconds of those steps summed over both workers (`epoch_cpu_s`), median as
+  above: unlike wall time, barely moved by other jobs on a shared machine;
+- val mIoU: of the last epoch, and the best over the run (a few epochs on a small store: an
+  indication of quality, not a parity measurement; tests/landcover/test_comm_training.py
+  measures parity over two seeds).
+
+Ratios are this mode / `none` (below 1 is less). SGD with Nesterov momentum for every mode,
+as in the parity test (`--optimizer adamw` to compare with the trainer's default).
+
+Usage: python benchmarks/bench_comm.py [--quick] [--epochs N] [--optimizer sgd|adamw]
+                                       [--models small_unet,unet_resnet18]
+Prints the machine, the load average before and after, and one table per model; never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from landcover.distributed import cpu_model_name, usable_cores
+from landcover.models import build_model
+from tiling.synth import SynthConfig, synthesize_scenes
+from tiling.tile import TileConfig, tile
+
+CHIP_PX = 64
+BATCH = 8
+BLOCK_SIZE = 4
+MODELS = ("small_unet", "unet_resnet18")
+MODES: dict[str, list[str]] = {
+    "none": [],
+    "fp16": ["--compression", "fp16"],
+    "bf16": ["--compression", "bf16"],
+    "powersgd:2": ["--compression", "powersgd:2"],
+    "onebit": ["--compression", "onebit"],
+    "bmuf": ["--block-momentum", "--block-size", str(BLOCK_SIZE)],
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    model: str
+    mode: str
+    wall_s: float  # the whole launch: torchrun, imports, load, training, validation
+    load_after: float
+    lines: list[dict[str, Any]]
+    error: str | None = None
+
+    def steady(self) -> list[dict[str, Any]]:
+        return self.lines[1:] or self.lines
+
+    def median(self, key: str) -> float:
+        return float(statistics.median(float(m[key]) for m in self.steady()))
+
+    @property
+    def bytes_per_step(self) -> float:
+        return float(statistics.fmean(float(m["comm_bytes_per_step"]) for m in self.steady()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 scenes, 2 epochs")
+    parser.add_argument("--epochs", type=int, default=None, help="default 4 (quick: 2)")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
+    args = parser.parse_args()
+    epochs = args.epochs or (2 if args.quick else 4)
+    models = [name.strip() for name in args.models.split(",") if name.strip()]
+    scenes = 2 if args.quick else 4
+    started = time.perf_counter()
+    print(
+        f"# bench_comm ({'quick' if args.quick else 'full'}) — {cpu_model_name()}, "
+        f"{usable_cores()} cores, torch {torch.__version__}; 2 workers x 1 thread (gloo)"
+    )
+    print(f"load average before: {_load()}")
+    print()
+    with tempfile.TemporaryDirectory(prefix="bench_comm_") as tmp:
+        work = Path(tmp)
+        store, train_chips, val_chips = build_store(work, scenes=scenes)
+        print(
+            f"store: {scenes} synthetic scenes of 448 px, {CHIP_PX} px chips, {train_chips} "
+            f"train / {val_chips} val; batch {BATCH} per worker, {epochs} epochs, "
+            f"--optimizer {args.optimizer}, seed 0"
+        )
+        print()
+        for model in models:
+            results = [
+                run_mode(store, work, model, mode, epochs=epochs, optimizer=args.optimizer)
+                for mode in MODES
+            ]
+            print_table(model, results, epochs=epochs)
+    print(f"load average after: {_load()}; total {time.perf_counter() - started:.0f} s")
+
+
+def build_store(work: Path, *, scenes: int) -> tuple[str, int, int]:
+    synth = synthesize_scenes(
+        SynthConfig(out_dir=work / "scenes", scenes=scenes, size_px=448, seed=0)
+    )
+    url = str(work / "chips.zarr")
+    tile(
+        TileConfig(
+            images=tuple(str(p) for p in synth.image_paths),
+            labels=tuple(str(p) for p in synth.label_paths),
+            out=url,
+            chip_size=CHIP_PX,
+            shard_size=16,
+            val_fraction=0.25,
+            workers=1,
+        )
+    )
+    from tiling.store import open_store
+
+    summary = open_store(url).summary
+    return url, int(summary.num_train), int(summary.num_val)
+
+
+def run_mode(
+    store: str, work: Path, model: str, mode: str, *, epochs: int, optimizer: str
+) -> RunResult:
+    run = work / f"{model}-{mode.replace(':', '-')}"
+    command = [
+        sys.executable, "-m", "landcover.cli", "-q", "train", store, "--out", str(run),
+        "--nproc", "2", "--threads", "1", "--device", "cpu", "--model", model,
+        "--epochs", str(epochs), "--batch-size", str(BATCH), "--optimizer", optimizer,
+        "--seed", "0", *MODES[mode],
+    ]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall_s = time.perf_counter() - start
+    load_after = os.getloadavg()[0]
+    metrics = run / "metrics.jsonl"
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    error = None
+    if done.returncode != 0 or len(lines) != epochs:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        error = f"exit {done.returncode}: " + " | ".join(tail)
+    print(f"  {model} {mode}: {wall_s:.0f} s{'' if error is None else ' FAILED'}", file=sys.stderr)
+    return RunResult(model, mode, wall_s, load_after, lines, error)
+
+
+def print_table(model: str, results: list[RunResult], *, epochs: int) -> None:
+    params = sum(p.numel() for p in build_model(model, num_classes=5).parameters())
+    print(
+        f"## {model}: {params / 1e6:.2f} M parameters, {4 * params / 2**20:.1f} MiB of fp32 "
+        f"gradients per step; bytes: mean, comm/epoch/CPU: median of epochs 2..{epochs}; "
+        "ratio = mode / none"
+    )
+    print()
+    print(
+        "| mode | bytes/step | bytes ratio | comm ms/step | comm ratio | epoch s | epoch ratio "
+        "| CPU s/epoch | CPU ratio | val mIoU last (best) | run s | load |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    base = next((r for r in results if r.mode == "none" and r.error is None), None)
+    for r in results:
+        if r.error is not None:
+            print(f"| {r.mode} | failed: {r.error} |||||||||||")
+            continue
+        comm_ms = r.median("comm_time_s") * 1e3
+        epoch_s, cpu_s = r.median("epoch_time_s"), r.median("epoch_cpu_s")
+        last, best = r.lines[-1]["val_miou"], max(m["val_miou"] for m in r.lines)
+
+        def ratio(value: float, key: str, r: RunResult = r) -> str:
+            if base is None:
+                return "—"
+            reference = base.bytes_per_step if key == "bytes" else base.median(key)
+            return f"{value / reference:.3f}" if reference > 0 else "—"
+
+        print(
+            f"| {r.mode} | {_bytes(r.bytes_per_step)} | {ratio(r.bytes_per_step, 'bytes')} "
+            f"| {comm_ms:.1f} | {ratio(comm_ms / 1e3, 'comm_time_s')} "
+            f"| {epoch_s:.2f} | {ratio(epoch_s, 'epoch_time_s')} "
+            f"| {cpu_s:.2f} | {ratio(cpu_s, 'epoch_cpu_s')} "
+            f"| {last:.3f} ({best:.3f}) | {r.wall_s:.0f} | {r.load_after:.1f} |"
+        )
+    print()
+
+
+def _bytes(count: float) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count:.0f} B"
+
+
+def _load() -> str:
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg()) + " (1, 5, 15 min)"
+
+
+if __name__ == "__main__":
+    main()
