@@ -1,9 +1,10 @@
 """Fixtures of the landcover tests: a tiny synthetic chip store, built once per session.
 
-Two 448 x 448 px synthetic NAIP-like scenes (not a multiple of the 64 px chips, so the tiler's
-edge handling is in play) tiled into a store with 64 px chips, a quarter of the chip blocks
-held out as the spatial val split: ~70 train and ~25 val chips, enough for a few DDP steps on
-two workers and for small_unet to learn something in a few seconds.
+Two 448 x 448 px synthetic NAIP-like scenes (exactly 7 x 7 chips of 64 px: the tiler's edge
+handling is tested in tests/tiling; the training tests rely on the step counts this size gives,
+e.g. an epoch that ends mid-block for BMUF) tiled into a store with 64 px chips, a quarter of
+the chip blocks held out as the spatial val split: ~70 train and ~25 val chips, enough for a
+few DDP steps on two workers and for small_unet to learn something in a few seconds.
 """
 
 from __future__ import annotations
