@@ -18,12 +18,12 @@ from click.testing import CliRunner, Result
 from cluster import azureml
 from cluster.spec import local_cpu_count
 from landcover.cli import main
+from tests.cluster.test_spec import ACCOUNT_KEY, LEGACY_TUTORIAL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 FAKE_WORKER = "tests.cluster.fake_worker"
 SAS_SIG = "c2lnbmF0dXJlLW9mLXRoZS1zYXMtdG9rZW4"
-ACCOUNT_KEY = "YWNjb3VudC1rZXktZnJvbS1jbHVzdGVyLWpzb24="
 
 
 def invoke(*args: str) -> Result:
@@ -36,23 +36,7 @@ def write_json(path: Path, document: dict[str, Any]) -> Path:
 
 
 AZUREML_SPEC: dict[str, Any] = {
-    "properties": {
-        "vmSize": "STANDARD_NC6",
-        "vmPriority": "dedicated",
-        "scaleSettings": {"manual": {"targetNodeCount": 2}},
-        "nodeSetup": {
-            "mountVolumes": {
-                "azureBlobFileSystems": [
-                    {
-                        "accountName": "landcoverdata",
-                        "containerName": "chips",
-                        "relativeMountPath": "bfs",
-                        "credentials": {"accountKey": ACCOUNT_KEY},
-                    }
-                ]
-            }
-        },
-    },
+    **LEGACY_TUTORIAL,
     "engine": "azureml",
     "azureml": {
         "subscriptionId": "00000000-0000-0000-0000-000000000000",
