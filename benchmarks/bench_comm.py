@@ -87,7 +87,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="default 4 (quick: 2)")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {', '.join(MODES)}; none always runs (the ratios' base)",
+    )
     args = parser.parse_args()
+    modes = ["none"] + [m.strip() for m in args.modes.split(",") if m.strip() not in ("", "none")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"--modes {','.join(unknown)}: unknown; choose from {', '.join(MODES)}")
     epochs = args.epochs or (2 if args.quick else 4)
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     scenes = 2 if args.quick else 4
@@ -110,7 +119,7 @@ def main() -> None:
         for model in models:
             results = [
                 run_mode(store, work, model, mode, epochs=epochs, optimizer=args.optimizer)
-                for mode in MODES
+                for mode in modes
             ]
             print_table(model, results, epochs=epochs)
     print(f"load average after: {_load()}; total {time.perf_counter() - started:.0f} s")

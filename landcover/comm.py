@@ -45,20 +45,31 @@ continues exactly where it stopped.
 Block momentum (`BlockMomentum`, Chen & Huo 2016, CNTK's BMUF) replaces the gradient
 all-reduce: every worker takes `block_size` local optimizer steps, then the workers average
 their models. With S the model every worker started the block from and G = mean_i(W_i) - S:
-    Δ = η·Δ + ζ·G,    W_global = S + Δ
+    Δ = η·Δ + ζ·G,    W_global = W_global + Δ
 with block momentum η (default 1 - 1/N) and block learning rate ζ (default 1). Nesterov form:
-CNTK's. After the update every worker restarts from the look-ahead S = W_global + η·Δ instead
-of S = W_global (the paper's NBM variant). G is taken from S, as CNTK takes it from its
-`prevWeight`, so under steady progress p per block Δ settles at ζ·p/(1 - η). We chose this
-form because it needs no state beyond Δ and W_global, it is what CNTK ships and tuned its
-defaults for, and with η = 0 it reduces exactly to periodic model averaging whatever
-`nesterov` says. BatchNorm running statistics (float
-buffers) are averaged at each block boundary, without momentum. Local optimizer state
-(SGD momentum, Adam moments) is left alone at block boundaries: each worker keeps its own, as
-CNTK keeps its local momentum; it is not averaged or reset. `BlockMomentum.state_dict()` holds
-this rank's Δ, W_global, the BatchNorm statistics of the last block end and the position in
-the block; resuming mid-block also needs each rank's own local model and optimizer state (they
-differ between ranks until the block ends).
+the paper's NBM variant, Sutskever's Nesterov momentum at block level. After the update every
+worker restarts from the look-ahead S = W_global + η·Δ instead of S = W_global, and G is taken
+from S (where the learners really started, as CNTK takes it from its `prevWeight`). Under
+steady progress p per block, Δ settles at ζ·p/(1 - η) and so does the block step of W_global
+and of S: with the default η that is N times the averaged progress, the part linear lr scaling
+plays for DDP. Two near misses, both tested: taking G from W_global counts η·Δ twice and Δ
+grows without bound; adding Δ to S instead of W_global (W_global = S + Δ) makes the steady
+step (1 + η)/(1 - η)·p, 3p rather than 2p at 2 workers, about 2N at large N (CNTK avoids that
+overshoot only by scaling G by 1 - η, which the issue's update rule does not have). We chose
+this form because it needs no state beyond Δ and W_global, it is the paper's, and with η = 0
+it reduces exactly to periodic model averaging whatever `nesterov` says. BatchNorm running
+statistics (float buffers) are averaged at each block boundary, without momentum. The local
+optimizer's momentum (SGD's buffer, Adam's first moment) is zeroed after every block end by
+default (`reset_local_momentum`, CNTK's `reset_sgd_momentum_after_aggregation`): it points where
+this worker's own model was heading, the block update has moved every model somewhere else, and
+the block momentum already carries the direction. Measured (SGD, 2 workers, 12 epochs, best
+val mIoU minus plain DDP's): unet_resnet18 on bench_comm's store, seeds 0 / 1, kept -0.056 /
+-0.002, reset +0.006 / +0.029; small_unet on test_comm_training's store, seeds 0-3, kept
++0.015 on average, reset +0.025 (mean of the last 3 epochs: +0.019 and +0.050). The trainer's
+`--keep-local-momentum` keeps it. `BlockMomentum.state_dict()` holds this rank's Δ, W_global,
+the BatchNorm statistics of the last block end and the position in the block; resuming
+mid-block also needs each rank's own local model and optimizer state (they differ between
+ranks until the block ends).
 
 Validation and saving use the block-level global model: inside `with bmuf.global_model():`
 the model holds W_global and the BatchNorm statistics averaged at the last block end (the
@@ -828,10 +839,11 @@ class BlockMomentum:
         # G is measured from where the workers started this block: under Nesterov that is the
         # look-ahead W_global + η·Δ (CNTK's prevWeight). Measuring from W_global would count
         # the momentum twice and Δ would grow without bound under steady progress.
-        start = self._block_start()
-        block_gradient = flat[:count] - start
+        block_gradient = flat[:count] - self._block_start()
         self.delta.mul_(self.momentum).add_(block_gradient, alpha=self.block_lr)
-        self.global_params = start + self.delta
+        # W_global moves by Δ from W_global, not from the look-ahead: adding Δ to S would
+        # count η·Δ twice and make the steady block step (1 + η)/(1 - η) times the progress.
+        self.global_params = self.global_params + self.delta
         _copy_into(self._params, self._block_start())
         self.global_buffers = flat[count:].clone()
         _copy_into(self._buffers, self.global_buffers)
@@ -871,6 +883,27 @@ class BlockMomentum:
         self.delta = state["delta"].to(device).clone()
         self.local_steps = int(state["local_steps"])
         self.meter.load_state_dict(state.get("meter", {}))
+
+
+# The optimizer state that is momentum: SGD's buffer, Adam's and AdamW's first moment. Adam's
+# second moment is a per-coordinate scale, not a direction, and its bias correction assumes it
+# was never zeroed, so it stays.
+_MOMENTUM_STATE = ("momentum_buffer", "exp_avg")
+
+
+def reset_local_momentum(optimizer: torch.optim.Optimizer) -> int:
+    """Zero the local optimizer's momentum (SGD's buffer, Adam's first moment) in place, as
+    CNTK's BMUF does after each model average by default. Returns how many tensors it zeroed
+    (0 for an optimizer without momentum, or before its first step)."""
+    zeroed = 0
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for key in _MOMENTUM_STATE:
+                value = state.get(key)
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+                    zeroed += 1
+    return zeroed
 
 
 def _flatten(tensors: Sequence[torch.Tensor], like: torch.Tensor | None = None) -> torch.Tensor:

@@ -162,6 +162,7 @@ class TrainConfig:
     block_momentum_value: float | None = None
     block_lr: float = 1.0
     nesterov: bool = True
+    reset_local_momentum: bool = True
 
     def __post_init__(self) -> None:
         choices = {
@@ -676,6 +677,8 @@ class Trainer:
         return images, batch.labels.to(self.device, non_blocking=True)
 
     def _train_epoch(self, epoch: int) -> _EpochStats:
+        from landcover.comm import reset_local_momentum
+
         config = self.config
         # Anything in the model that draws from torch's global RNG (dropout) is then a pure
         # function of (seed, epoch, rank) too.
@@ -709,8 +712,10 @@ class Trainer:
             self.last_lr = float(self.optimizer.param_groups[0]["lr"])
             self.optimizer.step()
             self.scheduler.step()
-            if self.bmuf is not None:
-                self.bmuf.after_optimizer_step()
+            # The block end's model average happens whether or not the momentum is reset.
+            block_ended = self.bmuf is not None and self.bmuf.after_optimizer_step()
+            if block_ended and config.reset_local_momentum:
+                reset_local_momentum(self.optimizer)
             loss_sum += loss.detach()
             if self.callbacks.on_step is not None:
                 self.callbacks.on_step(epoch, step, self.module)

@@ -79,6 +79,9 @@ def train_options(f: F) -> F:
                      help="BMUF block learning rate."),
         click.option("--nesterov/--no-nesterov", default=True, show_default=True,
                      help="BMUF: Nesterov-style block momentum."),
+        click.option("--reset-local-momentum/--keep-local-momentum", default=True,
+                     show_default=True,
+                     help="BMUF: zero each worker's optimizer momentum after every block end."),
     ]  # fmt: skip
     for decorator in reversed(decorators):
         f = decorator(f)

@@ -33,6 +33,7 @@ from landcover.comm import (
     _unpack_bits,
     install_comm_hook,
     parse_compression,
+    reset_local_momentum,
 )
 from landcover.errors import TrainingError
 
@@ -160,7 +161,8 @@ def average_model(model: nn.Module) -> None:
 
 
 class ReferenceBlockMomentum:
-    """BMUF written independently, per tensor, from the paper's equations (CNTK Nesterov)."""
+    """BMUF written independently, per tensor, from the paper's equations (Chen & Huo 2016,
+    NBM): G from the block's start, Δ = η·Δ + ζ·G, W = W + Δ, restart from W + η·Δ."""
 
     def __init__(self, model: nn.Module, eta: float, zeta: float) -> None:
         self.model, self.eta, self.zeta = model, eta, zeta
@@ -175,7 +177,7 @@ class ReferenceBlockMomentum:
                 mean /= WORLD_SIZE
                 start = w + self.eta * d  # where the workers began this block
                 d.copy_(self.eta * d + self.zeta * (mean - start))
-                w.copy_(start + d)
+                w.add_(d)
                 p.copy_(w + self.eta * d)
             for b in self.model.buffers():
                 if b.is_floating_point():
@@ -615,3 +617,37 @@ def test_block_momentum_on_one_worker_keeps_local_training() -> None:
         torch.testing.assert_close(flat_params(model), before)
     assert synced == [False, True, False, True]
     assert bmuf.meter.bytes_sent == 0
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw", "sgd-no-momentum"])
+def test_reset_local_momentum_zeroes_the_first_moment_only(name: str) -> None:
+    """SGD's momentum buffer and Adam's first moment are zeroed in place; Adam's second moment
+    (a scale, with a bias correction that assumes it was never reset) and step count stay."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    optimizer: torch.optim.Optimizer = {
+        "sgd": lambda: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True),
+        "adamw": lambda: torch.optim.AdamW(model.parameters(), lr=0.1),
+        "sgd-no-momentum": lambda: torch.optim.SGD(model.parameters(), lr=0.1),
+    }[name]()
+    assert reset_local_momentum(optimizer) == 0  # no state before the first step
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(4, 3)).square().sum().backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    before = {
+        (id(p), key): value.clone()
+        for p, state in optimizer.state.items()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+    zeroed = reset_local_momentum(optimizer)
+    assert zeroed == {"sgd": 2, "adamw": 2, "sgd-no-momentum": 0}[name]
+    for p, state in optimizer.state.items():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if key in ("momentum_buffer", "exp_avg"):
+                assert before[(id(p), key)].abs().sum() > 0 and not value.any(), key
+            else:
+                assert torch.equal(value, before[(id(p), key)]), key

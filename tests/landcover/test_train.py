@@ -449,12 +449,14 @@ def test_cli_nproc_2_runs_torchrun(tiny_store: str, run_dir: Path) -> None:
 def test_worker_options_round_trip_through_the_command_line() -> None:
     args = ["s.zarr", "--out", "r", "--epochs", "3", "--no-augment", "--amp", "--resume",
             "--storage-options", '{"account_name": "x"}', "--compression", "powersgd:4",
-            "--block-size", "5", "--no-nesterov", "--patience", "2", "--lr", "0.01"]  # fmt: skip
+            "--block-size", "5", "--no-nesterov", "--keep-local-momentum", "--patience", "2",
+            "--lr", "0.01"]  # fmt: skip
     parsed = worker_command.make_context("worker", list(args)).params
     again = worker_command.make_context("worker", params_to_argv(worker_command, parsed)).params
     assert again == parsed
     assert parsed["storage_options"] == {"account_name": "x"} and parsed["amp"] is True
     assert parsed["augment"] is False and parsed["nesterov"] is False
+    assert parsed["reset_local_momentum"] is False
 
 
 def test_worker_entry_point_reports_bad_options_in_one_line(
