@@ -14,15 +14,15 @@ per worker), same seed and settings, one run after another. From each run's metr
   bucket rebuild and the allocator's warm-up);
 - CPU s/epoch: CPU seconds of those steps summed over both workers (`epoch_cpu_s`), median as
   above: unlike wall time, barely moved by other jobs on a shared machine;
-- val mIoU: of the last epoch, and the best over the run (a few epochs on a small store: an
-  indication of quality, not a parity measurement; tests/landcover/test_comm_training.py
-  measures parity over two seeds).
+- val mIoU: of the last epoch, and the best over the run (12 epochs on a small store, one
+  seed: an indication of quality; tests/landcover/test_comm_training.py is the parity test);
+- run s: the whole launch, torch's import, load, validation and checkpoints included.
 
 Ratios are this mode / `none` (below 1 is less). SGD with Nesterov momentum for every mode,
 as in the parity test (`--optimizer adamw` to compare with the trainer's default).
 
 Usage: python benchmarks/bench_comm.py [--quick] [--epochs N] [--optimizer sgd|adamw]
-                                       [--models small_unet,unet_resnet18]
+                                       [--models small_unet,unet_resnet18] [--modes bmuf,...]
 Prints the machine, the load average before and after, and one table per model; never asserts.
 """
 
@@ -84,7 +84,7 @@ class RunResult:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 scenes, 2 epochs")
-    parser.add_argument("--epochs", type=int, default=None, help="default 4 (quick: 2)")
+    parser.add_argument("--epochs", type=int, default=None, help="default 12 (quick: 2)")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
     parser.add_argument(
@@ -97,7 +97,7 @@ def main() -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         parser.error(f"--modes {','.join(unknown)}: unknown; choose from {', '.join(MODES)}")
-    epochs = args.epochs or (2 if args.quick else 4)
+    epochs = args.epochs or (2 if args.quick else 12)
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     scenes = 2 if args.quick else 4
     started = time.perf_counter()

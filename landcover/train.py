@@ -319,7 +319,7 @@ class Trainer:
         self._build_model()  # before the long load: a bad --model or --pretrained fails fast
         self._load_shards()
         common, own = self._read_checkpoint(checkpoint_path)
-        self._build_parallel_model(own)
+        self._build_parallel_model(common, own)
         self._build_optimizer(common, own)
         if self.env.is_main:
             self._write_run_json()
@@ -505,7 +505,9 @@ class Trainer:
         logger.info("resuming %s after epoch %d", self.out, self.start_epoch)
         return common, own
 
-    def _build_parallel_model(self, own: Mapping[str, Any]) -> None:
+    def _build_parallel_model(
+        self, common: Mapping[str, Any] | None, own: Mapping[str, Any]
+    ) -> None:
         from landcover.comm import BlockMomentum, install_comm_hook, parse_compression
 
         config = self.config
@@ -529,8 +531,12 @@ class Trainer:
                 nesterov=config.nesterov,
             )
             self.meter = self.bmuf.meter
-            if own.get("comm") is not None:
-                self.bmuf.load_state_dict(own["comm"])
+            # Only with the learners' own models: a checkpoint from another world size or a
+            # DDP run starts the block-level state afresh from the model just loaded.
+            if common is not None and "model" in own:
+                # Checkpoints before the block-level state moved into the common part kept it
+                # per rank.
+                self.bmuf.load_state_dict(common.get("bmuf") or own["comm"])
             return
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.model = DistributedDataParallel(self.module, device_ids=device_ids)
@@ -837,8 +843,9 @@ class Trainer:
         """metrics line, model.pt (when improved, or when none exists), then the checkpoint."""
         own: dict[str, Any] = {}
         if self.bmuf is not None:
-            # Between block ends every BMUF learner has its own model and optimizer state.
-            own["comm"] = to_cpu(self.bmuf.state_dict())
+            # Between block ends every BMUF learner has its own model and optimizer state. The
+            # block-level state (W_global, Δ, the last block end's BatchNorm statistics) is the
+            # same on every rank, computed from the same all-reduced values: saved once, below.
             own["model"] = to_cpu(self.module.state_dict())
             own["optimizer"] = to_cpu(self.optimizer.state_dict())
         elif self.meter is not None:
@@ -862,6 +869,7 @@ class Trainer:
                 "optimizer": to_cpu(self.optimizer.state_dict()),
                 "scheduler": self.scheduler.state_dict(),
                 "per_rank": per_rank,
+                "bmuf": None if self.bmuf is None else to_cpu(self.bmuf.state_dict()),
                 "best_val_miou": self.best_val_miou,
                 "best_epoch": self.best_epoch,
                 "epochs_without_improvement": self.epochs_without_improvement,
