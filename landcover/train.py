@@ -15,7 +15,8 @@ workers through torchrun. One `train(config)` call is one worker:
 
 Validation, `model.pt` and the checkpoint's `model` are the job's one model: the replicas under
 DDP, BMUF's block-level global model under `--block-momentum` (`BlockMomentum.global_model`;
-each learner's own model and optimizer state go into the checkpoint's per-rank part).
+each learner's own model and optimizer state go into the checkpoint's per-rank part, the
+block-level state, the same on every rank, into its `bmuf` entry once).
 
 Learning rate: the base `--lr` is multiplied by the world size (`--lr-scaling linear`, the
 "linear scaling rule"; `sqrt` and `none` too; never with BMUF, whose learners step like a
@@ -89,7 +90,8 @@ from landcover.rundir import (
 )
 
 if TYPE_CHECKING:
-    from landcover.comm import BlockMomentum, CommMeter
+    from landcover.bmuf import BlockMomentum
+    from landcover.comm import CommMeter
     from landcover.losses import Scores
 
 # cpu_model_name, segmentation_loss and usable_cores live in landcover.distributed and
@@ -508,7 +510,8 @@ class Trainer:
     def _build_parallel_model(
         self, common: Mapping[str, Any] | None, own: Mapping[str, Any]
     ) -> None:
-        from landcover.comm import BlockMomentum, install_comm_hook, parse_compression
+        from landcover.bmuf import BlockMomentum
+        from landcover.comm import install_comm_hook, parse_compression
 
         config = self.config
         spec = parse_compression(config.compression)
@@ -683,7 +686,7 @@ class Trainer:
         return images, batch.labels.to(self.device, non_blocking=True)
 
     def _train_epoch(self, epoch: int) -> _EpochStats:
-        from landcover.comm import reset_local_momentum
+        from landcover.bmuf import reset_local_momentum
 
         config = self.config
         # Anything in the model that draws from torch's global RNG (dropout) is then a pure

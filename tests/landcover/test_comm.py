@@ -1,4 +1,5 @@
-"""Communication hooks and block momentum, at the hook level, in a 2-process gloo group.
+"""Communication hooks (landcover.comm) and block momentum (landcover.bmuf), at the hook level,
+in a 2-process gloo group.
 
 One spawned group (module fixture) runs every scenario and saves what each rank saw; the tests
 below assert on those results. Multi-process work is costly on 2 cores (torch import and DDP
@@ -25,15 +26,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from landcover.bmuf import BlockMomentum, reset_local_momentum
 from landcover.comm import (
-    BlockMomentum,
     CommMeter,
     CompressionSpec,
     _pack_bits,
     _unpack_bits,
     install_comm_hook,
     parse_compression,
-    reset_local_momentum,
 )
 from landcover.errors import TrainingError
 
@@ -545,12 +545,12 @@ def test_meter_counts_overlapping_intervals_once() -> None:
     meter = CommMeter()
     assert meter.bytes_per_step() == 0.0
     assert meter.time_per_step_s() == 0.0
-    meter._add_interval(10.0, 12.0)
-    meter._add_interval(11.0, 13.0)  # overlaps the first
-    meter._add_interval(15.0, 16.0)
-    meter._add_step()
-    meter._add_step()
-    meter._add_bytes(100)
+    meter.add_interval(10.0, 12.0)
+    meter.add_interval(11.0, 13.0)  # overlaps the first
+    meter.add_interval(15.0, 16.0)
+    meter.add_step()
+    meter.add_step()
+    meter.add_bytes(100)
     assert meter.comm_time_s == pytest.approx(4.0)
     assert meter.time_per_step_s() == pytest.approx(2.0)
     assert meter.bytes_per_step() == 50.0
@@ -560,7 +560,7 @@ def test_meter_counts_overlapping_intervals_once() -> None:
 
 def test_meter_ignores_state_of_another_compression(caplog: pytest.LogCaptureFixture) -> None:
     saved = CommMeter("onebit")
-    saved._add_bytes(7)
+    saved.add_bytes(7)
     meter = CommMeter("powersgd:2")
     with caplog.at_level(logging.WARNING, logger="landcover.comm"):
         meter.load_state_dict(saved.state_dict())

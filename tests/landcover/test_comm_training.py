@@ -63,7 +63,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from landcover.comm import BlockMomentum, parse_compression
+from landcover.bmuf import BlockMomentum
+from landcover.comm import parse_compression
 from landcover.distributed import DistEnv
 from landcover.models import build_model
 from landcover.train import TrainCallbacks, TrainConfig, read_metrics, train
