@@ -412,8 +412,8 @@ fig.tight_layout()""",
         """\
 ## A real NAIP file
 
-The repository ships six real NAIP GeoTIFFs in `../shared/data/naip-real` (next to the
-repository). Two of them tag their 4th band, NIR, as **alpha**. GDAL then offers that band as
+The repository ships six real NAIP GeoTIFFs in `tests/data/naip-real` (test files
+of stactools-packages/naip, Apache-2.0). Two of them tag their 4th band, NIR, as **alpha**. GDAL then offers that band as
 the dataset's validity mask, and anything that displays RGBA uses it as transparency, although
 it is a measurement like the other three. The tiler reads validity only from a nodata value or
 an internal mask, never from alpha.""",
@@ -432,10 +432,10 @@ def find_repo_root() -> Path:
     return Path(landcover.__file__).resolve().parents[1]
 
 
-NAIP_REAL = find_repo_root() / ".." / "shared" / "data" / "naip-real"
+NAIP_REAL = find_repo_root() / "tests" / "data" / "naip-real"
 if not NAIP_REAL.is_dir():
     raise FileNotFoundError(
-        f"{NAIP_REAL.resolve()}: real NAIP files missing; clone shared/ beside the repository"
+        f"{NAIP_REAL.resolve()}: real NAIP files missing; they ship under tests/data"
     )
 real_path = NAIP_REAL / "m_3211605_ne_11_060_20200415.tif"
 with rasterio.open(real_path) as ds:

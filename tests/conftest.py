@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REAL_NAIP_DIR = REPO_ROOT.parent / "shared" / "data" / "naip-real"
+REAL_NAIP_DIR = REPO_ROOT / "tests" / "data" / "naip-real"
 
 
 @pytest.fixture(scope="session")
 def real_naip_dir() -> Path:
-    """The six real NAIP GeoTIFFs in ../shared/data/naip-real (0.6 m, NIR tagged as alpha, ...)."""
+    """The six real NAIP GeoTIFFs in tests/data/naip-real (0.6 m, NIR tagged as alpha, ...)."""
     if not REAL_NAIP_DIR.is_dir():
-        pytest.fail(f"real NAIP test data missing at {REAL_NAIP_DIR}; clone with shared/ beside it")
+        pytest.fail(f"real NAIP test data missing at {REAL_NAIP_DIR}; the repository ships them under tests/data")
     return REAL_NAIP_DIR
 
 
