@@ -46,6 +46,7 @@ from cluster.engine import (
     Plan,
     TrainJob,
     is_url,
+    job_redactor,
     threads_per_worker,
     worker_args,
 )
@@ -160,8 +161,11 @@ class AzureMLEngine:
             "tags": {"landcover_workers": str(spec.workers)},
         }
         threads = threads_per_worker(spec)
-        if threads is not None:
-            document["environment_variables"] = {"OMP_NUM_THREADS": str(threads)}
+        environment = {"OMP_NUM_THREADS": str(threads)} if threads is not None else {}
+        # secrets (the storage options) as job environment, never on the command line
+        environment.update(job.secret_env)
+        if environment:
+            document["environment_variables"] = environment
         if aml.code is not None:
             # the uploaded snapshot is the working directory: `-m landcover.train` finds it
             document["code"] = str(Path(aml.code).resolve())
@@ -195,7 +199,7 @@ class AzureMLEngine:
             job_document=document,
             compute_document=compute,
             notes=tuple(notes),
-            redactor=spec.redactor(),
+            redactor=job_redactor(spec, job),
         )
 
     def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:

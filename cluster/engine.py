@@ -15,11 +15,17 @@ unless `--resume` or `--overwrite` says what to do with it. `--threads K` is add
 user gave it: on the local engine K = max(1, cores // (nodes × processes per node)), the cores
 being shared by every simulated node; elsewhere K = max(1, vCPUs per node // processes per node)
 when the VM size is known.
+
+Secrets never go on a worker's command line (any user of the machine can read it in `ps`): a
+job's `secret_env` (e.g. the storage options, account key included) reaches the workers through
+their environment, and every plan redacts its values wherever they would be shown or written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from cluster.errors import ClusterError
+from cluster.redact import Redactor, collect_secret_values
 from cluster.spec import ClusterSpec, local_cpu_count
 
 DEFAULT_ENTRY_MODULE = "landcover.train"
@@ -35,15 +42,28 @@ DEFAULT_ENTRY_MODULE = "landcover.train"
 
 @dataclass(frozen=True, slots=True)
 class TrainJob:
-    """What to run: `python -m ENTRY_MODULE STORE --out OUT ARGS...` on every worker."""
+    """What to run: `python -m ENTRY_MODULE STORE --out OUT ARGS...` on every worker, with
+    `secret_env` added to the workers' environment (never shown: see `job_redactor`)."""
 
     store: str
     out: str
     args: tuple[str, ...] = ()
     entry_module: str = DEFAULT_ENTRY_MODULE
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def has_option(self, name: str) -> bool:
         return any(a == name or a.startswith(name + "=") for a in self.args)
+
+
+def job_redactor(spec: ClusterSpec, job: TrainJob) -> Redactor:
+    """Scrubs the spec's secrets and the job's secret environment values: each value whole,
+    and, for a JSON object such as the storage options, each secret-named value inside it
+    (an error message may quote the account key alone)."""
+    values = set(spec.secret_values) | set(job.secret_env.values())
+    for text in job.secret_env.values():
+        with contextlib.suppress(ValueError):
+            values |= collect_secret_values(json.loads(text))
+    return Redactor(values)
 
 
 def parse_train_args(

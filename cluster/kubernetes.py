@@ -32,6 +32,7 @@ from cluster.engine import (
     LaunchResult,
     Plan,
     TrainJob,
+    job_redactor,
     threads_per_worker,
     worker_args,
 )
@@ -100,7 +101,7 @@ class KubernetesEngine:
             raise ClusterError('engine "kubernetes" needs a "kubernetes" section in cluster.json')
         manifest, notes = build_manifest(spec, spec.kubernetes, job)
         return KubernetesPlan(
-            spec=spec, job=job, manifest=manifest, notes=notes, redactor=spec.redactor()
+            spec=spec, job=job, manifest=manifest, notes=notes, redactor=job_redactor(spec, job)
         )
 
     def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
@@ -143,6 +144,13 @@ def build_manifest(
     threads = threads_per_worker(spec)
     if threads is not None:
         env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
+    # secrets (the storage options) as pod environment, never in the command line
+    env += [{"name": name, "value": value} for name, value in job.secret_env.items()]
+    if job.secret_env:
+        notes.append(
+            f"{', '.join(job.secret_env)} go to the pods in the manifest's env: prefer "
+            "kubernetes.storageSecret (a Secret the pods read) to keep them out of the job object"
+        )
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": k8s.image,

@@ -6,10 +6,15 @@ elastic agent code path a real multi-node job takes, so restarts and rejoining a
 for real. With `elastic.maxRestarts` > 0 a failed worker group is restarted (every agent
 re-rendezvouses) and the workers get `--resume`, so they continue from the last checkpoint.
 
-Agent output (which includes the workers') is streamed line by line, redacted, to
-`LaunchOptions.on_output` and to `LOG_DIR/node-<i>.log`; LOG_DIR is `RUN_DIR/logs` (or a
-temporary directory when the run dir is a URL). If any agent fails, the others are stopped
-and `LaunchError` names the failing node's log.
+Agent output (which includes the workers') goes line by line, redacted, to
+`LOG_DIR/node-<i>.log`, and all but the failure noise (`cluster.output`) to
+`LaunchOptions.on_output`; LOG_DIR is `RUN_DIR/logs` (or a temporary directory when the run dir
+is a URL). Workers that fail leave their one-line error in LOG_DIR (`cluster.failures`). If any
+agent fails, the others are stopped and `LaunchError` gives the first failing rank's own error
+line and LOG_DIR, or, when no worker left one (a killed worker), the failing node's log.
+
+The job's secret environment (the storage options) reaches the agents, and through them the
+workers, only in their process environment: never in an argument, a log line or a file.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shlex
 import signal
 import socket
@@ -27,10 +31,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import psutil  # type: ignore[import-untyped,unused-ignore]
 
@@ -42,11 +45,14 @@ from cluster.engine import (
     check_run_dir,
     clear_run_results,
     is_url,
+    job_redactor,
     threads_per_worker,
     worker_args,
 )
 from cluster.errors import LaunchError
-from cluster.redact import Redactor
+from cluster.failures import ERROR_DIR_ENV, clear_worker_errors, first_worker_error
+from cluster.output import OutputPump, TerminalFilter
+from cluster.redact import REDACTED, Redactor
 from cluster.spec import ClusterSpec, local_cpu_count, local_gpu_count
 
 logger = logging.getLogger(__name__)
@@ -55,11 +61,6 @@ LOOPBACK = "127.0.0.1"
 # Seconds an agent waits after SIGTERM (it forwards it to its workers) before SIGKILL.
 STOP_GRACE_S = 10.0
 _POLL_S = 0.2
-# the last line of a Python traceback, or a CLI's one-line "error: ..." (torchrun may prefix
-# worker lines with "[rank0]:" or "[default0]:")
-_ERROR_LINE = re.compile(
-    r"^(?:\[[^\]]*\]:?\s*)*(?:error: (?P<message>.+)|(?P<exception>\w+(?:Error|Exception)\b.*))$"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,11 @@ class LocalPlan:
             f"store: {r.text(self.job.store)}",
             f"run dir: {r.text(self.job.out)}",
             f"logs: {Path(self.log_dir) / 'node-<i>.log'}",
-            "environment: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()),
+            "environment: "
+            + " ".join(
+                [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+                + [f"{k}={REDACTED}" for k in self.job.secret_env]
+            ),
         ]
         for i, command in enumerate(self.agent_commands):
             extra = " ".join(f"{k}={v}" for k, v in self.agent_env[i].items())
@@ -124,6 +129,11 @@ class LocalPlan:
             f"{self.spec.processes_per_node} process(es)",
             "set -u",
             *(f"export {k}={shlex.quote(v)}" for k, v in self.env.items()),
+            # secrets are not written here: the workers read them from the environment
+            *(
+                f': "${{{k}:?export {k} first (secret: kept out of this file)}}"'
+                for k in self.job.secret_env
+            ),
             f"mkdir -p {shlex.quote(self.log_dir)}",
             "pids=()",
         ]
@@ -186,6 +196,7 @@ class LocalEngine:
         else:
             nnodes = str(spec.node_count)
         args = worker_args(spec, job, store=job.store, out=job.out)
+        log_dir = _log_dir(job.out, rdzv_id)
         commands = []
         for node in range(spec.node_count):
             # is_host pins the rendezvous store on agent 0 instead of a race to bind the port;
@@ -225,6 +236,8 @@ class LocalEngine:
             # across restarts, so restarted workers read the dead group's addresses and
             # hang; a fresh store per round makes elastic restarts work (torch 2.15)
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            # a failing worker leaves its one-line error there (cluster.failures)
+            ERROR_DIR_ENV: log_dir,
         }
         return LocalPlan(
             spec=spec,
@@ -237,8 +250,8 @@ class LocalEngine:
             rdzv_id=rdzv_id,
             threads_per_worker=threads,
             cores=cores,
-            log_dir=_log_dir(job.out, rdzv_id),
-            redactor=spec.redactor(),
+            log_dir=log_dir,
+            redactor=job_redactor(spec, job),
         )
 
     def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
@@ -280,42 +293,6 @@ def _gpu_partition(spec: ClusterSpec) -> tuple[tuple[Mapping[str, str], ...], st
 # ----------------------------------------------------------------------------- running
 
 
-class _Pump(threading.Thread):
-    """Copies one agent's output, redacted, to its log file and to on_output."""
-
-    def __init__(
-        self,
-        stream: IO[str],
-        log_path: Path,
-        node: int,
-        redactor: Redactor,
-        on_output: Callable[[str], None] | None,
-    ) -> None:
-        super().__init__(daemon=True, name=f"landcover-node-{node}")
-        self.stream = stream
-        self.log_path = log_path
-        self.node = node
-        self.redactor = redactor
-        self.on_output = on_output
-        self.last_error: str | None = None
-
-    def run(self) -> None:
-        with self.log_path.open("a", encoding="utf-8") as log:
-            for raw in self.stream:
-                line = self.redactor.text(raw.rstrip("\n"))
-                log.write(line + "\n")
-                log.flush()
-                match = _ERROR_LINE.match(line)
-                if match and "ChildFailedError" not in line:
-                    self.last_error = match.group("message") or match.group("exception")
-                if self.on_output is not None:
-                    try:
-                        self.on_output(f"[node {self.node}] {line}")
-                    except Exception:  # e.g. a closed stdout: keep draining, or the agent blocks
-                        logger.exception("output callback failed; node %d logs only", self.node)
-                        self.on_output = None
-
-
 def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
     found = check_run_dir(plan.spec, plan.job)
     if found and plan.spec.max_restarts > 0 and plan.job.has_option("--overwrite"):
@@ -325,6 +302,7 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
     log_dir.mkdir(parents=True, exist_ok=True)
     for i in range(len(plan.agent_commands)):  # one launch, one set of logs
         Path(plan.log_path(i)).unlink(missing_ok=True)
+    clear_worker_errors(log_dir)
     logger.info(
         "launching %d simulated node(s) x %d process(es); logs in %s",
         plan.spec.node_count,
@@ -333,10 +311,18 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
     )
     started = time.monotonic()
     procs: list[subprocess.Popen[str]] = []
-    pumps: list[_Pump] = []
+    pumps: list[OutputPump] = []
+    job_failed = threading.Event()
+    several = len(plan.agent_commands) > 1
     try:
         for i, command in enumerate(plan.agent_commands):
-            env = {**os.environ, **plan.env, **plan.agent_env[i], **options.env}
+            env = {
+                **os.environ,
+                **plan.env,
+                **plan.job.secret_env,
+                **plan.agent_env[i],
+                **options.env,
+            }
             proc = subprocess.Popen(
                 command,
                 stdout=subprocess.PIPE,
@@ -351,7 +337,16 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
             )
             procs.append(proc)
             assert proc.stdout is not None  # stdout=PIPE
-            pump = _Pump(proc.stdout, Path(plan.log_path(i)), i, plan.redactor, options.on_output)
+            terminal = TerminalFilter(job_failed, stop_after_failure=plan.spec.max_restarts == 0)
+            pump = OutputPump(
+                proc.stdout,
+                Path(plan.log_path(i)),
+                i,
+                plan.redactor,
+                options.on_output,
+                terminal,
+                prefix=f"[node {i}] " if several else "",
+            )
             pump.start()
             pumps.append(pump)
         failed = _wait(procs, options.timeout_s, started)
@@ -366,6 +361,11 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
             raise LaunchError(
                 f"the local job did not finish within {options.timeout_s:g} s and was stopped; "
                 f"logs: {log_dir}"
+            )
+        worker_error = first_worker_error(log_dir)
+        if worker_error is not None:  # the first failing rank's own words
+            raise LaunchError(
+                f"{plan.redactor.text(worker_error.message)} (worker logs: {log_dir}/)"
             )
         cause = pumps[node].last_error if node < len(pumps) else None
         raise LaunchError(

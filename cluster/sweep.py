@@ -60,7 +60,7 @@ import socket
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,6 +68,7 @@ from cluster.engine import (
     DEFAULT_ENTRY_MODULE,
     LaunchOptions,
     TrainJob,
+    job_redactor,
     launch_plan,
     plan_job,
     threads_per_worker,
@@ -90,7 +91,8 @@ RunStatus = Literal["done", "failed", "submitted"]
 
 @dataclass(frozen=True, slots=True)
 class SweepConfig:
-    """One sweep: the store, the worker counts, epochs per run, where the runs go."""
+    """One sweep: the store, the worker counts, epochs per run, where the runs go;
+    `secret_env` reaches every run's workers as `TrainJob.secret_env` does."""
 
     store: str
     workers: tuple[int, ...]
@@ -100,6 +102,7 @@ class SweepConfig:
     cluster: ClusterSpec | None = None
     entry_module: str = DEFAULT_ENTRY_MODULE
     overwrite: bool = False
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +198,9 @@ def run_sweep(
     check_extra_args(config.extra_args)
     options = replace(options or LaunchOptions(), wait=True)
     out = Path(config.out_dir)
-    redactor = config.cluster.redactor() if config.cluster is not None else Redactor()
+    redactor = job_redactor(
+        config.cluster or local_spec(1), _job(config, str(out / f"{RUN_PREFIX}1"))
+    )
     header = _header(config, redactor)
     sweep_path = out / SWEEP_FILE
     previous = _previous_runs(sweep_path, header, config.overwrite)
@@ -260,6 +265,16 @@ def _previous_runs(path: Path, header: Mapping[str, Any], overwrite: bool) -> di
     return {r.workers: r for r in old_runs if r.status == "done"}
 
 
+def _job(config: SweepConfig, run_dir: str) -> TrainJob:
+    return TrainJob(
+        store=config.store,
+        out=run_dir,
+        args=("--epochs", str(config.epochs), *config.extra_args),
+        entry_module=config.entry_module,
+        secret_env=config.secret_env,
+    )
+
+
 def _run_one(
     config: SweepConfig,
     spec: ClusterSpec,
@@ -269,13 +284,7 @@ def _run_one(
 ) -> SweepRun:
     if run_dir.exists():  # an unfinished or replaced run of ours: never trusted
         shutil.rmtree(run_dir)
-    job = TrainJob(
-        store=config.store,
-        out=str(run_dir),
-        args=("--epochs", str(config.epochs), *config.extra_args),
-        entry_module=config.entry_module,
-    )
-    plan = plan_job(spec, job)
+    plan = plan_job(spec, _job(config, str(run_dir)))
     local = spec.engine == "local"
     cores = local_cpu_count() if local else _remote_cores(spec)
     logger.info("sweep: %d worker(s) into %s", spec.workers, run_dir)

@@ -8,6 +8,8 @@ restart with real agents is tested through the CLI (tests/landcover/test_cli_clu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from dataclasses import replace
@@ -170,3 +172,62 @@ def test_simulated_nodes_share_out_the_gpus_or_use_none(
     assert [dict(e) for e in plan.agent_env] == expected
     hidden = expected[0].get("CUDA_VISIBLE_DEVICES") == ""
     assert ("GPUs hidden, workers train on CPU" in plan.describe()) == hidden
+
+
+def test_the_first_failing_ranks_own_error_is_the_one_line_reported(tmp_path: Path) -> None:
+    """Rank 1 fails first; rank 0 fails after it (because of it) and its node exits first. One
+    line gives rank 1's own error and the logs; the terminal shows neither traceback nor the
+    ranks' error lines, which stay in the logs."""
+    log_dir = tmp_path / "run" / "logs"
+    wait_for = (
+        "import os, sys, time\n"
+        "def wait_for(name):\n"
+        "    while not os.path.exists(name): time.sleep(0.05)\n"
+    )
+    record = "from cluster.failures import record_worker_error\n"
+    plan = scripted_plan(
+        tmp_path,
+        wait_for + record + "print('epoch 1 done', flush=True)\n"
+        f"wait_for({str(log_dir / 'rank-1.error')!r})\n"
+        "record_worker_error('internal error: RuntimeError: Connection closed by peer', rank=0)\n"
+        "print('[rank0]: Traceback (most recent call last):')\n"
+        "print('[rank0]:   File \"train.py\", line 1')\n"
+        "print('[rank0]: RuntimeError: Connection closed by peer')\nsys.exit(1)\n",
+        wait_for + record + "record_worker_error('x.zarr: no chip store', rank=1)\n"
+        "print('[rank1]: error: x.zarr: no chip store', flush=True)\n"
+        f"wait_for({str(log_dir / 'rank-0.error')!r})\ntime.sleep(5)\nsys.exit(2)\n",
+    )
+    log_dir.mkdir(parents=True)
+    stale = '{"rank": 0, "attempt": 9, "time_s": 1.0, "message": "an earlier launch"}'
+    (log_dir / "rank-0.error").write_text(stale)
+    lines: list[str] = []
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan, LaunchOptions(on_output=lines.append, env=env))
+    assert str(info.value) == f"x.zarr: no chip store (worker logs: {log_dir}/)"
+    assert lines == ["[node 0] epoch 1 done"]
+    logs = Path(plan.log_path(0)).read_text() + Path(plan.log_path(1)).read_text()
+    assert "Traceback" in logs and "error: x.zarr: no chip store" in logs
+
+
+def test_secrets_reach_the_workers_only_through_their_environment(tmp_path: Path) -> None:
+    key = "QWNjb3VudEtleVNob3VsZE5vdExlYWs="
+    options = json.dumps({"account_name": "acct", "account_key": key})
+    spec = parse_cluster_spec({"targetNodeCount": 1, "processesPerNode": 1})
+    job = TrainJob("s", str(tmp_path / "run"), secret_env={"LANDCOVER_STORAGE_OPTIONS": options})
+    plan = plan_job(spec, job)
+    assert isinstance(plan, LocalPlan)
+    assert not any(key in arg for command in plan.agent_commands for arg in command)
+    shown = plan.describe() + repr(plan) + repr(job) + "".join(plan.files().values())
+    assert key not in shown and "LANDCOVER_STORAGE_OPTIONS=<redacted>" in plan.describe()
+    assert ': "${LANDCOVER_STORAGE_OPTIONS:?export' in plan.files()["torchrun.sh"]
+    # the worker gets them; whatever it prints of them is scrubbed from output and logs
+    agent = (
+        "import hashlib, json, os; o = json.loads(os.environ['LANDCOVER_STORAGE_OPTIONS']); "
+        "print(hashlib.sha256(o['account_key'].encode()).hexdigest()); print(o['account_key'])"
+    )
+    plan = replace(plan, agent_commands=((sys.executable, "-c", agent),), agent_env=({},))
+    lines: list[str] = []
+    launch_plan(plan, LaunchOptions(on_output=lines.append))
+    assert lines == [hashlib.sha256(key.encode()).hexdigest(), "<redacted>"]
+    assert key not in Path(plan.log_path(0)).read_text()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cluster import sweep
-from cluster.engine import LaunchOptions, LaunchResult, Plan
+from cluster.engine import LaunchOptions, LaunchResult, Plan, TrainJob
 from cluster.errors import ClusterError, LaunchError
 from cluster.spec import parse_cluster_spec
 from cluster.sweep import (
@@ -215,3 +215,27 @@ def test_table_of_epoch_time_against_workers(tmp_path: Path) -> None:
         "      8          1 x 8        1               -          -        -           -  "
         "failed; oversubscribed (8 workers > 2 cores)",
     ]
+
+
+def test_secret_environment_reaches_every_run_and_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "c3dlZXAtc2VjcmV0LWtleQ=="
+    secret_env = {"LANDCOVER_STORAGE_OPTIONS": json.dumps({"account_key": key})}
+    jobs: list[TrainJob] = []
+    fake = FakeLaunch()
+
+    def launch(plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
+        jobs.append(plan.job)
+        return fake(plan, options)
+
+    monkeypatch.setattr(sweep, "launch_plan", launch)
+    config = SweepConfig(
+        "chips.zarr", (1, 2), 1, str(tmp_path / "sweep"), ("--lr", "0.01"), secret_env=secret_env
+    )
+    assert key not in repr(config)
+    run_sweep(config)
+    assert [dict(job.secret_env) for job in jobs] == [secret_env, secret_env]
+    assert all(key not in " ".join(job.args) for job in jobs)
+    for path in (tmp_path / "sweep").rglob("*"):
+        assert path.is_dir() or key not in path.read_text()

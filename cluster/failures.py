@@ -1,0 +1,108 @@
+"""How a failed worker leaves its one-line error, and how the launcher finds the root cause.
+
+A launcher that sets `LANDCOVER_ERROR_DIR` in the workers' environment asks every worker that
+fails to write its one-line error there, as `rank-<RANK>.error` (one JSON object:
+`{"rank": 1, "attempt": 0, "time_s": 1767225600.25, "message": "..."}`). After a failed job
+the launcher reports the earliest error of the last attempt: the rank that failed first is the
+cause; the others mostly fail because it did (a closed connection, a shared check raised on
+every rank), and printing all of them would say the same thing N times.
+
+Writer (the worker entry point) and reader (the local engine) share this one definition.
+`attempt` is torchrun's restart count, so an error of a group that was restarted and then
+failed again is not taken for the new one's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ERROR_DIR_ENV = "LANDCOVER_ERROR_DIR"
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun for every worker
+ERROR_SUFFIX = ".error"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerError:
+    """One failed worker: its rank (None if it failed before knowing it), the launcher's
+    restart count, when it failed (seconds since the epoch) and its one-line message."""
+
+    rank: int | None
+    attempt: int
+    time_s: float
+    message: str
+
+
+def record_worker_error(
+    message: str, *, rank: int | None, environ: Mapping[str, str] | None = None
+) -> Path | None:
+    """Leave this worker's error where the launcher looks; None when no launcher asked.
+
+    Never raises: a worker that cannot write its error still exits with its own."""
+    env = os.environ if environ is None else environ
+    directory = env.get(ERROR_DIR_ENV, "").strip()
+    if not directory:
+        return None
+    try:
+        attempt = int(env.get(RESTART_COUNT_ENV, "0") or 0)
+    except ValueError:
+        attempt = 0
+    first_line = message.strip().splitlines()[0] if message.strip() else "failed"
+    record = WorkerError(rank=rank, attempt=attempt, time_s=time.time(), message=first_line)
+    name = f"rank-{rank}" if rank is not None else f"pid-{os.getpid()}"
+    path = Path(directory) / f"{name}{ERROR_SUFFIX}"
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(asdict(record)) + "\n", encoding="utf-8")
+        os.replace(tmp, path)  # the launcher never reads half a record
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
+    return path
+
+
+def read_worker_errors(error_dir: str | Path) -> list[WorkerError]:
+    """Every readable error record in `error_dir` (unreadable ones are skipped)."""
+    directory = Path(error_dir)
+    if not directory.is_dir():
+        return []
+    errors: list[WorkerError] = []
+    for path in sorted(directory.glob(f"*{ERROR_SUFFIX}")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            rank = data.get("rank")
+            errors.append(
+                WorkerError(
+                    rank=None if rank is None else int(rank),
+                    attempt=int(data.get("attempt", 0)),
+                    time_s=float(data["time_s"]),
+                    message=str(data["message"]),
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return errors
+
+
+def first_worker_error(error_dir: str | Path) -> WorkerError | None:
+    """The root cause: the earliest error of the last attempt, or None if no worker wrote one."""
+    errors = read_worker_errors(error_dir)
+    if not errors:
+        return None
+    last = max(e.attempt for e in errors)
+    return min((e for e in errors if e.attempt == last), key=lambda e: (e.time_s, e.rank or 0))
+
+
+def clear_worker_errors(error_dir: str | Path) -> None:
+    """Remove the records of an earlier launch, so that they are never reported for this one."""
+    directory = Path(error_dir)
+    if directory.is_dir():
+        for path in directory.glob(f"*{ERROR_SUFFIX}"):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,45 @@
+"""Workers' one-line error records: written by the failing worker, the first one found."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cluster.failures import (
+    ERROR_DIR_ENV,
+    RESTART_COUNT_ENV,
+    clear_worker_errors,
+    first_worker_error,
+    record_worker_error,
+)
+
+
+def write_record(directory: Path, rank: int, attempt: int, time_s: float, message: str) -> None:
+    record = {"rank": rank, "attempt": attempt, "time_s": time_s, "message": message}
+    (directory / f"rank-{rank}.error").write_text(json.dumps(record))
+
+
+def test_nothing_is_written_unless_a_launcher_asked(tmp_path: Path) -> None:
+    assert record_worker_error("boom", rank=0, environ={}) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_record_is_one_line_of_the_failing_rank(tmp_path: Path) -> None:
+    env = {ERROR_DIR_ENV: str(tmp_path / "logs"), RESTART_COUNT_ENV: "1"}
+    path = record_worker_error("x.zarr: no chip store\nsecond line", rank=3, environ=env)
+    assert path == tmp_path / "logs" / "rank-3.error"
+    first = first_worker_error(tmp_path / "logs")
+    assert first is not None
+    assert (first.rank, first.attempt, first.message) == (3, 1, "x.zarr: no chip store")
+
+
+def test_the_root_cause_is_the_earliest_error_of_the_last_attempt(tmp_path: Path) -> None:
+    write_record(tmp_path, 0, 0, 10.0, "attempt 0: the first failure")
+    write_record(tmp_path, 1, 1, 30.0, "RuntimeError: Connection closed by peer")
+    write_record(tmp_path, 2, 1, 20.0, "x.zarr: shard 3 is corrupt")
+    (tmp_path / "rank-4.error").write_text('{"torn')  # a half-written record is skipped
+    first = first_worker_error(tmp_path)
+    assert first is not None and first.message == "x.zarr: shard 3 is corrupt"
+    clear_worker_errors(tmp_path)
+    assert first_worker_error(tmp_path) is None
+    assert first_worker_error(tmp_path / "missing") is None
