@@ -53,7 +53,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import landcover
-from landcover.data import Batch, ShardDataset, derive_seed, steps_per_epoch
+from landcover.data import Batch, ShardDataset, derive_seed
 from landcover.distributed import (
     Collectives,
     DistEnv,
@@ -165,6 +165,7 @@ class TrainConfig:
     block_lr: float = 1.0
     nesterov: bool = True
     reset_local_momentum: bool = True
+    allow_incomplete: bool = False  # train on a store whose tiling was interrupted
 
     def __post_init__(self) -> None:
         choices = {
@@ -342,29 +343,20 @@ class Trainer:
         return self.comms.broadcast_object(checkpoint)
 
     def _open_store(self) -> None:
-        from tiling.store import assign_chips_to_ranks, open_store
+        from landcover.preflight import open_training_store  # the checks a parent also runs
 
-        url = self.config.store_url
-        store = open_store(url, storage_options=self.config.storage_options)
-        summary = store.summary
-        if not summary.has_labels or summary.class_map is None:
-            raise TrainingError(f"{url}: the store has no labels; tile with --labels to train")
-        train_ids, val_ids = store.chip_ids("train"), store.chip_ids("val")
-        if len(val_ids) == 0:
-            raise TrainingError(f"{url}: the store has no val chips; tile with a val fraction > 0")
-        world = self.env.world_size
-        lengths = [len(ids) for ids in assign_chips_to_ranks(train_ids, world)]
-        self.steps = steps_per_epoch(lengths, self.config.batch_size)
-        if self.steps < 1:
-            raise TrainingError(
-                f"{len(train_ids)} train chips over {world} workers give {min(lengths)} chips per "
-                f"worker, fewer than --batch-size {self.config.batch_size}; use a smaller batch "
-                "or fewer workers"
-            )
-        self.summary = summary
-        self.class_map = summary.class_map
-        self.num_classes = int(summary.class_map.num_classes)
-        self.num_train, self.num_val = len(train_ids), len(val_ids)
+        store = open_training_store(
+            self.config.store_url,
+            storage_options=self.config.storage_options,
+            allow_incomplete=self.config.allow_incomplete,
+        )
+        self.steps = store.steps_per_epoch(
+            world_size=self.env.world_size, batch_size=self.config.batch_size
+        )
+        self.summary = store.summary
+        self.class_map = store.class_map
+        self.num_classes = int(store.class_map.num_classes)
+        self.num_train, self.num_val = len(store.train_ids), len(store.val_ids)
 
     def _load_shards(self) -> None:
         from tiling.store import load_shard_into_memory, shard_bytes

@@ -2,32 +2,47 @@
 
 The training arguments come after `--`, as `landcover train` takes them:
 `landcover cluster launch cluster.json -- train chips.zarr --out runs/a --epochs 3`.
+
+They are parsed here by the training command's own parser (the cluster package knows nothing
+of landcover's options), so a bad one is refused before anything is planned or started, and the
+storage options leave the worker arguments for the workers' environment (`TrainJob.secret_env`).
+On the local engine the parent also checks the store and the run dir once
+(`landcover.preflight`) before starting any worker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from cluster.engine import (
     DEFAULT_ENTRY_MODULE,
     LaunchOptions,
+    TrainJob,
     launch_plan,
     parse_train_args,
     plan_job,
     write_plan_files,
 )
 from cluster.errors import LaunchError
-from cluster.spec import load_cluster_spec
+from cluster.spec import ClusterSpec, load_cluster_spec
 from cluster.sweep import (
+    RUN_PREFIX,
     SweepConfig,
     SweepRun,
+    check_extra_args,
     format_sweep_table,
     parse_worker_counts,
     run_sweep,
 )
 from landcover.commands.options import overwrite_option
+
+if TYPE_CHECKING:
+    from landcover.train import TrainConfig
 
 _PASS_THROUGH = {"ignore_unknown_options": True}
 
@@ -44,6 +59,21 @@ _train_args_argument = click.argument("train_args", nargs=-1, type=click.UNPROCE
 def _quiet(ctx: click.Context) -> bool:
     obj = ctx.find_root().obj
     return bool(obj.get("quiet")) if isinstance(obj, dict) else False
+
+
+def training_job(
+    train_args: Sequence[str], spec: ClusterSpec, entry_module: str
+) -> tuple[TrainJob, TrainConfig | None]:
+    """The job for the arguments after `--`, validated by the training command's parser and
+    TrainConfig; (job, None) for another entry module, which parses its own arguments."""
+    from landcover.commands.train import config_from_params, job_from_context, parse_training_args
+
+    job = parse_train_args(train_args, default_store=spec.data.url, entry_module=entry_module)
+    if entry_module != DEFAULT_ENTRY_MODULE:
+        return job, None
+    ctx = parse_training_args([job.store, "--out", job.out, *job.args])
+    config = config_from_params(ctx.params)
+    return job_from_context(ctx, entry_module=entry_module), config
 
 
 @click.group("cluster")
@@ -78,7 +108,7 @@ def plan_command(
 ) -> None:
     """Print exactly what `launch` would do (secrets redacted)."""
     spec = load_cluster_spec(cluster_json)
-    job = parse_train_args(train_args, default_store=spec.data.url, entry_module=entry_module)
+    job, _ = training_job(train_args, spec, entry_module)
     plan = plan_job(spec, job)
     click.echo(plan.describe())
     if out_dir is not None:
@@ -114,7 +144,11 @@ def launch_command(
 ) -> None:
     """Run the training on the engine of cluster.json (local: stream the workers' output)."""
     spec = load_cluster_spec(cluster_json)
-    job = parse_train_args(train_args, default_store=spec.data.url, entry_module=entry_module)
+    job, config = training_job(train_args, spec, entry_module)
+    if config is not None and spec.engine == "local":
+        from landcover.preflight import check_local_training
+
+        check_local_training(config, world_sizes=(spec.workers,))
     plan = plan_job(spec, job)
     quiet = _quiet(ctx)
     if not quiet:
@@ -187,6 +221,8 @@ def scale_command(
         entry_module=entry_module,
         overwrite=overwrite,
     )
+    if entry_module == DEFAULT_ENTRY_MODULE:
+        config = _checked_sweep(config)
     quiet = _quiet(ctx)
 
     def worker_output(line: str) -> None:
@@ -207,3 +243,21 @@ def scale_command(
             f"{len(result.failed)} of {len(result.runs)} runs failed; "
             f"workers {first.workers}: {first.error}"
         )
+
+
+def _checked_sweep(config: SweepConfig) -> SweepConfig:
+    """The sweep with its training arguments validated by the training command's parser, the
+    storage options moved to the workers' environment, and, on the local engine, the store
+    checked once for every worker count."""
+    from landcover.commands.train import config_from_params, job_from_context, parse_training_args
+    from landcover.preflight import check_local_training
+
+    check_extra_args(config.extra_args)  # --out and --epochs are the sweep's
+    run_dir = str(Path(config.out_dir) / f"{RUN_PREFIX}{config.workers[0]}")
+    ctx = parse_training_args([config.store, "--out", run_dir, *config.extra_args])
+    train_config = config_from_params(ctx.params)
+    if config.cluster is None or config.cluster.engine == "local":
+        # the sweep replaces its own run dirs: only the store is checked
+        check_local_training(train_config, world_sizes=config.workers, check_out_dir=False)
+    job = job_from_context(ctx, entry_module=config.entry_module)
+    return replace(config, extra_args=job.args, secret_env=job.secret_env)

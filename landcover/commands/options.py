@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import click
@@ -33,16 +33,31 @@ class JsonObject(click.ParamType):  # type: ignore[type-arg]
         return parsed
 
 
+# Where launchers put the storage options for their workers: an account key on a worker's
+# command line could be read by any user of the machine (`ps`), its environment only by its owner.
+STORAGE_OPTIONS_ENV = "LANDCOVER_STORAGE_OPTIONS"
+
+
 def storage_options_option(f: F) -> F:
-    """`--storage-options JSON`: passed to fsspec/adlfs for every URL the command opens."""
+    """`--storage-options JSON` (or $LANDCOVER_STORAGE_OPTIONS): passed to fsspec/adlfs for
+    every URL the command opens."""
     return click.option(
         "--storage-options",
         type=JsonObject(),
         default="{}",
         show_default=True,
+        envvar=STORAGE_OPTIONS_ENV,
+        show_envvar=True,
         help='fsspec/adlfs options as JSON, e.g. \'{"account_name": "..."}\'. '
         "az:// also reads AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_ACCOUNT_NAME.",
     )(f)
+
+
+def storage_options_env(storage_options: Mapping[str, Any]) -> dict[str, str]:
+    """The environment that gives workers these storage options (empty when there are none)."""
+    if not storage_options:
+        return {}
+    return {STORAGE_OPTIONS_ENV: json.dumps(dict(storage_options), sort_keys=True)}
 
 
 def overwrite_option(f: F) -> F:

@@ -1,28 +1,42 @@
 """`landcover train` and the worker command behind `python -m landcover.train`.
 
 Both commands take the same options, defined once in `train_options`; `landcover train` adds
-`--nproc N`, which runs N local workers through torchrun (`python -m torch.distributed.run
---standalone --nproc-per-node N -m landcover.train <the same options>`), or the one worker
-in this process when N is 1.
+`--nproc N`, which runs N local workers on the cluster package's local engine (torchrun, the
+same launch as `landcover cluster launch` on one node), or the one worker in this process when
+N is 1. Before any worker starts, the parent checks what it can (`landcover.preflight`); a
+worker that fails leaves its one-line error for the parent (`cluster.failures`), which reports
+the first one. The workers get the options given on the command line, except the storage
+options, which reach them through their environment (`storage_options_env`): an account key
+never appears on a worker's command line or in a log.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
-from landcover.commands.options import overwrite_option, storage_options_option
+from cluster.engine import DEFAULT_ENTRY_MODULE, TrainJob
+from landcover.commands.options import (
+    overwrite_option,
+    storage_options_env,
+    storage_options_option,
+)
+
+if TYPE_CHECKING:
+    from landcover.train import TrainConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 WORKER_PROG = "python -m landcover.train"
+# Parameters a TrainJob carries itself (store, run dir) or passes as environment (secrets).
+_JOB_PARAMS = ("store", "out_dir", "storage_options")
+_LOGGING_PARAMS = ("verbose", "quiet")
 
 
 def train_options(f: F) -> F:
@@ -82,18 +96,50 @@ def train_options(f: F) -> F:
         click.option("--reset-local-momentum/--keep-local-momentum", default=True,
                      show_default=True,
                      help="BMUF: zero each worker's optimizer momentum after every block end."),
+        click.option("--allow-incomplete", is_flag=True,
+                     help="Train on a store whose tiling was interrupted (default: refuse it)."),
     ]  # fmt: skip
     for decorator in reversed(decorators):
         f = decorator(f)
     return f
 
 
-def config_from_params(params: Mapping[str, Any]) -> Any:
+def config_from_params(params: Mapping[str, Any]) -> TrainConfig:
     """The TrainConfig for parsed options (imports torch, so only when a run starts)."""
     from landcover.train import TrainConfig
 
-    values = dict(params)
+    values = {k: v for k, v in params.items() if k not in _LOGGING_PARAMS}
     return TrainConfig(store_url=values.pop("store"), **values)
+
+
+def parse_training_args(args: Sequence[str]) -> click.Context:
+    """`STORE --out RUN_DIR [options]` parsed by the worker's own parser, so that a launcher
+    refuses what every worker would refuse; a bad argument is one TrainingError line."""
+    from landcover.errors import TrainingError
+
+    try:
+        return worker_command.make_context(WORKER_PROG, list(args))
+    except click.UsageError as exc:
+        raise TrainingError(f"training arguments: {exc.format_message()}") from None
+
+
+def job_from_context(
+    ctx: click.Context, *, entry_module: str = DEFAULT_ENTRY_MODULE, extra: Sequence[str] = ()
+) -> TrainJob:
+    """The job that runs these parsed training arguments on every worker: the options given on
+    the command line as arguments, the storage options as secret environment."""
+    given = {
+        name: value
+        for name, value in ctx.params.items()
+        if name not in _JOB_PARAMS and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    }
+    return TrainJob(
+        store=str(ctx.params["store"]),
+        out=str(ctx.params["out_dir"]),
+        args=(*params_to_argv(worker_command, given), *extra),
+        entry_module=entry_module,
+        secret_env=storage_options_env(ctx.params.get("storage_options") or {}),
+    )
 
 
 @click.command("train")
@@ -103,9 +149,10 @@ def config_from_params(params: Mapping[str, Any]) -> Any:
 @click.pass_context
 def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     """Train a segmentation model on chip store STORE, writing RUN_DIR (--out)."""
-    from landcover.distributed import usable_cores
+    from cluster.engine import LaunchOptions, launch_job
+    from cluster.spec import local_spec
     from landcover.errors import TrainingError
-    from landcover.rundir import check_run_dir
+    from landcover.preflight import check_local_training
     from landcover.train import train
 
     config = config_from_params(params)
@@ -119,25 +166,16 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
         )
         return
     # Fail here, with one clean line, rather than in N workers.
-    check_run_dir(config.out_dir, resume=config.resume, overwrite=config.overwrite)
-    verbose = (ctx.obj or {}).get("verbose", 0)
-    quiet = (ctx.obj or {}).get("quiet", False)
-    argv = params_to_argv(worker_command, params)
-    argv += ["-v"] * verbose + (["-q"] if quiet else [])
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(nproc), "-m", "landcover.train", *argv,
-    ]  # fmt: skip
-    threads = config.threads or max(1, usable_cores() // nproc)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    logging.getLogger(__name__).info("running %s", " ".join(command))
-    returncode = subprocess.run(command, env=env, check=False).returncode
-    if returncode != 0:
-        raise TrainingError(
-            f"training workers failed (torchrun exit code {returncode}); "
-            "the workers' errors are above"
-        )
+    check_local_training(config, world_sizes=(nproc,))
+    root = ctx.find_root().obj or {}
+    verbose, quiet = int(root.get("verbose", 0)), bool(root.get("quiet", False))
+    job = job_from_context(ctx, extra=["-v"] * verbose + (["-q"] if quiet else []))
+    launch_job(local_spec(nproc), job, LaunchOptions(on_output=None if quiet else _to_stderr))
     click.echo(f"{config.out_dir}: trained with {nproc} workers")
+
+
+def _to_stderr(line: str) -> None:
+    click.echo(line, err=True)
 
 
 @click.command("worker", context_settings={"help_option_names": ["-h", "--help"]})
@@ -153,8 +191,10 @@ def worker_command(verbose: int, quiet: bool, **params: Any) -> None:
     from landcover.distributed import read_dist_env
     from landcover.train import train
 
+    rank: int | None = None
     try:
         env = read_dist_env()
+        rank = env.rank
         # Rank 0 speaks for the job; the others only report problems.
         level = logging.INFO if env.is_main else logging.WARNING
         if quiet:
@@ -168,7 +208,21 @@ def worker_command(verbose: int, quiet: bool, **params: Any) -> None:
         )
         train(config_from_params(params), dist_env=env)
     except USER_ERRORS as exc:
+        _leave_error(str(exc), rank, params)
         raise UserFacingError(str(exc), exit_code=2) from exc
+    except Exception as exc:  # a bug: the traceback stays in this worker's log
+        _leave_error(f"internal error: {type(exc).__name__}: {exc}", rank, params)
+        raise
+
+
+def _leave_error(message: str, rank: int | None, params: Mapping[str, Any]) -> None:
+    """This worker's one-line error, for the launcher that asked for it (cluster.failures);
+    storage secrets scrubbed, since an fsspec error may quote them."""
+    from cluster.failures import record_worker_error
+    from cluster.redact import Redactor, collect_secret_values
+
+    secrets = collect_secret_values(params.get("storage_options") or {})
+    record_worker_error(Redactor(secrets).text(message), rank=rank)
 
 
 def params_to_argv(command: click.Command, params: Mapping[str, Any]) -> list[str]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -11,6 +14,7 @@ from click.testing import CliRunner
 
 from landcover import cli
 from landcover.errors import LandcoverError
+from tiling.store import ATTRS_KEY
 
 
 def test_help_lists_every_stage() -> None:
@@ -60,3 +64,37 @@ def test_internal_error_is_one_line_exit_3_unless_verbose() -> None:
     assert "Traceback" not in result.output
     verbose = CliRunner().invoke(cli.main, ["-v", "boom", "--kind", "bug"])
     assert isinstance(verbose.exception, RuntimeError)
+
+
+def incomplete_copy(store: str, dest: Path) -> str:
+    """A copy of `store` as an interrupted tile command leaves it: its last source not done,
+    the store not complete."""
+    shutil.copytree(store, dest)
+    meta_path = dest / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    chips = meta["attributes"][ATTRS_KEY]
+    chips["complete"] = False
+    chips["sources"][-1]["state"] = "writing"
+    meta_path.write_text(json.dumps(meta))
+    return str(dest)
+
+
+def incomplete_store_error(url: str) -> str:
+    return (
+        f"error: {url}: the store is incomplete (tiling stopped after 1 source(s), 49 chips); "
+        "rerun the same `landcover tile` command to finish it, or pass --allow-incomplete to "
+        "train on the chips written so far\n"
+    )
+
+
+def test_train_refuses_an_incomplete_store_unless_allowed(tiny_store: str, tmp_path: Path) -> None:
+    url = incomplete_copy(tiny_store, tmp_path / "interrupted.zarr")
+    args = ["train", url, "--out", str(tmp_path / "run"), "--epochs", "1", "--batch-size", "8",
+            "--threads", "1", "--device", "cpu"]  # fmt: skip
+    refused = CliRunner().invoke(cli.main, args)
+    assert refused.exit_code == 2
+    assert refused.stderr == incomplete_store_error(url)
+    allowed = CliRunner().invoke(cli.main, [*args, "--allow-incomplete"])
+    assert allowed.exit_code == 0, allowed.output
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["config"]["allow_incomplete"] is True

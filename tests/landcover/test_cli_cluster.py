@@ -7,7 +7,10 @@ models); the last test runs the real trainer on the tiny store.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +18,14 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from click.testing import CliRunner, Result
 
-from cluster import azureml
+from cluster import azureml, local, sweep
+from cluster.engine import LaunchOptions, LaunchResult, Plan, TrainJob
+from cluster.errors import LaunchError
 from cluster.spec import local_cpu_count
 from landcover.cli import main
+from landcover.commands.train import worker_command
 from tests.cluster.test_spec import ACCOUNT_KEY, LEGACY_TUTORIAL
+from tests.landcover.test_cli import incomplete_copy, incomplete_store_error
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
@@ -79,7 +86,10 @@ def test_plan_prints_and_writes_the_files_without_secrets(
     texts = [result.output, *((tmp_path / "plan" / name).read_text() for name in written)]
     for text in texts:
         assert SAS_SIG not in text and ACCOUNT_KEY not in text
+        # storage options go to the workers as environment, not as an argument
+        assert "--storage-options" not in text
     assert any("<redacted>" in t for t in texts[1:])
+    assert any("LANDCOVER_STORAGE_OPTIONS" in t for t in texts[1:])
     # the plan files are what launch would use
     if "pytorchjob.yaml" in files:
         manifest = yaml.safe_load((tmp_path / "plan" / "pytorchjob.yaml").read_text())
@@ -203,3 +213,162 @@ def test_real_trainer_on_two_simulated_nodes(tiny_store: str, tmp_path: Path) ->
     assert (metrics["epoch"], metrics["world_size"], metrics["nodes"]) == (1, 2, 2)
     assert metrics["threads_per_worker"] == max(1, local_cpu_count() // 2)
     assert (run / "model.pt").is_file() and (run / "checkpoints" / "last.pt").is_file()
+
+
+# -- checks before any worker starts ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epochs", "notanint"],
+         "training arguments: Invalid value for '--epochs': 'notanint' is not a valid integer."),
+        (["--epochs", "0"], "--epochs 0 must be >= 1"),
+        (["--compresion", "fp16"],
+         "training arguments: No such option '--compresion'. Did you mean '--compression'?"),
+        (["--resume", "--overwrite"], "--resume and --overwrite exclude each other; pick one"),
+    ],
+)  # fmt: skip
+def test_plan_and_launch_parse_training_args_as_train_does(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    for command in ("plan", "launch"):
+        result = invoke(
+            "cluster", command, str(REPO_CLUSTER_JSON),
+            "--", "train", "chips.zarr", "--out", str(tmp_path / "run"), *args,
+        )  # fmt: skip
+        assert result.exit_code == 2, result.output
+        assert result.stderr == f"error: {message}\n"
+
+
+@pytest.fixture()
+def no_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting a torchrun agent fails the test: the parent must refuse first."""
+
+    def popen(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"a worker was started: {args}")
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+
+
+LOCAL_LAUNCHES = {
+    "train --nproc": lambda store, out, *extra: (
+        "train", store, "--out", out, "--nproc", "2", "--epochs", "1", *extra,
+    ),
+    "cluster launch": lambda store, out, *extra: (
+        "cluster", "launch", str(REPO_CLUSTER_JSON), "--", "train", store, "--out", out, *extra,
+    ),
+    "scale": lambda store, out, *extra: (
+        "scale", store, "--workers", "1,2", "--epochs", "1", "--out", out, "--", *extra,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_spawning")
+@pytest.mark.parametrize("launch", LOCAL_LAUNCHES)
+def test_local_launches_refuse_in_the_parent_what_workers_would(
+    tiny_store: str, tmp_path: Path, launch: str
+) -> None:
+    out = str(tmp_path / "run")
+    result = invoke(*LOCAL_LAUNCHES[launch](tiny_store, out, "--batch-size", "64"))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "error: 73 train chips over 2 workers give 36 chips per worker, fewer than --batch-size "
+        "64; use a smaller batch or fewer workers"
+    )
+    interrupted = incomplete_copy(tiny_store, tmp_path / "interrupted.zarr")
+    result = invoke(*LOCAL_LAUNCHES[launch](interrupted, out))
+    assert result.exit_code == 2, result.output
+    assert result.stderr == incomplete_store_error(interrupted)
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_workers_read_the_storage_options_from_their_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LANDCOVER_STORAGE_OPTIONS", f'{{"account_key": "{ACCOUNT_KEY}"}}')
+    ctx = worker_command.make_context("worker", ["s.zarr", "--out", "r"])
+    assert ctx.params["storage_options"] == {"account_key": ACCOUNT_KEY}
+
+
+def test_scale_gives_storage_options_to_workers_as_environment(
+    tiny_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs: list[TrainJob] = []
+
+    def launch(plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
+        jobs.append(plan.job)
+        raise LaunchError("stopped by the test")
+
+    monkeypatch.setattr(sweep, "launch_plan", launch)
+    storage = f'{{"account_name": "acct", "account_key": "{ACCOUNT_KEY}"}}'
+    result = invoke(
+        "scale", tiny_store, "--workers", "1", "--epochs", "1", "--out", str(tmp_path / "s"),
+        "--", "--batch-size", "8", "--storage-options", storage,
+    )  # fmt: skip
+    assert result.exit_code == 2
+    (job,) = jobs
+    assert job.args == ("--epochs", "1", "--batch-size", "8")
+    assert json.loads(job.secret_env["LANDCOVER_STORAGE_OPTIONS"])["account_key"] == ACCOUNT_KEY
+    assert ACCOUNT_KEY not in result.output
+    for path in (tmp_path / "s").rglob("*"):
+        assert path.is_dir() or ACCOUNT_KEY not in path.read_text()
+
+
+# -- failures inside workers, secrets, with the real trainer ----------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_failure_inside_workers_is_one_line(tiny_store: str, tmp_path: Path) -> None:
+    """Only the workers can see it: a shard object that does not decode. One line with the
+    first failing rank's error and where the logs are; no traceback; exit code 2."""
+    broken = tmp_path / "broken.zarr"
+    shutil.copytree(tiny_store, broken)
+    (broken / "images" / "c" / "5" / "0" / "0" / "0").write_bytes(b"not a shard" * 500)
+    run = tmp_path / "run"
+    result = invoke(
+        "train", str(broken), "--out", str(run), "--nproc", "2", "--epochs", "1",
+        "--batch-size", "8",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = [ln for ln in result.stderr.splitlines() if "error" in ln.lower()]
+    assert line.startswith(f"error: {broken}: ")
+    assert line.endswith(f" (worker logs: {run / 'logs'}/)")
+    assert "Traceback" in (run / "logs" / "node-0.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
+    tiny_store: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started: list[tuple[list[str], dict[str, str]]] = []
+    real_popen = subprocess.Popen
+
+    def popen(command: list[str], **kwargs: Any) -> Any:
+        started.append((list(command), dict(kwargs.get("env") or {})))
+        return real_popen(command, **kwargs)
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    caplog.set_level(logging.DEBUG)
+    run = tmp_path / "run"
+    storage = f'{{"account_name": "acct", "account_key": "{ACCOUNT_KEY}"}}'
+    result = invoke(
+        "-v", "train", tiny_store, "--out", str(run), "--nproc", "2", "--epochs", "1",
+        "--batch-size", "8", "--storage-options", storage,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ((command, env),) = started
+    assert not any(ACCOUNT_KEY in arg for arg in command)
+    assert ACCOUNT_KEY in env["LANDCOVER_STORAGE_OPTIONS"]
+    assert ACCOUNT_KEY not in result.output and ACCOUNT_KEY not in caplog.text
+    for path in run.rglob("*"):
+        assert path.is_dir() or ACCOUNT_KEY.encode() not in path.read_bytes(), path
+    # the workers got the options (run.json keeps them, the key redacted)
+    config = json.loads((run / "run.json").read_text())["config"]
+    assert config["storage_options"] == {"account_name": "acct", "account_key": "<redacted>"}
