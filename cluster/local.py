@@ -303,6 +303,8 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
     for i in range(len(plan.agent_commands)):  # one launch, one set of logs
         Path(plan.log_path(i)).unlink(missing_ok=True)
     clear_worker_errors(log_dir)
+    if plan.gpu_note:  # `train --nproc` prints no plan: say why the GPUs go unused
+        logger.warning("%s", plan.gpu_note)
     logger.info(
         "launching %d simulated node(s) x %d process(es); logs in %s",
         plan.spec.node_count,
