@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ from tiling.classes import ClassMap
 
 MODEL_FORMAT = "landcover-model"
 MODEL_FORMAT_VERSION = 1
+# torch.save writes a zip archive (since PyTorch 1.6), before that a bare pickle (protocol 2).
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_MAGIC = b"\x80"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,25 +88,40 @@ def read_model_file(
 ) -> tuple[ModelMeta, dict[str, torch.Tensor]]:
     """Read and validate a model file without building the model."""
     where = os.fspath(url)
+    head = b""
+    not_ours = f"{where} is not a landcover model file (model.pt from `landcover train`)"
     try:
         with fsspec.open(where, "rb", **dict(storage_options or {})) as f:
+            # Anything else (a GeoTIFF, a text file) is not ours, and torch.load would name
+            # the wrong problem. Pickles still go to torch.load, to be refused if they hold code.
+            head = f.read(len(_ZIP_MAGIC))
+            f.seek(0)
+            if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
+                raise ModelFileError(not_ours)
             payload = torch.load(f, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ModelFileError(f"{where}: model file not found") from None
+    except IsADirectoryError:
+        raise ModelFileError(f"{not_ours}; it is a directory") from None
     except pickle.UnpicklingError:
         raise ModelFileError(
             f"{where}: refused to load: the file needs to unpickle code, which a landcover "
             "model never does; use a model.pt written by `landcover train`"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise ModelFileError(
-            f"{where}: not a landcover model file ({type(exc).__name__}); "
-            "use a model.pt written by `landcover train`"
-        ) from None
+    except ModelFileError:
+        raise
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as exc:
+        if not head:  # opening it or reading its first bytes failed
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ModelFileError(f"{where}: cannot read the model file ({reason})") from None
+        if head == _ZIP_MAGIC and not _is_complete_zip(where, storage_options):
+            raise ModelFileError(
+                f"{where}: damaged landcover model file (truncated or corrupt: its zip "
+                "directory is missing); copy it again or re-export it with `landcover train`"
+            ) from None
+        raise ModelFileError(not_ours) from None  # e.g. a zip archive, but not torch's
     if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
-        raise ModelFileError(
-            f"{where}: not a landcover model file; use a model.pt written by `landcover train`"
-        )
+        raise ModelFileError(not_ours)
     version = int(payload.get("version", 0))
     if version > MODEL_FORMAT_VERSION:
         raise ModelFileError(
@@ -124,6 +143,15 @@ def read_model_file(
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelFileError(f"{where}: damaged landcover model file (missing {exc})") from None
     return meta, state
+
+
+def _is_complete_zip(where: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether the file ends with a zip central directory (a copy cut short does not)."""
+    try:
+        with fsspec.open(where, "rb", **dict(storage_options or {})) as f:
+            return zipfile.is_zipfile(f)
+    except OSError:
+        return False
 
 
 def load_model_file(

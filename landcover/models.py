@@ -233,7 +233,12 @@ def _download_weights(weights_name: str, model_name: str) -> dict[str, torch.Ten
 
     url = str(getattr(tvm, weights_name).IMAGENET1K_V1.url)
     file_name = os.path.basename(url)
-    hub_dir = torch.hub.get_dir()
+    cache_dir = os.path.join(torch.hub.get_dir(), "checkpoints")
+    cached = os.path.join(cache_dir, file_name)
+    if os.path.exists(cached):
+        # torch.hub loads a cached file without checking it: a copy cut short or overwritten
+        # fails here, and would otherwise read as a download problem.
+        return _load_cached_weights(cached, model_name)
     try:
         # torch.hub writes "Downloading ..." to stdout; library code never prints.
         with contextlib.redirect_stdout(io.StringIO()) as captured:
@@ -246,10 +251,31 @@ def _download_weights(weights_name: str, model_name: str) -> dict[str, torch.Ten
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise TrainingError(
             f"{model_name}: could not download ImageNet weights {url} ({reason}); without "
-            f"network, pre-seed the cache: copy {file_name} into "
-            f"{os.path.join(hub_dir, 'checkpoints')} (set TORCH_HOME to choose the cache "
-            "directory), or use pretrained=None"
+            f"network, pre-seed the cache: copy {file_name} into {cache_dir} (set TORCH_HOME "
+            "to choose the cache directory), or use pretrained=None"
         ) from None
+    return _checked_state(state, cached, model_name)
+
+
+def _load_cached_weights(path: str, model_name: str) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, KeyError…
+        reason = (str(exc).strip().split(". ")[0] or type(exc).__name__).splitlines()[0]
+        raise TrainingError(
+            f"{model_name}: the cached ImageNet weights {path} are truncated or corrupt "
+            f"({reason}); delete that file to download them again (or copy a good "
+            f"{os.path.basename(path)} there)"
+        ) from None
+    return _checked_state(state, path, model_name)
+
+
+def _checked_state(state: Any, path: str, model_name: str) -> dict[str, torch.Tensor]:
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise TrainingError(
+            f"{model_name}: the cached ImageNet weights {path} are not a state dict of "
+            f"tensors; delete that file to download them again"
+        )
     return dict(state)
 
 
@@ -263,6 +289,11 @@ def _load_encoder_state(
 ) -> None:
     """Load `state` into `module` (strict except for keys the module does not have)."""
     state = dict(state)
+    if stem_key not in state:
+        raise TrainingError(
+            f"{model_name}: pretrained weights have no {stem_key}; the cached weight file is "
+            "not the expected one"
+        )
     state[stem_key] = widen_stem_weight(state[stem_key], in_channels)
     own = module.state_dict()
     unused = sorted(k for k in state if k not in own)

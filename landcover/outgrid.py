@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import rasterio.errors
 import shapely
 from affine import Affine
 from rasterio.crs import CRS
@@ -27,8 +28,9 @@ from rasterio.windows import from_bounds as window_from_bounds
 from shapely.geometry import box
 from shapely.geometry.base import BaseGeometry
 
-from landcover.errors import RegionError
+from landcover.errors import PredictionError, RegionError
 from landcover.region import Region, reproject_geometry
+from tiling.errors import SourceFormatError
 from tiling.sources import RasterInfo, RasterReader
 
 # Metadata tags of a land-cover raster: the class table (ClassMap JSON, what `evaluate` reads),
@@ -44,6 +46,10 @@ _ALIGN_TOLERANCE_PX = 1e-3
 _MIN_UNION_COVER = 0.01
 # Extra source pixels read around a warped window, for the resampling kernel.
 _WARP_MARGIN_PX = 3
+# Output grids above this many pixels are refused unless the caller raises the limit: 10
+# gigapixels is 100 x 100 km at 1 m (a 10 GB uint8 map before compression, hours of
+# inference); a --resolution typo such as 0.0001 m asks for 10^8 times the image's pixels.
+DEFAULT_MAX_PIXELS = 10_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,7 @@ def plan_output_grid(
     resolution_m: float,
     crs: CRS | None = None,
     resolution: float | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> GridPlan:
     """The grid for predicting `region` from `sources`.
 
@@ -109,6 +116,8 @@ def plan_output_grid(
     Extent: the bounds of region ∩ union of source footprints, snapped outwards to the pixel
     grid of the first intersecting source that has the same CRS and pixel size (so its pixels
     are read unresampled), else to multiples of the pixel size (like `gdalwarp -tap`).
+    A grid of more than `max_pixels` pixels raises `PredictionError` (None: no limit); only
+    its size has been computed then, nothing allocated.
     """
     picked = [s for s in sources if region is None or _intersects(region, s)]
     if not picked:
@@ -147,6 +156,7 @@ def plan_output_grid(
         left, top = round(left, digits), round(top, digits)
     transform = Affine(pixel, 0.0, left, 0.0, -pixel, top)
     grid = OutputGrid(dst_crs, transform, width=max(col1 - col0, 1), height=max(row1 - row0, 1))
+    _check_grid_size(grid, max_pixels)
     if region is None and area.area < _MIN_UNION_COVER * grid.width * grid.height * pixel**2:
         share = area.area / (grid.width * grid.height * pixel**2)
         raise RegionError(
@@ -156,6 +166,18 @@ def plan_output_grid(
         )
     shapely.prepare(area)
     return GridPlan(grid, tuple(picked), footprints, region_dst, area)
+
+
+def _check_grid_size(grid: OutputGrid, max_pixels: int | None) -> None:
+    pixels = grid.width * grid.height
+    if max_pixels is None or pixels <= max_pixels:
+        return
+    raise PredictionError(
+        f"output grid {grid.width:,} x {grid.height:,} px = {pixels / 1e9:.3g} gigapixels at "
+        f"--resolution {grid.resolution:g} ({_crs_name(grid.crs)} units) is above the limit "
+        f"of {max_pixels / 1e9:.3g} gigapixels; use a coarser --resolution or a smaller "
+        "region, or raise --max-pixels if you mean it"
+    )
 
 
 def footprint(info: RasterInfo) -> BaseGeometry:
@@ -235,7 +257,7 @@ def _read_aligned(
     c0, c1 = max(src_col0, 0), min(src_col0 + width, source.width)
     if r0 >= r1 or c0 >= c1:
         return None
-    block, block_valid = reader.read_image(source, Window(c0, r0, c1 - c0, r1 - r0))
+    block, block_valid = _read_image(reader, source, Window(c0, r0, c1 - c0, r1 - r0))
     values = np.zeros((source.count, height, width), dtype=np.uint8)
     covered = np.zeros((height, width), dtype=bool)
     dst = (slice(r0 - src_row0, r1 - src_row0), slice(c0 - src_col0, c1 - src_col0))
@@ -268,7 +290,7 @@ def _read_warped(
     if r0 >= r1 or c0 >= c1:
         return None
     src_window = Window(c0, r0, c1 - c0, r1 - r0)
-    block, block_valid = reader.read_image(source, src_window)
+    block, block_valid = _read_image(reader, source, src_window)
     common: dict[str, Any] = {
         "src_transform": source.transform @ Affine.translation(c0, r0),
         "src_crs": source.crs,
@@ -304,6 +326,37 @@ def _read_warped(
     if not covered.any():
         return None
     return values, covered
+
+
+def _read_image(
+    reader: RasterReader, source: RasterInfo, window: Window
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """`reader.read_image`, with a failed read named as the damaged file it almost always is.
+
+    A file cut short (an interrupted download or copy) opens fine, since its header comes
+    first, and fails only when a window reaches the missing bytes.
+    """
+    try:
+        return reader.read_image(source, window)
+    except rasterio.errors.RasterioIOError as exc:
+        raise SourceFormatError(
+            f"{source.path}: reading rows {window.row_off}..{window.row_off + window.height} "
+            f"failed ({_gdal_reason(exc)}): the file is truncated or corrupt; re-download it "
+            "or leave it out"
+        ) from None
+
+
+def _gdal_reason(exc: BaseException) -> str:
+    # rasterio's message is "Read failed. See previous exception for details."; GDAL's own
+    # text ("Cannot read 8000 bytes at offset ...") is the exception it was raised from.
+    cause: BaseException | None = exc
+    reason = ""
+    while cause is not None:
+        text = " ".join(str(cause).split())
+        if text:
+            reason = text
+        cause = cause.__cause__ or cause.__context__
+    return reason or type(exc).__name__
 
 
 def _resampling(source: RasterInfo, grid: OutputGrid) -> Resampling:

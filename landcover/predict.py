@@ -13,22 +13,17 @@ renamed into place at the end.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import rasterio
-import rasterio.shutil
 import torch
 from rasterio.features import rasterize
 from rasterio.windows import Window
@@ -38,31 +33,45 @@ from torch import nn
 from tqdm import tqdm
 
 from landcover.blend import LogitBlender, WindowLayout
-from landcover.classes import NODATA_CODE, colormap
-from landcover.errors import LandcoverError, OutputExistsError, PredictionError, RegionError
+from landcover.classes import NODATA_CODE
+from landcover.errors import PredictionError, RegionError
 from landcover.modelfile import ModelMeta, load_model_file
+from landcover.outfiles import (
+    PROBABILITY_NODATA,
+    PROBABILITY_SCALE,
+    OutputPaths,
+    TempOutputs,
+    check_outputs,
+    class_profile,
+    describe_class_raster,
+    describe_probability_raster,
+    probability_profile,
+    to_cog,
+)
 from landcover.outgrid import (
-    TAG_CLASS_MAP,
-    TAG_CLASS_NAMES,
-    TAG_MODEL,
+    DEFAULT_MAX_PIXELS,
     GridPlan,
     OutputGrid,
     plan_output_grid,
     read_mosaic,
 )
+from landcover.predict_setup import (
+    check_model,
+    check_sources_fit,
+    keep_large_buffers_off_the_heap,
+    open_images,
+    resolve_device,
+    warnings_to_log,
+    window_overlap,
+)
 from landcover.region import Region, parse_crs
-from tiling.sources import RasterInfo, RasterReader, expand_inputs, open_image
+from tiling.sources import RasterReader
 
 logger = logging.getLogger(__name__)
 
-# Probabilities are stored as round(p * 254); 255 marks pixels outside the region.
-PROBABILITY_SCALE = 254
-PROBABILITY_NODATA = 255
 # GDAL's block cache defaults to 5% of RAM and would grow with the region while writing:
 # cap it so memory stays flat (tiles are written once, in order, so a cache barely helps).
 GDAL_CACHE_BYTES = 64 * 1024 * 1024
-COG_BLOCK_PX = 512
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,9 @@ class PredictConfig:
     block_px: int = 2048
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     progress: bool | None = None  # None: a progress bar when stderr is a terminal
+    max_pixels: int | None = DEFAULT_MAX_PIXELS  # refuse larger output grids; None: no limit
+    # Images without nodata or a mask: pixels 0 in every band are nodata (NAIP collars).
+    zero_is_nodata: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,62 +112,19 @@ class PredictResult:
 def predict_region(config: PredictConfig) -> PredictResult:
     """Predict `config.region` (or the union of the images) and write `config.out` as a COG."""
     started = time.perf_counter()
-    outputs = _check_outputs(config)
-    device = resolve_device(config.device)
-    _keep_large_buffers_off_the_heap()
-    if config.batch_size < 1:
-        raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
-    if config.block_px < 16:
-        raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
-    with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
-        model, meta = load_model_file(
-            config.model, device=device, storage_options=config.storage_options
-        )
-        _check_model(config.model, meta)
-        overlap = _overlap(config.overlap_px, meta.chip_size)
-        sources = open_images(config.images, storage_options=config.storage_options)
-        _check_sources_fit(sources, meta, config.model)
-        plan = plan_output_grid(
-            sources,
-            config.region,
-            resolution_m=meta.resolution_m,
-            crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
-            resolution=config.resolution,
-        )
-        grid = plan.grid
-        logger.info(
-            "predicting %d x %d px at %g in %s from %d of %d images",
-            grid.width,
-            grid.height,
-            grid.resolution,
-            grid.crs.to_string(),
-            len(plan.sources),
-            len(sources),
-        )
-        layout = WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
-        if plan.region is not None and not _region_has_pixels(plan, config.block_px):
-            raise RegionError(
-                f"region covers no pixel centre of the images at {grid.resolution:g} "
-                "units/px after masking; give a larger region or a finer --resolution"
-            )
-        with ExitStack() as stack:
-            temps = _TempFiles(outputs)
-            stack.callback(temps.remove_all)
-            tally = _predict_into(
-                model, meta, plan, layout, config, device, temps.tiles_out, temps.tiles_prob
-            )
-            if tally.class_pixels[1:].sum() == 0:
-                raise RegionError(
-                    "no image pixel with data inside the region (all nodata after masking); "
-                    "check the region and the images' nodata"
-                )
-            _to_cog(temps.tiles_out, temps.cog_out, resampling="MODE")
-            if temps.tiles_prob is not None and temps.cog_prob is not None:
-                _to_cog(temps.tiles_prob, temps.cog_prob, resampling="AVERAGE")
-            temps.commit()
+    with warnings_to_log():
+        outputs = check_outputs(config.out, config.probabilities, overwrite=config.overwrite)
+        if config.batch_size < 1:
+            raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
+        if config.block_px < 16:
+            raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
+        device = resolve_device(config.device)
+        keep_large_buffers_off_the_heap()
+        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
+            grid, plan, tally = _predict_and_write(config, outputs, device)
     result = PredictResult(
-        out=outputs[0],
-        probabilities=outputs[1],
+        out=outputs.out,
+        probabilities=outputs.probabilities,
         grid=grid,
         sources=tuple(s.path for s in plan.sources),
         windows=tally.windows,
@@ -173,56 +142,58 @@ def predict_region(config: PredictConfig) -> PredictResult:
     return result
 
 
-def _keep_large_buffers_off_the_heap() -> None:
-    """Serve allocations over 1 MiB with mmap, so freed block buffers go back to the OS.
-
-    glibc raises its mmap threshold each time a large block is freed, after which the
-    per-block tensors and arrays come from the heap, fragment it, and RSS creeps up with the
-    number of blocks (measured: +25% over 64 blocks). Fixing the threshold keeps it flat.
-    Process-wide and idempotent; a no-op where there is no glibc.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(_M_MMAP_THRESHOLD, 1024 * 1024)
-    except (OSError, AttributeError):
-        return
-
-
-def open_images(
-    images: Sequence[str], *, storage_options: Mapping[str, Any] | None = None
-) -> list[RasterInfo]:
-    """Expand paths/globs/URLs and validate each image (4-band uint8, georeferenced)."""
-    paths = expand_inputs(images, storage_options=storage_options, what="image")
-    return [open_image(path, storage_options=storage_options) for path in paths]
-
-
-def resolve_device(text: str) -> torch.device:
-    """`cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when there is one)."""
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise PredictionError(
-            f"--device {text!r} is not a device; use cpu, cuda, cuda:0 or auto"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise PredictionError(f"--device {text}: no CUDA device here; use --device cpu")
-    if (
-        device.type == "cuda"
-        and device.index is not None
-        and device.index >= torch.cuda.device_count()
-    ):
-        raise PredictionError(
-            f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here"
+def _predict_and_write(
+    config: PredictConfig, outputs: OutputPaths, device: torch.device
+) -> tuple[OutputGrid, GridPlan, _Tally]:
+    model, meta = load_model_file(
+        config.model, device=device, storage_options=config.storage_options
+    )
+    check_model(config.model, meta)
+    overlap = window_overlap(config.overlap_px, meta.chip_size)
+    sources = open_images(
+        config.images,
+        storage_options=config.storage_options,
+        zero_is_nodata=config.zero_is_nodata,
+    )
+    check_sources_fit(sources, meta, config.model)
+    plan = plan_output_grid(
+        sources,
+        config.region,
+        resolution_m=meta.resolution_m,
+        crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
+        resolution=config.resolution,
+        max_pixels=config.max_pixels,
+    )
+    grid = plan.grid
+    logger.info(
+        "predicting %d x %d px at %g in %s from %d of %d images",
+        grid.width,
+        grid.height,
+        grid.resolution,
+        grid.crs.to_string(),
+        len(plan.sources),
+        len(sources),
+    )
+    layout = WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
+    if plan.region is not None and not _region_has_pixels(plan, config.block_px):
+        raise RegionError(
+            f"region covers no pixel centre of the images at {grid.resolution:g} "
+            "units/px after masking; give a larger region or a finer --resolution"
         )
-    return device
+    with TempOutputs(outputs) as temps:
+        tally = _predict_into(
+            model, meta, plan, layout, config, device, temps.tiles_out, temps.tiles_prob
+        )
+        if tally.class_pixels[1:].sum() == 0:
+            raise RegionError(
+                "no image pixel with data inside the region (all nodata after masking); "
+                "check the region and the images' nodata"
+            )
+        to_cog(temps.tiles_out, temps.cog_out, resampling="MODE")
+        if temps.tiles_prob is not None and temps.cog_prob is not None:
+            to_cog(temps.tiles_prob, temps.cog_prob, resampling="AVERAGE")
+        temps.commit()
+    return grid, plan, tally
 
 
 @dataclass(slots=True)
@@ -247,12 +218,13 @@ def _predict_into(
     windows = _WindowRunner(model, meta, layout, config, device)
     show = config.progress if config.progress is not None else sys.stderr.isatty()
     with ExitStack() as stack:
-        dst = stack.enter_context(rasterio.open(tiles_out, "w", **_class_profile(grid)))
-        _describe_class_raster(dst, meta)
+        dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(grid)))
+        describe_class_raster(dst, meta)
         prob = None
         if tiles_prob is not None:
-            prob = stack.enter_context(rasterio.open(tiles_prob, "w", **_prob_profile(grid, meta)))
-            _describe_probability_raster(prob, meta)
+            profile = probability_profile(grid, meta)
+            prob = stack.enter_context(rasterio.open(tiles_prob, "w", **profile))
+            describe_probability_raster(prob, meta)
         bar = stack.enter_context(
             tqdm(total=layout.num_windows, unit="window", disable=not show, desc="predict")
         )
@@ -457,154 +429,3 @@ def _region_has_pixels(plan: GridPlan, block_px: int) -> bool:
         if _region_mask(plan.area, plan.grid, row0, col0, height, width).any():
             return True
     return False
-
-
-def _overlap(overlap_px: int | None, chip_size: int) -> int:
-    overlap = chip_size // 4 if overlap_px is None else overlap_px
-    if not 0 <= overlap <= chip_size // 2:
-        raise PredictionError(
-            f"--overlap {overlap}: must be between 0 and {chip_size // 2} px "
-            f"(half the model's {chip_size} px window)"
-        )
-    return overlap
-
-
-def _check_model(where: str, meta: ModelMeta) -> None:
-    bands = meta.in_channels
-    if len(meta.band_mean) != bands or len(meta.band_std) != bands:
-        raise PredictionError(
-            f"{where}: band statistics for {len(meta.band_mean)} bands but the model takes "
-            f"{bands}; the model file is damaged, re-export it"
-        )
-    if any(not s > 0 for s in meta.band_std):
-        raise PredictionError(f"{where}: band std {list(meta.band_std)} must be > 0")
-    if not 2 <= meta.num_classes <= 255:
-        raise PredictionError(
-            f"{where}: class table {meta.class_map.name!r} has {meta.num_classes} codes; a "
-            "land-cover raster (uint8, 0 = nodata) holds 2..255"
-        )
-    if meta.chip_size < 8:
-        raise PredictionError(f"{where}: chip size {meta.chip_size} px is too small to predict")
-
-
-def _check_sources_fit(sources: Sequence[RasterInfo], meta: ModelMeta, model: str) -> None:
-    for s in sources:
-        if s.count != meta.in_channels:
-            raise PredictionError(
-                f"{s.path}: has {s.count} bands but model {model} expects {meta.in_channels} "
-                f"({', '.join(meta.band_names)}); use images with those bands"
-            )
-
-
-def _check_outputs(config: PredictConfig) -> tuple[str, str | None]:
-    paths = [config.out] + ([config.probabilities] if config.probabilities else [])
-    for path in paths:
-        if "://" in path and not path.startswith("file://"):
-            raise PredictionError(
-                f"{path}: outputs are written to a local path; write locally, then upload"
-            )
-        if Path(path).is_dir():
-            raise PredictionError(f"{path} is a directory; give a file name like lc.tif")
-        if Path(path).exists() and not config.overwrite:
-            raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")
-    if config.probabilities and Path(config.probabilities).resolve() == Path(config.out).resolve():
-        raise PredictionError("--probabilities must name a different file than --out")
-    return config.out, config.probabilities
-
-
-class _TempFiles:
-    """Temp names beside each output; `commit` renames the COGs into place, else all go."""
-
-    def __init__(self, outputs: tuple[str, str | None]) -> None:
-        token = uuid.uuid4().hex[:8]
-        out, prob = outputs
-        self.out, self.prob = out, prob
-        self.tiles_out = _temp_name(out, token, "tiles")
-        self.cog_out = _temp_name(out, token, "cog")
-        self.tiles_prob = None if prob is None else _temp_name(prob, token, "tiles")
-        self.cog_prob = None if prob is None else _temp_name(prob, token, "cog")
-        for path in (out, prob):
-            if path is not None:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-
-    def commit(self) -> None:
-        # The probabilities first: the class map appearing is the sign that the run finished.
-        if self.prob is not None and self.cog_prob is not None:
-            os.replace(self.cog_prob, self.prob)
-        os.replace(self.cog_out, self.out)
-
-    def remove_all(self) -> None:
-        for path in (self.tiles_out, self.cog_out, self.tiles_prob, self.cog_prob):
-            if path is not None:
-                Path(path).unlink(missing_ok=True)
-                Path(path + ".aux.xml").unlink(missing_ok=True)
-
-
-def _temp_name(path: str, token: str, kind: str) -> str:
-    target = Path(path)
-    return str(target.parent / f".{target.name}.{token}.{kind}.part.tif")
-
-
-def _class_profile(grid: OutputGrid) -> dict[str, Any]:
-    return {
-        "driver": "GTiff",
-        "width": grid.width,
-        "height": grid.height,
-        "count": 1,
-        "dtype": "uint8",
-        "crs": grid.crs,
-        "transform": grid.transform,
-        "nodata": NODATA_CODE,
-        "tiled": True,
-        "blockxsize": COG_BLOCK_PX,
-        "blockysize": COG_BLOCK_PX,
-        "compress": "deflate",
-        "zlevel": 1,  # an intermediate file: speed over size
-        "bigtiff": "if_safer",
-        "sparse_ok": True,  # blocks outside the region are never written: they read as nodata
-    }
-
-
-def _prob_profile(grid: OutputGrid, meta: ModelMeta) -> dict[str, Any]:
-    profile = _class_profile(grid)
-    profile.update(count=meta.num_classes - 1, nodata=PROBABILITY_NODATA, interleave="pixel")
-    return profile
-
-
-def _describe_class_raster(dst: Any, meta: ModelMeta) -> None:
-    dst.write_colormap(1, colormap(meta.class_map))
-    dst.set_band_description(1, "land cover class")
-    dst.update_tags(**_class_tags(meta))
-
-
-def _describe_probability_raster(dst: Any, meta: ModelMeta) -> None:
-    for code, name in enumerate(meta.class_map.class_names[1:], start=1):
-        dst.set_band_description(code, f"p({name})")
-    dst.scales = tuple(1 / PROBABILITY_SCALE for _ in range(meta.num_classes - 1))
-    dst.offsets = tuple(0.0 for _ in range(meta.num_classes - 1))
-    dst.update_tags(**_class_tags(meta))
-
-
-def _class_tags(meta: ModelMeta) -> dict[str, str]:
-    return {
-        TAG_CLASS_MAP: json.dumps(meta.class_map.to_json(), separators=(",", ":")),
-        TAG_CLASS_NAMES: json.dumps(meta.class_map.class_names),
-        TAG_MODEL: meta.architecture,
-    }
-
-
-def _to_cog(src: str, dst: str, *, resampling: str) -> None:
-    try:
-        rasterio.shutil.copy(
-            src,
-            dst,
-            driver="COG",
-            COMPRESS="DEFLATE",
-            BLOCKSIZE=COG_BLOCK_PX,
-            OVERVIEW_RESAMPLING=resampling,
-            BIGTIFF="IF_SAFER",
-            NUM_THREADS="ALL_CPUS",
-            SPARSE_OK="TRUE",
-        )
-    except rasterio.errors.RasterioIOError as exc:
-        raise LandcoverError(f"{dst}: could not write the COG ({exc})".splitlines()[0]) from None

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import click
 
 from landcover.commands.options import overwrite_option, storage_options_option
+from landcover.outgrid import DEFAULT_MAX_PIXELS
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +40,18 @@ logger = logging.getLogger(__name__)
     "--resolution",
     type=float,
     default=None,
-    help="Output pixel size in --dst-crs units [default: the model's resolution].",
+    help="Output pixel size in --dst-crs units [default: the model's resolution]. "
+    "Grids above --max-pixels are refused.",
+)
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_PIXELS,
+    show_default=True,
+    help=f"Refuse an output grid with more pixels than this ({DEFAULT_MAX_PIXELS / 1e9:g} "
+    f"gigapixels: {DEFAULT_MAX_PIXELS**0.5 / 1000:g} x {DEFAULT_MAX_PIXELS**0.5 / 1000:g} km "
+    "at 1 m), before any work: a --resolution typo would otherwise fill the disk. Raise it "
+    "for larger regions.",
 )
 @click.option(
     "--overlap",
@@ -57,6 +74,14 @@ logger = logging.getLogger(__name__)
     show_default=True,
     help="Output block edge in px; memory grows with its square, not with the region.",
 )
+@click.option(
+    "--zero-nodata/--no-zero-nodata",
+    "zero_is_nodata",
+    default=True,
+    show_default=True,
+    help="In images that declare no nodata and have no mask, pixels 0 in all bands are "
+    "nodata (the black collar of reprojected NAIP). --no-zero-nodata keeps them as data.",
+)
 @overwrite_option
 @storage_options_option
 def predict_command(
@@ -68,11 +93,13 @@ def predict_command(
     region_crs: str | None,
     dst_crs: str | None,
     resolution: float | None,
+    max_pixels: int,
     overlap: int | None,
     batch_size: int,
     device: str,
     probabilities: str | None,
     block_px: int,
+    zero_is_nodata: bool,
     overwrite: bool,
     storage_options: dict[str, Any],
 ) -> None:
@@ -102,8 +129,11 @@ def predict_command(
         overwrite=overwrite,
         block_px=block_px,
         storage_options=storage_options,
+        max_pixels=max_pixels,
+        zero_is_nodata=zero_is_nodata,
     )
-    result = predict_region(config)
+    with _sigterm_raises_system_exit():
+        result = predict_region(config)
     grid = result.grid
     epsg = grid.crs.to_epsg()
     crs_name = f"EPSG:{epsg}" if epsg else grid.crs.to_string()
@@ -114,6 +144,32 @@ def predict_command(
     )
     if result.probabilities:
         click.echo(f"wrote {result.probabilities}")
+
+
+@contextmanager
+def _sigterm_raises_system_exit() -> Iterator[None]:
+    """While predicting, SIGTERM (a scheduler or `timeout` stopping us) raises SystemExit, so
+    the `finally` blocks that delete the temporary rasters run; its default action would end
+    the process on the spot and leave them beside the output.
+
+    Installed only when SIGTERM still has its default action in the main thread: a handler
+    the CLI installed for every command stays in charge.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # the exit status a shell reports for a killed process
 
 
 @click.command("evaluate")

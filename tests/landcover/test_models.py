@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import torch
 import torchvision.models as tvm
+from click.testing import CliRunner
 from torch import nn
 
+from landcover import cli
 from landcover.errors import TrainingError, UnknownModelError
 from landcover.models import available, build_model, widen_stem_weight
 
@@ -201,6 +203,67 @@ def test_pretrained_without_network_fails_clearly(
     assert "TORCH_HOME" in message
     assert "\n" not in message
     assert capsys.readouterr().out == ""  # torch.hub's "Downloading ..." line is not printed
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text"])
+def test_corrupt_cached_weights_name_the_file_and_the_fix(
+    damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cache file cut short (a copy interrupted) or overwritten: torch.hub trusts any file
+    # it finds there, so the fault is the file, not the network.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", _refuse_download)
+    cached = corrupt_cache_file(tmp_path / "torch", tvm.ResNet18_Weights.IMAGENET1K_V1, damage)
+    with pytest.raises(TrainingError) as info:
+        build_model("unet_resnet18", num_classes=5, pretrained="imagenet")
+    message = str(info.value)
+    assert message.startswith(
+        f"unet_resnet18: the cached ImageNet weights {cached} are truncated or corrupt ("
+    )
+    assert message.endswith(
+        f"delete that file to download them again (or copy a good {cached.name} there)"
+    )
+    assert "\n" not in message
+
+
+def test_train_with_corrupt_cached_weights_fails_in_one_line(
+    tiny_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", _refuse_download)
+    cached = corrupt_cache_file(tmp_path / "torch", tvm.ResNet18_Weights.IMAGENET1K_V1, "truncated")
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            "train",
+            tiny_store,
+            "--out",
+            str(tmp_path / "run"),
+            "--model",
+            "unet_resnet18",
+            "--pretrained",
+            "imagenet",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: unet_resnet18: the cached ImageNet weights {cached} ")
+    assert result.output.count("\n") == 1
+
+
+def corrupt_cache_file(torch_home: Path, weights: tvm.WeightsEnum, damage: str) -> Path:
+    """Write a damaged file where torch.hub caches `weights`."""
+    cached = torch_home / "hub" / "checkpoints" / os.path.basename(weights.url)
+    cached.parent.mkdir(parents=True)
+    if damage == "truncated":
+        torch.save({"conv1.weight": torch.zeros(64, 3, 7, 7)}, cached)
+        cached.write_bytes(cached.read_bytes()[:20_000])
+    else:
+        cached.write_text("<html>503 Service Unavailable</html>")
+    return cached
 
 
 @pytest.fixture(scope="module")

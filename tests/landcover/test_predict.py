@@ -1,11 +1,13 @@
-"""Prediction: output grid, masking, blending, mosaics, COG output, real NAIP, bad input."""
+"""Prediction: output grid, masking, blending, mosaics, COG output, real NAIP.
+
+Bad input and interrupted runs are in test_predict_failures.py.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,104 +24,23 @@ from rio_cogeo.cogeo import cog_validate
 
 from landcover import cli
 from landcover.blend import LogitBlender, WindowLayout, taper_profile, window_starts
-from landcover.errors import ModelFileError, OutputExistsError, PredictionError, RegionError
-from landcover.modelfile import ModelMeta, save_model_file
-from landcover.models import build_model
+from landcover.errors import RegionError
+from landcover.outfiles import PROBABILITY_NODATA, to_cog
 from landcover.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, plan_output_grid, read_mosaic
-from landcover.predict import (
-    PROBABILITY_NODATA,
-    PredictConfig,
-    _to_cog,
-    open_images,
-    predict_region,
+from landcover.predict import PredictConfig, predict_region
+from landcover.predict_setup import open_images
+from landcover.region import parse_bbox
+from tests.landcover.predict_inputs import (
+    CLASS_MAP,
+    ORIGIN,
+    UTM18,
+    pixels,
+    read,
+    utm_region,
+    write_image,
+    write_model,
 )
-from landcover.region import Region, parse_bbox
-from tiling.classes import get_class_map, identity_class_map
 from tiling.sources import RasterReader
-
-UTM18 = "EPSG:32618"
-ORIGIN = (500_000.0, 4_000_000.0)
-CHIP = 32
-CLASS_MAP = get_class_map("chesapeake7to5")  # 5 codes: nodata + 4 classes
-
-
-# -- fixtures: tiny rasters and models -----------------------------------------------------------
-
-
-def pixels(height: int, width: int, *, seed: int) -> npt.NDArray[np.uint8]:
-    """Blocky random imagery in 1..255 (0 stays free for nodata)."""
-    rng = np.random.default_rng(seed)
-    coarse = rng.integers(1, 256, size=(4, height // 6 + 2, width // 6 + 2))
-    up = np.repeat(np.repeat(coarse, 6, axis=1), 6, axis=2)[:, :height, :width]
-    noise = rng.integers(-10, 11, size=(4, height, width))
-    out: npt.NDArray[np.uint8] = np.clip(up + noise, 1, 255).astype(np.uint8)
-    return out
-
-
-def write_image(
-    path: Path,
-    data: npt.NDArray[np.uint8],
-    *,
-    crs: str = UTM18,
-    transform: Affine | None = None,
-    nodata: float | None = None,
-    nir_as_alpha: bool = False,
-) -> Path:
-    count, height, width = data.shape
-    with rasterio.open(
-        path,
-        "w",
-        driver="GTiff",
-        height=height,
-        width=width,
-        count=count,
-        dtype=data.dtype.name,
-        crs=CRS.from_user_input(crs),
-        transform=transform or Affine(1.0, 0.0, ORIGIN[0], 0.0, -1.0, ORIGIN[1]),
-        nodata=nodata,
-    ) as dst:
-        dst.write(data)
-        if nir_as_alpha:
-            dst.colorinterp = [
-                ColorInterp.red,
-                ColorInterp.green,
-                ColorInterp.blue,
-                ColorInterp.alpha,
-            ]
-    return path
-
-
-def write_model(
-    path: Path,
-    *,
-    constant_class: int | None = None,
-    resolution_m: float = 1.0,
-    in_channels: int = 4,
-    class_map: Any = CLASS_MAP,
-    seed: int = 0,
-) -> Path:
-    """A small_unet model file; `constant_class` makes every logit map constant (argmax = it)."""
-    torch.manual_seed(seed)
-    model = build_model("small_unet", in_channels=in_channels, num_classes=class_map.num_classes)
-    if constant_class is not None:
-        head: Any = model.head
-        with torch.no_grad():
-            head.weight.zero_()
-            bias = torch.linspace(0.0, 1.0, class_map.num_classes)
-            bias[constant_class] = 5.0
-            head.bias.copy_(bias)
-    bands = ("red", "green", "blue", "nir", "swir")[:in_channels]
-    meta = ModelMeta(
-        architecture="small_unet",
-        class_map=class_map,
-        band_names=bands,
-        band_mean=(110.0,) * in_channels,
-        band_std=(60.0,) * in_channels,
-        chip_size=CHIP,
-        resolution_m=resolution_m,
-    )
-    save_model_file(path, model, meta)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +57,6 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """75 x 90 px at 1 m in UTM 18N (not a multiple of the 32 px chip)."""
     return write_image(tmp_path_factory.mktemp("scene") / "scene.tif", pixels(75, 90, seed=1))
-
-
-def read(path: Path) -> tuple[npt.NDArray[Any], Any]:
-    with rasterio.open(path) as ds:
-        return ds.read(), ds.profile
-
-
-def utm_region(minx: float, miny: float, maxx: float, maxy: float) -> Region:
-    return parse_bbox(f"{minx},{miny},{maxx},{maxy}", crs=UTM18)
 
 
 # -- blending ------------------------------------------------------------------------------------
@@ -339,6 +251,61 @@ def test_polygon_masking_follows_pixel_centres(
     np.testing.assert_array_equal(data, np.where(inside, 3, 0))
 
 
+def collar_image(path: Path, *, nodata: float | None) -> tuple[Path, npt.NDArray[np.bool_]]:
+    """70 x 90 px with a slanted black collar (0 in all four bands) down the left edge, as
+    around a reprojected NAIP tile; returns the path and the collar mask."""
+    data = pixels(70, 90, seed=11)
+    rows, cols = np.mgrid[0:70, 0:90]
+    collar = cols < 12 + rows // 4
+    data[:, collar] = 0
+    return write_image(path, data, nodata=nodata), collar
+
+
+def test_black_collar_of_an_image_without_nodata_is_nodata(
+    random_model: Path, tmp_path: Path
+) -> None:
+    # Runs once the tiling change (zero_is_nodata in tiling.sources) is merged.
+    bare, collar = collar_image(tmp_path / "bare.tif", nodata=None)
+    declared, _ = collar_image(tmp_path / "declared.tif", nodata=0)
+    maps = {}
+    for image in (bare, declared):
+        out = tmp_path / f"lc-{image.stem}.tif"
+        result = CliRunner().invoke(
+            cli.main,
+            ["predict", str(random_model), str(image), "--out", str(out), "--device", "cpu"],
+        )
+        assert result.exit_code == 0, result.output
+        maps[image.stem] = read(out)[0][0]
+    assert (maps["bare"][collar] == 0).all()
+    assert (maps["bare"][~collar] > 0).all()
+    assert len(np.unique(maps["bare"][~collar])) > 1  # a model that sees the pixels
+    # The collar does not bleed into its neighbours: they are predicted as next to nodata
+    # (the band mean), exactly as when the file declares nodata 0.
+    np.testing.assert_array_equal(maps["bare"], maps["declared"])
+
+
+def test_no_zero_nodata_keeps_black_pixels_as_data(random_model: Path, tmp_path: Path) -> None:
+    # Runs once the tiling change (zero_is_nodata in tiling.sources) is merged.
+    bare, _ = collar_image(tmp_path / "bare.tif", nodata=None)
+    out = tmp_path / "lc.tif"
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            "predict",
+            str(random_model),
+            str(bare),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--no-zero-nodata",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "90 x 70 px" in result.output and f"{70 * 90:,} px predicted" in result.output
+    assert (read(out)[0][0] > 0).all()
+
+
 # -- mosaics -------------------------------------------------------------------------------------
 
 
@@ -447,7 +414,7 @@ def test_cog_conversion_builds_mode_overviews(tmp_path: Path) -> None:
         dst.write(classes, 1)
         dst.write_colormap(1, {1: (255, 0, 0, 255), 2: (0, 255, 0, 255)})
     cog = tmp_path / "cog.tif"
-    _to_cog(str(src), str(cog), resampling="MODE")
+    to_cog(str(src), str(cog), resampling="MODE")
     assert cog_validate(str(cog))[0]
     with rasterio.open(cog) as ds:
         assert ds.overviews(1) == [2, 4]
@@ -560,124 +527,6 @@ def test_real_naip_scattered_over_the_country_needs_a_region(
         predict_region(
             PredictConfig(str(model), tuple(map(str, real_naip_paths)), str(tmp_path / "o.tif"))
         )
-
-
-# -- bad input -----------------------------------------------------------------------------------
-
-
-def run_cli(*args: str) -> Any:
-    return CliRunner().invoke(cli.main, ["predict", *args, "--device", "cpu"])
-
-
-def test_region_outside_all_images(scene: Path, constant_model: Path, tmp_path: Path) -> None:
-    result = run_cli(
-        str(constant_model),
-        str(scene),
-        "--out",
-        str(tmp_path / "o.tif"),
-        "--bbox",
-        "10,50,10.1,50.1",
-    )
-    assert result.exit_code == 2
-    assert result.output.startswith(
-        "error: region (10,50,10.1,50.1 in EPSG:4326) is outside all 1 images"
-    )
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_invalid_geojson(scene: Path, constant_model: Path, tmp_path: Path) -> None:
-    bad = tmp_path / "bad.geojson"
-    bad.write_text('{"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [[1, 2]')
-    result = run_cli(
-        str(constant_model), str(scene), "--out", str(tmp_path / "o.tif"), "--region", str(bad)
-    )
-    assert result.exit_code == 2
-    assert "invalid GeoJSON" in result.output and result.output.count("\n") == 1
-
-
-def test_region_that_holds_no_pixel_centre(
-    scene: Path, constant_model: Path, tmp_path: Path
-) -> None:
-    # A sliver between two pixel-centre rows.
-    region = utm_region(500_010.0, 3_999_950.6, 500_030.0, 3_999_950.9)
-    with pytest.raises(RegionError, match="covers no pixel centre"):
-        predict_region(
-            PredictConfig(
-                str(constant_model), (str(scene),), str(tmp_path / "o.tif"), region=region
-            )
-        )
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_all_nodata_after_masking_leaves_no_output(constant_model: Path, tmp_path: Path) -> None:
-    data = pixels(40, 40, seed=8)
-    data[:, :, 15:] = 0  # nodata collar over the right part
-    image = write_image(tmp_path / "a.tif", data, nodata=0)
-    out_dir = tmp_path / "out"
-    region = utm_region(500_020.0, 3_999_965.0, 500_039.0, 3_999_999.0)
-    with pytest.raises(RegionError, match="no image pixel with data inside the region"):
-        predict_region(
-            PredictConfig(str(constant_model), (str(image),), str(out_dir / "o.tif"), region=region)
-        )
-    assert list(out_dir.iterdir()) == []  # temp files removed
-
-
-def test_model_with_other_band_count(scene: Path, tmp_path: Path) -> None:
-    model = write_model(tmp_path / "m3.pt", in_channels=3)
-    result = run_cli(str(model), str(scene), "--out", str(tmp_path / "o.tif"))
-    assert result.exit_code == 2
-    assert "scene.tif: has 4 bands but model" in result.output
-    assert "expects 3 (red, green, blue)" in result.output
-
-
-def test_model_whose_class_table_does_not_fit_a_byte_raster(scene: Path, tmp_path: Path) -> None:
-    model = write_model(tmp_path / "m.pt", class_map=identity_class_map(256))
-    with pytest.raises(PredictionError, match="has 256 codes; a land-cover raster"):
-        predict_region(PredictConfig(str(model), (str(scene),), str(tmp_path / "o.tif")))
-
-
-def test_not_a_model_file(scene: Path, tmp_path: Path) -> None:
-    fake = tmp_path / "model.pt"
-    torch.save({"weights": torch.zeros(3)}, fake)  # a torch file, but not ours
-    with pytest.raises(ModelFileError, match="not a landcover model file"):
-        predict_region(PredictConfig(str(fake), (str(scene),), str(tmp_path / "o.tif")))
-    fake.write_bytes(b"definitely not a torch file")
-    result = run_cli(str(fake), str(scene), "--out", str(tmp_path / "o.tif"))
-    assert result.exit_code == 2 and result.output.startswith(f"error: {fake}: ")
-    assert not (tmp_path / "o.tif").exists()
-
-
-def test_output_exists_without_overwrite(scene: Path, constant_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "o.tif"
-    out.write_bytes(b"old")
-    result = run_cli(str(constant_model), str(scene), "--out", str(out))
-    assert result.exit_code == 2
-    assert result.output == f"error: {out} exists; pass --overwrite to replace it\n"
-    assert out.read_bytes() == b"old"
-    with pytest.raises(OutputExistsError):
-        predict_region(PredictConfig(str(constant_model), (str(scene),), str(out)))
-    predict_region(PredictConfig(str(constant_model), (str(scene),), str(out), overwrite=True))
-    assert cog_validate(str(out))[0]
-
-
-def test_missing_images_and_conflicting_region_options(
-    scene: Path, constant_model: Path, tmp_path: Path
-) -> None:
-    result = run_cli(
-        str(constant_model), str(tmp_path / "none-*.tif"), "--out", str(tmp_path / "o.tif")
-    )
-    assert result.exit_code == 2 and "no image files match" in result.output
-    result = run_cli(
-        str(constant_model),
-        str(scene),
-        "--out",
-        str(tmp_path / "o.tif"),
-        "--bbox",
-        "1,2,3,4",
-        "--region",
-        "POLYGON ((0 0, 1 0, 1 1, 0 0))",
-    )
-    assert result.exit_code == 2 and "either --region or --bbox" in result.output
 
 
 @pytest.mark.slow
