@@ -19,7 +19,13 @@ from landcover.demo import DemoConfig, run_demo
     help="Output directory. The demo writes only its own names in it (listed in its "
     "demo.json); a rerun replaces what an earlier demo wrote there and keeps everything else.",
 )
-@click.option("--scenes", default=4, show_default=True, type=click.IntRange(min=2))
+@click.option(
+    "--scenes",
+    default=4,
+    show_default=True,
+    type=int,
+    help="Synthetic scenes (3 or more): one is held out of training and scored.",
+)
 @click.option("--size", "size_px", default=1024, show_default=True, type=click.IntRange(min=256))
 @click.option("--epochs", default=6, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)

@@ -138,19 +138,32 @@ def test_a_bad_cluster_file_is_refused_before_anything_is_written(
     assert not out.exists()
 
 
-def test_too_few_training_chips_are_refused_up_front(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scenes", ["2", "1", "0"])
+def test_fewer_than_three_scenes_are_refused_up_front(tmp_path: Path, scenes: str) -> None:
     out = tmp_path / "out"
-    result = run_demo("--out", str(out), "--scenes", "2", "--size", "256")
+    result = run_demo("--out", str(out), "--scenes", scenes)
     assert result.exit_code == 2
     assert result.output == (
-        "error: demo --scenes 2 --size 256: about 3 training chips (1 tiled scene(s) of 4 "
+        f"error: demo --scenes {scenes}: one scene is held out, and fewer than two training "
+        "scenes do not teach the model enough to pass the accuracy floor; pass --scenes 3 or "
+        "more\n"
+    )
+    assert not out.exists()
+
+
+def test_too_few_training_chips_are_refused_up_front(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_demo("--out", str(out), "--scenes", "4", "--size", "256")
+    assert result.exit_code == 2
+    assert result.output == (
+        "error: demo --scenes 4 --size 256: about 9 training chips (3 tiled scene(s) of 4 "
         "chips of 128 px, one scene held out, 20% for validation), but training at 2 workers "
         "x batch 8 needs 16; pass a larger --size or more --scenes\n"
     )
     assert not out.exists()
 
 
-def test_two_scenes_at_the_default_size_pass_the_checks(tmp_path: Path) -> None:
-    # one scene tiled (64 chips, about 51 for training) is enough for 2 workers x batch 8
-    spec = check_demo_config(DemoConfig(out_dir=tmp_path, scenes=2, cluster_json=None))
+def test_three_scenes_at_the_default_size_pass_the_checks(tmp_path: Path) -> None:
+    # two scenes tiled (128 chips, about 102 for training) for 2 workers x batch 8
+    spec = check_demo_config(DemoConfig(out_dir=tmp_path, scenes=3, cluster_json=None))
     assert spec.engine == "local"
