@@ -18,12 +18,13 @@ import logging
 import math
 import os
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from landcover.errors import ReportError
+from landcover.metricsfile import is_int, read_epoch_records
 
 logger = logging.getLogger(__name__)
 
@@ -31,47 +32,8 @@ METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
 SWEEP_FILE = "sweep.json"
 
-# metrics.jsonl fields the report reads → the kind of value each must hold (see _KINDS)
-_REQUIRED: dict[str, str] = {
-    "epoch": "int>=1",
-    "world_size": "int>=1",
-    "epoch_time_s": "number>0",
-    "load_time_s": "number>=0",
-    "steps": "int>=1",
-    "batch_size": "int>=1",
-    "comm_bytes_per_step": "number>=0",
-    "device": "str",
-    "compression": "str",
-    "block_momentum": "bool",
-}
-_OPTIONAL: dict[str, str] = {  # may also be null
-    "nodes": "int>=1",
-    "threads_per_worker": "int>=1",
-    "samples_per_s": "number>0",
-    "model": "str",
-    "host": "str",
-}
-# fields that must not change between the epochs of one run
-_CONSTANT = ("world_size", "device", "compression", "block_momentum", "batch_size", "nodes")
 # sweep.json is not pinned in docs/CONTRACTS.md yet: accept the names a sweep may give its runs
 _SWEEP_PATH_KEYS = ("run_dir", "dir", "path", "out", "name")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "int>=1": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "number>0": (lambda v: _is_number(v) and v > 0, "a positive number"),
-    "number>=0": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +209,7 @@ def describe_entry(entry: _Entry) -> str:
         "a run",
     )
     facts = []
-    if _is_int(entry.get("workers")):
+    if is_int(entry.get("workers")):
         facts.append(f"{entry['workers']} workers")
     if entry.get("status"):
         facts.append(f"status {entry['status']}")
@@ -288,63 +250,8 @@ def _read_json(path: Path) -> Any:
         raise ReportError(f"{path}: cannot be read ({exc})") from None
 
 
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The epochs of a metrics.jsonl, checked and in epoch order; a resumed run rewrites
-    epochs, and the last record of an epoch wins."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: cannot be read ({exc})") from None
-    by_epoch: dict[int, dict[str, Any]] = {}
-    for number, line in enumerate(lines, start=1):
-        if line.strip():
-            record = _parse_metrics_line(path, number, line)
-            by_epoch[record["epoch"]] = record
-    if not by_epoch:
-        raise ReportError(
-            f"{path}: empty, no epoch has finished; wait for the run's first epoch or leave "
-            f"{path.parent} out"
-        )
-    records = [by_epoch[e] for e in sorted(by_epoch)]
-    for name in _CONSTANT:
-        values = {json.dumps(r.get(name)) for r in records}
-        if len(values) > 1:
-            raise ReportError(
-                f"{path}: {name} changes between epochs ({', '.join(sorted(values))}); one run "
-                "directory must hold one configuration: train each in its own --out"
-            )
-    return records
-
-
-def _parse_metrics_line(path: Path, number: int, line: str) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ReportError(
-            f"{path}: line {number} is not valid JSON ({exc.msg}); delete that line or "
-            "rerun the training"
-        ) from None
-    if not isinstance(record, dict):
-        raise ReportError(f"{path}: line {number} is not a JSON object; delete that line")
-    missing = [name for name in _REQUIRED if name not in record]
-    if missing:
-        raise ReportError(
-            f"{path}: line {number} lacks {', '.join(missing)}; the report needs "
-            f"{', '.join(_REQUIRED)} on every line (docs/CONTRACTS.md, metrics.jsonl)"
-        )
-    for name, kind in (*_REQUIRED.items(), *_OPTIONAL.items()):
-        value = record.get(name)
-        is_valid, wanted = _KINDS[kind]
-        if not is_valid(value) and not (name in _OPTIONAL and value is None):
-            raise ReportError(
-                f"{path}: line {number}: {name} must be {wanted}, got {json.dumps(value)}; "
-                "fix or delete that line"
-            )
-    return record
-
-
 def _summarise(source: _Source) -> RunSummary:
-    records = _read_metrics(source.run_dir / METRICS_FILE)
+    records = read_epoch_records(source.run_dir / METRICS_FILE)
     first = records[0]
     # the first epoch pays for warm-up (allocator, autotuning, page cache): leave it out
     used = records[1:] if len(records) >= 2 else records
@@ -471,4 +378,4 @@ def _vm_size(run_info: dict[str, Any]) -> str | None:
 
 
 def _positive_int(value: Any) -> int | None:
-    return value if _is_int(value) and value > 0 else None
+    return value if is_int(value) and value > 0 else None
