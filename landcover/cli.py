@@ -4,14 +4,30 @@ Subcommands live in `landcover.commands.*` and are imported only when invoked, s
 `landcover info` does not pay for importing torch. Errors of our packages (bad input) are
 printed as one line on stderr with exit code 2; anything else is a bug and still gets one
 line (exit 3) unless `-v` asks for the traceback.
+
+The process, whatever the command:
+- SIGTERM (a scheduler's cancel, `kill`, a container stop) raises `Terminated` in the main
+  thread, so every `finally` and context manager removes its temp files; exit 143, one line.
+- A reader that closes the pipe (`landcover info store | head -1`) ends the command quietly
+  with exit 141, as if SIGPIPE had killed it, instead of a BrokenPipeError.
+- Warnings of the libraries (rasterio's NotGeoreferencedWarning, torch's UserWarning) go
+  through logging as one line each; `-v` adds where they were raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import os
+import select
+import signal
 import sys
-from typing import Any
+import threading
+import warnings
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any, TextIO
 
 import click
 
@@ -49,6 +65,84 @@ SHORT_HELP: dict[str, str] = {
 }
 
 
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a process SIGTERM killed
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived. A SystemExit, not an Exception: `except Exception` blocks let it pass
+    and only cleanup (`finally`, `with`) runs on its way out."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_SIGTERM)
+
+
+@contextlib.contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Terminated` in the main thread. A second SIGTERM is
+    ignored while the first one's cleanup runs (SIGKILL still ends the process). Does nothing
+    outside the main thread, where Python cannot install signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def log_warnings(*, verbose: bool) -> None:
+    """Send `warnings.warn` through the `py.warnings` logger as one line: the category and
+    the message's first line, plus the file and line with `verbose`. The default handler
+    prints the message and the offending source line raw on stderr, bypassing -q and the
+    log format. Like logging.captureWarnings, lasts until the interpreter exits (or a
+    warnings.catch_warnings block ends)."""
+    log = logging.getLogger("py.warnings")
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        text = next((part for part in str(message).splitlines() if part.strip()), "")
+        where = f" ({filename}:{lineno})" if verbose else ""
+        log.warning("%s: %s%s", category.__name__, text.strip(), where)
+
+    warnings.showwarning = show
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reading end is closed: a BrokenPipeError
+    from anything else (a socket to storage, a child process) is a real error."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):
+        return False
+    return any(mask & select.POLLERR for _, mask in events)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again (the
+    recipe of the Python docs for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported on first use."""
 
@@ -76,9 +170,14 @@ class LazyGroup(click.Group):
             raise UserFacingError(str(exc), exit_code=2) from exc
         except KeyboardInterrupt:
             raise UserFacingError("interrupted", exit_code=130) from None
+        except Terminated:
+            raise UserFacingError("terminated (SIGTERM)", exit_code=EXIT_SIGTERM) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as exc:
+            if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+                _silence_stdout()
+                raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
             if ctx.obj and ctx.obj.get("verbose", 0) > 0:
                 raise
             raise UserFacingError(
@@ -112,6 +211,10 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     logging.basicConfig(
         level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    log_warnings(verbose=verbose > 0)
+    # Installed here, in the group's callback, so that it covers every subcommand and a
+    # Terminated raised by it passes through LazyGroup.invoke's one-line mapping.
+    ctx.with_resource(terminate_on_sigterm())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,14 +4,16 @@ Truth rasters in any CRS or resolution are read onto the prediction's grid with 
 neighbour, block by block (memory bounded by a block, like prediction), their raw codes
 remapped with a class map. Pixels where either side is nodata (code 0) are not counted.
 The confusion matrix has truth in rows and prediction in columns, over codes 1..K-1.
+A predicted code outside the prediction's class table is an error, never skipped: leaving
+those pixels out would score the map on the pixels it got into its own table alone.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ import rasterio
 from rasterio.windows import Window
 from shapely.geometry import box
 
+from landcover.atomic import write_bytes_atomic, write_text_atomic
 from landcover.errors import EvaluationError, OutputExistsError
 from landcover.outgrid import TAG_CLASS_MAP, OutputGrid, footprint_in_crs
 from tiling.classes import (
@@ -128,10 +131,15 @@ class Evaluation:
 def confusion_matrix(
     truth: npt.NDArray[np.integer[Any]], predicted: npt.NDArray[np.integer[Any]], num_classes: int
 ) -> npt.NDArray[np.int64]:
-    """(K-1, K-1) counts of (truth code, predicted code) over pixels where both are not 0."""
+    """(K-1, K-1) counts of (truth code, predicted code) over pixels where both are not 0.
+    Raises ValueError on a code >= `num_classes` (check the inputs first: see
+    `evaluate_prediction`)."""
     t = truth.ravel().astype(np.int64)
     p = predicted.ravel().astype(np.int64)
-    keep = (t != NODATA_CODE) & (p != NODATA_CODE) & (t < num_classes) & (p < num_classes)
+    for name, codes in (("truth", t), ("predicted", p)):
+        if codes.size and int(codes.max()) >= num_classes:
+            raise ValueError(f"{name} codes reach {int(codes.max())}, not below {num_classes}")
+    keep = (t != NODATA_CODE) & (p != NODATA_CODE)
     k = num_classes - 1
     flat = (t[keep] - 1) * k + (p[keep] - 1)
     return np.bincount(flat, minlength=k * k).reshape(k, k).astype(np.int64)
@@ -192,7 +200,7 @@ def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
     if config.block_px < 1:
         raise EvaluationError(f"block size {config.block_px} px: must be positive")
     with rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024):
-        grid, pred_class_map = _open_prediction(config.prediction)
+        grid, pred_class_map, tagged = _open_prediction(config.prediction)
         truth_map = _truth_class_map(config.class_map, pred_class_map)
         if truth_map.num_classes != pred_class_map.num_classes:
             raise EvaluationError(
@@ -230,6 +238,7 @@ def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
                         width = min(config.block_px, grid.width - col0)
                         window = Window(col0, row0, width, height)
                         predicted = pred.read(1, window=window)
+                        _check_codes(config.prediction, predicted, pred_class_map, tagged=tagged)
                         codes = reader.read_labels(pred_info, window, truth, truth_map)
                         confusion += confusion_matrix(codes, predicted, k)
         finally:
@@ -243,32 +252,46 @@ def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
     )
 
 
-def write_report(
-    evaluation: Evaluation, out_dir: str | os.PathLike[str], *, overwrite: bool = False
-) -> list[Path]:
-    """metrics.json, metrics.md and confusion.png in `out_dir` (each written then renamed)."""
+def check_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> list[Path]:
+    """The report's file paths in `out_dir`, refused when `out_dir` is not a directory or,
+    unless `overwrite`, already holds one of them. Cheap: call it before evaluating."""
     target = Path(out_dir)
+    if target.exists() and not target.is_dir():
+        raise EvaluationError(
+            f"--out {target}: exists and is not a directory; give a directory for "
+            f"{', '.join(REPORT_FILES)}"
+        )
     paths = [target / name for name in REPORT_FILES]
     if not overwrite:
         for path in paths:
             if path.exists():
                 raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")
-    target.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex[:8]
-    temps = [path.with_name(f".{path.name}.{token}.part") for path in paths]
+    return paths
+
+
+def write_report(
+    evaluation: Evaluation, out_dir: str | os.PathLike[str], *, overwrite: bool = False
+) -> list[Path]:
+    """metrics.json, metrics.md and confusion.png in `out_dir`, each replaced atomically once
+    all three are rendered (a failing plot replaces nothing)."""
+    paths = check_report_target(out_dir, overwrite=overwrite)
+    png = confusion_png(evaluation)
     try:
-        temps[0].write_text(json.dumps(evaluation.to_json(), indent=2) + "\n", encoding="utf-8")
-        temps[1].write_text(_markdown_report(evaluation), encoding="utf-8")
-        plot_confusion(evaluation, temps[2])
-        for temp, path in zip(temps, paths, strict=True):
-            os.replace(temp, path)
-    finally:
-        for temp in temps:
-            temp.unlink(missing_ok=True)
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvaluationError(f"--out {out_dir}: cannot create it ({exc.strerror})") from None
+    write_text_atomic(paths[0], json.dumps(evaluation.to_json(), indent=2) + "\n")
+    write_text_atomic(paths[1], _markdown_report(evaluation))
+    write_bytes_atomic(paths[2], png)
     return paths
 
 
 def plot_confusion(evaluation: Evaluation, path: str | os.PathLike[str]) -> None:
+    """Write `confusion_png(evaluation)` to `path` atomically."""
+    write_bytes_atomic(path, confusion_png(evaluation))
+
+
+def confusion_png(evaluation: Evaluation) -> bytes:
     """Row-normalised confusion matrix (each truth class sums to 1) with counts, as PNG."""
     import matplotlib
 
@@ -304,7 +327,9 @@ def plot_confusion(evaluation: Evaluation, path: str | os.PathLike[str]) -> None
                 fontsize=8,
             )
     fig.tight_layout()
-    fig.savefig(os.fspath(path), format="png", bbox_inches="tight")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
 
 
 def _markdown_report(evaluation: Evaluation) -> str:
@@ -318,7 +343,27 @@ def _markdown_report(evaluation: Evaluation) -> str:
     return "\n".join(header) + evaluation.to_markdown()
 
 
-def _open_prediction(path: str) -> tuple[OutputGrid, ClassMap]:
+def _check_codes(
+    path: str, predicted: npt.NDArray[np.uint8], class_map: ClassMap, *, tagged: bool
+) -> None:
+    """Refuse predicted codes outside the class table (see the module docstring); the first
+    block that holds any fails the evaluation before the rest is read."""
+    k = class_map.num_classes
+    outside = np.flatnonzero(np.bincount(predicted.ravel(), minlength=256)[k:]) + k
+    if outside.size == 0:
+        return
+    if tagged:
+        table = f"its class table {class_map.name!r}"
+    else:
+        table = f"the class table {class_map.name!r} assumed for want of a {TAG_CLASS_MAP} tag"
+    raise EvaluationError(
+        f"{path}: holds class codes {', '.join(str(int(c)) for c in outside[:8])} outside "
+        f"{table} (codes 0-{k - 1}); leaving those pixels out would inflate the scores: "
+        "evaluate a map written by `landcover predict`"
+    )
+
+
+def _open_prediction(path: str) -> tuple[OutputGrid, ClassMap, bool]:
     try:
         with rasterio.open(path) as ds:
             if ds.count != 1 or ds.dtypes[0] != "uint8" or ds.crs is None:
@@ -340,9 +385,9 @@ def _open_prediction(path: str) -> tuple[OutputGrid, ClassMap]:
         ) from None
     if tag is None:
         logger.info("%s has no class table; assuming %s", path, DEFAULT_CLASS_MAP)
-        return grid, get_class_map(DEFAULT_CLASS_MAP)
+        return grid, get_class_map(DEFAULT_CLASS_MAP), False
     try:
-        return grid, ClassMap.from_json(json.loads(tag))
+        return grid, ClassMap.from_json(json.loads(tag)), True
     except (ValueError, KeyError, TypeError):
         raise EvaluationError(
             f"{path}: damaged {TAG_CLASS_MAP} metadata; pass --class-map"

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import fsspec
 import torch
 from torch import nn
 
+from landcover.atomic import write_atomic
 from landcover.errors import ModelFileError
 from tiling.classes import ClassMap
 
@@ -71,16 +70,7 @@ def save_model_file(path: str | os.PathLike[str], model: nn.Module, meta: ModelM
         "training": dict(meta.training),
         "state_dict": state,
     }
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
 def read_model_file(

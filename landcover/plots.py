@@ -16,21 +16,24 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, ScalarFormatter
 
-from landcover.report import ScalingCurve, ScalingRow, format_seconds
+from landcover.curves import ScalingCurve, ScalingRow
+from landcover.report import format_seconds
 
 
 def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
     """Four panels of one device's measured curves: epoch time (log-log, with the ideal line
     and the power-law fit), speed-up, parallel efficiency and the one-time shard load.
-    Oversubscribed runs are drawn hollow."""
+    Oversubscribed runs are drawn hollow; incomplete runs are crosses on the time panels,
+    off the lines, and have no speed-up."""
     fig = Figure(figsize=(12, 9), layout="constrained")
     ax_time, ax_speedup, ax_efficiency, ax_load = fig.subplots(2, 2).flat
     all_workers: set[int] = set()
     for i, curve in enumerate(curves):
         color = f"C{i % 10}"
-        workers, epoch_s = _medians(curve.rows, lambda r: r.run.epoch_time_s)
-        all_workers.update(workers)
-        for row in curve.rows:
+        finished = curve.finished_rows
+        workers, epoch_s = _medians(finished, lambda r: r.run.epoch_time_s)
+        all_workers.update(r.run.workers for r in curve.rows)
+        for row in finished:
             hollow = row.run.oversubscribed is True
             ax_time.scatter(
                 [row.run.workers],
@@ -57,13 +60,19 @@ def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
         ax_time.plot(
             workers, epoch_s, "-", color=color, alpha=0.4, label=f"{curve.label}: measured"
         )
-        _, speedups = _medians(curve.rows, lambda r: r.speedup)
+        _, speedups = _medians(finished, lambda r: r.speedup)
         ax_speedup.plot(workers, speedups, "o-", color=color, label=curve.label)
         ax_speedup.plot(workers, [n / base_n for n in workers], ":", color=color)
-        _, efficiencies = _medians(curve.rows, lambda r: r.efficiency)
+        _, efficiencies = _medians(finished, lambda r: r.efficiency)
         ax_efficiency.plot(workers, efficiencies, "o-", color=color, label=curve.label)
-        _, loads = _medians(curve.rows, lambda r: r.run.load_time_s)
+        _, loads = _medians(finished, lambda r: r.run.load_time_s)
         ax_load.plot(workers, loads, "s-", color=color, label=curve.label)
+        incomplete = [r for r in curve.incomplete_rows if r not in finished]
+        if incomplete:
+            crosses = {"marker": "x", "color": color, "zorder": 3}
+            n = [r.run.workers for r in incomplete]
+            ax_time.scatter(n, [r.run.epoch_time_s for r in incomplete], **crosses)
+            ax_load.scatter(n, [r.run.load_time_s for r in incomplete], **crosses)
     ax_time.set(xscale="log", yscale="log", title="Epoch time (median, first epoch left out)")
     ax_time.set(ylabel="epoch time (s)")
     ax_speedup.set(title="Speed-up (dotted: ideal)", ylabel="speed-up")
@@ -76,7 +85,10 @@ def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
         _worker_axis(ax, all_workers)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
-    fig.suptitle(f"Measured scaling: {device}\n(hollow markers: oversubscribed runs)")
+    fig.suptitle(
+        f"Measured scaling: {device}\n(hollow markers: oversubscribed runs; crosses: incomplete "
+        "runs, not fitted)"
+    )
     return _png(fig)
 
 

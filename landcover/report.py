@@ -1,10 +1,8 @@
-"""Scaling report: tabulate the epoch time of training runs against workers, fit a power law,
-project to large clusters with a ring model, and write PNG plots, a Markdown page and a
-self-contained HTML page.
+"""Scaling report: the curves of `landcover.curves` written as PNG plots, a Markdown page and a
+self-contained HTML page (one document model rendered both ways).
 
-Runs (`landcover.runs.load_runs`) are grouped into curves by device, then by communication
-mode (compression, block momentum), model and per-worker batch; one curve never mixes devices.
-Speed-up and efficiency are against the smallest worker count of the same curve.
+`build_scaling_report` and the curve types are re-exported from `landcover.curves`, which
+decides which runs are comparable and computes speed-up, fits and projections.
 """
 
 from __future__ import annotations
@@ -15,104 +13,51 @@ import logging
 import math
 import os
 import re
-import statistics
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.vmsizes import Network, network_for
-from landcover.errors import OutputExistsError, ReportError
-from landcover.projection import (
-    DEFAULT_NETWORK,
-    ComputeFit,
-    MeasuredPoint,
-    PowerLawFit,
-    ProjectedPoint,
-    RingModel,
-    describe_network,
-    fit_compute_per_sample,
-    fit_power_law,
-    project,
+from cluster.vmsizes import Network
+from landcover.atomic import write_bytes_atomic
+from landcover.curves import (
+    DEFAULT_PROJECT_TO,
+    CurveKey,
+    CurveProjection,
+    ScalingCurve,
+    ScalingReport,
+    ScalingRow,
+    build_scaling_report,
+    curve_key,
+    scaling_table,
 )
+from landcover.errors import OutputExistsError, ReportError
+from landcover.projection import describe_network
 from landcover.runs import RunSummary
+
+__all__ = [
+    "DEFAULT_PROJECT_TO",
+    "HTML_FILE",
+    "MARKDOWN_FILE",
+    "CurveKey",
+    "CurveProjection",
+    "ReportPaths",
+    "ScalingCurve",
+    "ScalingReport",
+    "ScalingRow",
+    "build_scaling_report",
+    "curve_key",
+    "format_seconds",
+    "report_markdown",
+    "scaling_table",
+    "write_report_files",
+    "write_scaling_report",
+]
 
 logger = logging.getLogger(__name__)
 
 MARKDOWN_FILE = "report.md"
 HTML_FILE = "report.html"
-DEFAULT_PROJECT_TO = (8, 16, 64, 148)
 TUTORIAL_EXPONENT = -0.80  # the exponent of the original Batch AI tutorial's scaling figure
-
-
-@dataclass(frozen=True, slots=True)
-class CurveKey:
-    """What makes runs comparable points of one curve."""
-
-    device: str
-    compression: str
-    block_momentum: bool
-    model: str | None
-    batch_size: int
-
-    @property
-    def mode(self) -> str:
-        return self.compression + (" + block momentum" if self.block_momentum else "")
-
-
-@dataclass(frozen=True, slots=True)
-class ScalingRow:
-    """One run in its curve: speed-up and efficiency against the curve's smallest run."""
-
-    run: RunSummary
-    speedup: float
-    ideal_speedup: float
-
-    @property
-    def efficiency(self) -> float:
-        return self.speedup / self.ideal_speedup
-
-
-@dataclass(frozen=True, slots=True)
-class CurveProjection:
-    """The ring-model projection of one curve (PROJECTED, not measured)."""
-
-    model: RingModel
-    network_source: str
-    compute_fit: ComputeFit
-    points: tuple[ProjectedPoint, ...]
-
-    @property
-    def max_abs_error(self) -> float | None:
-        errors = [abs(e) for p in self.points if (e := p.relative_error) is not None]
-        return max(errors) if errors else None
-
-
-@dataclass(frozen=True, slots=True)
-class ScalingCurve:
-    """The runs of one curve key, their power-law fit and their projection (both None when
-    there is nothing to fit)."""
-
-    key: CurveKey
-    label: str
-    rows: tuple[ScalingRow, ...]
-    baseline_workers: int
-    fit_rows: tuple[ScalingRow, ...]  # the rows the power law and projection are fitted to
-    fit: PowerLawFit | None
-    projection: CurveProjection | None
-
-
-@dataclass(frozen=True, slots=True)
-class ScalingReport:
-    """Every curve, grouped by device in `devices` order, and notes on what was assumed."""
-
-    curves: tuple[ScalingCurve, ...]
-    devices: tuple[str, ...]
-    project_to: tuple[int, ...]
-    notes: tuple[str, ...]
-
-    def curves_of(self, device: str) -> tuple[ScalingCurve, ...]:
-        return tuple(c for c in self.curves if c.key.device == device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,154 +68,6 @@ class ReportPaths:
     markdown: Path
     html: Path
     images: tuple[Path, ...]
-
-
-# ---------------------------------------------------------------------------------------------
-# Curves, fits, projections
-
-
-def curve_key(run: RunSummary) -> CurveKey:
-    return CurveKey(run.device, run.compression, run.block_momentum, run.model, run.batch_size)
-
-
-def scaling_table(runs: Sequence[RunSummary]) -> list[ScalingRow]:
-    """Every run with its speed-up and efficiency against the smallest run of its curve
-    (same device, mode, model and batch), sorted by device, mode and workers."""
-    return [row for members in _group(runs).values() for row in _rows_of(members)]
-
-
-def _group(runs: Sequence[RunSummary]) -> dict[CurveKey, list[RunSummary]]:
-    groups: dict[CurveKey, list[RunSummary]] = {}
-    for run in sorted(runs, key=lambda r: (*_sort_key(curve_key(r)), r.workers, r.label)):
-        groups.setdefault(curve_key(run), []).append(run)
-    return groups
-
-
-def _sort_key(key: CurveKey) -> tuple[str, bool, str, str, int]:
-    return key.device, key.block_momentum, key.compression, key.model or "", key.batch_size
-
-
-def _rows_of(members: Sequence[RunSummary]) -> list[ScalingRow]:
-    baseline_workers = min(r.workers for r in members)
-    baseline_s = statistics.median(r.epoch_time_s for r in members if r.workers == baseline_workers)
-    return [
-        ScalingRow(r, baseline_s / r.epoch_time_s, r.workers / baseline_workers) for r in members
-    ]
-
-
-def build_scaling_report(
-    runs: Sequence[RunSummary],
-    *,
-    project_to: Sequence[int] = DEFAULT_PROJECT_TO,
-    network: Network | None = None,
-) -> ScalingReport:
-    """Curves, power-law fits and ring-model projections of `runs`. `network` overrides the
-    network looked up from the runs' vmSize (default: DEFAULT_NETWORK)."""
-    if not runs:
-        raise ReportError("no runs to report on; pass run directories of `landcover train`")
-    bad = [n for n in project_to if n < 1]
-    if bad:
-        raise ReportError(f"--project-to {bad[0]}: worker counts must be >= 1")
-    notes: list[str] = []
-    curves: list[ScalingCurve] = []
-    groups = _group(runs)
-    for key, members in groups.items():
-        siblings = [k for k in groups if k.device == key.device]
-        rows = tuple(_rows_of(members))
-        fit_rows = tuple(r for r in rows if r.run.oversubscribed is not True)
-        if len({r.run.workers for r in fit_rows}) < 2 and len(fit_rows) < len(rows):
-            fit_rows = rows
-            notes.append(
-                f"{key.device}, {key.mode}: fewer than two worker counts are not oversubscribed, "
-                "so the fit and projection use the oversubscribed runs too."
-            )
-        fit = None
-        if len({r.run.workers for r in fit_rows}) >= 2:
-            fit = fit_power_law(
-                [r.run.workers for r in fit_rows], [r.run.epoch_time_s for r in fit_rows]
-            )
-        projection = _project_curve(key, fit_rows, project_to, network, notes)
-        curves.append(
-            ScalingCurve(
-                key=key,
-                label=_label(key, siblings),
-                rows=rows,
-                baseline_workers=min(r.run.workers for r in rows),
-                fit_rows=fit_rows,
-                fit=fit,
-                projection=projection,
-            )
-        )
-    devices = tuple(dict.fromkeys(c.key.device for c in curves))
-    return ScalingReport(tuple(curves), devices, tuple(sorted(set(project_to))), tuple(notes))
-
-
-def _label(key: CurveKey, siblings: Sequence[CurveKey]) -> str:
-    label = key.mode
-    if len({k.model for k in siblings}) > 1:
-        label = f"{key.model or '?'} · {label}"
-    if len({k.batch_size for k in siblings}) > 1:
-        label = f"{label} · batch {key.batch_size}"
-    return label
-
-
-def _project_curve(
-    key: CurveKey,
-    fit_rows: Sequence[ScalingRow],
-    project_to: Sequence[int],
-    override: Network | None,
-    notes: list[str],
-) -> CurveProjection:
-    runs = [r.run for r in fit_rows]
-    where = f"{key.device}, {key.mode}"
-    network, source = _choose_network(runs, override, where, notes)
-    multi = [r.comm_bytes_per_step for r in runs if r.workers > 1]
-    payload = statistics.median(multi or [r.comm_bytes_per_step for r in runs])
-    if payload == 0:
-        notes.append(
-            f"{where}: no run measured any bytes communicated per step, so the projection "
-            "has no communication cost; measure a run with 2 or more workers."
-        )
-    points = [MeasuredPoint(r.workers, r.steps, r.batch_size, r.epoch_time_s) for r in runs]
-    compute = fit_compute_per_sample(points, payload_bytes=payload, network=network)
-    if compute.clamped:
-        notes.append(
-            f"{where}: the modelled communication over {network.name} alone exceeds the measured "
-            "epoch times (the runs talked over a faster path); compute per sample is set to 0."
-        )
-    model = RingModel(
-        compute_per_sample_s=compute.compute_per_sample_s,
-        payload_bytes=payload,
-        samples_per_epoch=round(statistics.median(r.samples_per_epoch for r in runs)),
-        batch_size=key.batch_size,
-        network=network,
-    )
-    measured: dict[int, list[float]] = {}
-    for r in runs:
-        measured.setdefault(r.workers, []).append(r.epoch_time_s)
-    points_out = project(
-        model,
-        [*measured, *project_to],
-        baseline_workers=min(measured),
-        measured={n: statistics.median(ts) for n, ts in measured.items()},
-    )
-    return CurveProjection(model, source, compute, points_out)
-
-
-def _choose_network(
-    runs: Sequence[RunSummary], override: Network | None, where: str, notes: list[str]
-) -> tuple[Network, str]:
-    if override is not None:
-        return override, "--network"
-    sizes = sorted({r.vm_size for r in runs if r.vm_size})
-    if len(sizes) == 1 and (network := network_for(sizes[0])) is not None:
-        return network, f"vmSize {sizes[0]} of the runs"
-    if sizes:
-        notes.append(
-            f"{where}: vmSize {', '.join(sizes)} names no single known network; projecting "
-            f"over the default {DEFAULT_NETWORK.name} (pass --network to choose)."
-        )
-    return DEFAULT_NETWORK, "default (no --network and no known vmSize in run.json)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,22 +105,26 @@ class _Bullets:
 _Block = _Heading | _Paragraph | _Table | _Image | _Bullets
 
 _RUN_HEADERS = (
-    *("device", "mode", "workers", "nodes", "epoch time (s)", "epochs used", "step time (s)"),
-    *("speed-up", "efficiency", "load time (s)", "samples/s", "comm/step", "oversubscribed"),
-    "run",
+    *("device", "mode", "workers", "nodes", "epoch time (s)", "epochs run", "epochs used"),
+    *("step time (s)", "samples/s", "speed-up", "efficiency", "load time (s)", "comm/step"),
+    *("oversubscribed", "run"),
 )
 _PROJECTION_HEADERS = (
     *("workers", "steps/epoch", "compute (s)", "comm (s)", "PROJECTED epoch time (s)"),
     *("speed-up", "efficiency", "measured (s)", "error"),
 )
-_EPOCH_TIME_NOTE = (
-    "Epoch time is the median of a run's per-epoch training times over every epoch but the "
-    "first (warm-up) when the run has two or more epochs; it excludes validation and the "
-    "one-time shard load, which has its own column. Speed-up and efficiency are against the "
-    "smallest worker count of the same curve. The per-worker batch is fixed and the dataset is "
-    "split across workers, so the epoch scales strongly while step time (epoch time / steps) "
-    "is the weak-scaling view: ideally flat, its growth with workers is communication and "
-    "contention."
+_CURVE_NOTE = (
+    "Runs share a curve only when they differ in the worker count alone: same device, chip "
+    "store, model, per-worker batch and communication mode. Epoch time is the median of a "
+    "run's per-epoch training times over every epoch but the first (warm-up) when the run has "
+    "two or more epochs; it excludes validation and the one-time shard load, which has its own "
+    "column. Speed-up and efficiency compare samples per second (an epoch trains full batches "
+    "only, so epochs at different worker counts can train different sample counts) with the "
+    "smallest worker count among the curve's finished runs. A run marked incomplete recorded "
+    "fewer epochs than it planned without stopping early: it is shown but never fitted. The "
+    "per-worker batch is fixed and the dataset is split across workers, so the epoch scales "
+    "strongly while step time (epoch time / steps) is the weak-scaling view: ideally flat, "
+    "its growth with workers is communication and contention."
 )
 
 
@@ -370,10 +171,10 @@ def write_report_files(
         if stale.name not in images:
             stale.unlink(missing_ok=True)
     for name, data in images.items():
-        _write_atomic(out / name, data)
+        write_bytes_atomic(out / name, data)
     blocks = _document(report, figures)
-    _write_atomic(out / MARKDOWN_FILE, _render_markdown(blocks).encode())
-    _write_atomic(out / HTML_FILE, _render_html(blocks, images).encode())
+    write_bytes_atomic(out / MARKDOWN_FILE, _render_markdown(blocks).encode())
+    write_bytes_atomic(out / HTML_FILE, _render_html(blocks, images).encode())
     logger.info("wrote the scaling report to %s", out)
     return ReportPaths(
         out_dir=out,
@@ -414,7 +215,7 @@ def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> 
             _RUN_HEADERS,
             tuple(_run_row(curve, row) for curve in report.curves for row in curve.rows),
         ),
-        _Paragraph(_EPOCH_TIME_NOTE),
+        _Paragraph(_CURVE_NOTE),
         _Heading(2, "Power-law fits"),
         _Table(
             ("device", "curve", "runs fitted", "worker counts", "exponent b (t ∝ N^b)", "R²"),
@@ -424,7 +225,7 @@ def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> 
             "Least squares of log(epoch time) = a + b·log(workers). Ideal strong scaling is "
             f"b = -1; the original tutorial's figure reported b = {TUTORIAL_EXPONENT:.2f}. "
             "Oversubscribed runs (more worker threads than cores on a host) are shown hollow "
-            "and left out of fits and projections."
+            "and incomplete runs as crosses; both are left out of fits and projections."
         ),
     ]
     for device in report.devices:
@@ -469,12 +270,14 @@ def _run_row(curve: ScalingCurve, row: ScalingRow) -> tuple[str, ...]:
         str(run.workers),
         str(run.nodes),
         format_seconds(run.epoch_time_s),
+        run.progress,
         _format_epochs(run.epochs_used, len(run.epochs)),
         format_seconds(run.step_time_s),
-        f"{row.speedup:.2f} (ideal {row.ideal_speedup:g})",
-        f"{row.efficiency:.0%}",
+        f"{run.samples_per_s:.1f}",
+        # an unfinished run's few epochs are not a measurement to compare
+        "-" if run.complete is False else f"{row.speedup:.2f} (ideal {row.ideal_speedup:g})",
+        "-" if run.complete is False else f"{row.efficiency:.0%}",
         format_seconds(run.load_time_s),
-        f"{run.samples_per_s:.1f}" if run.samples_per_s is not None else "-",
         _format_bytes(run.comm_bytes_per_step),
         oversubscribed,
         run.label,
@@ -607,15 +410,3 @@ def _render_html(blocks: Sequence[_Block], images: Mapping[str, bytes]) -> str:
             parts.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in block.items) + "</ul>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from landcover import atomic
 from landcover.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -85,16 +85,9 @@ def prepare_run_dir(
 
 
 def write_atomic(path: Path, write: Callable[[str], object]) -> None:
-    """Write through a temp file in the same directory, then rename: never a half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write through a temp file in the same directory, then rename: never a half file
+    (`landcover.atomic.write_atomic`: fsynced, with the umask's permissions)."""
+    atomic.write_atomic(path, write)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -6,6 +6,9 @@ epoch but the first when it has two or more (the first pays for allocator, cuDNN
 and page-cache warm-up). The one-time shard load is kept apart, never in epoch time.
 A run is oversubscribed when its workers on one host ask for more threads than the host has
 cores; the sweep that launched it says so, else run.json's `cores` decides, else it is unknown.
+A run is incomplete when it recorded fewer epochs than it was configured for (run.json, else
+the sweep's `epochs`) and did not stop early by its --patience: it was killed or is still
+running, and its numbers are not a finished measurement.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import logging
 import math
 import os
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from landcover.errors import ReportError
+from landcover.metricsfile import is_int, read_epoch_records
 
 logger = logging.getLogger(__name__)
 
@@ -28,47 +32,8 @@ METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
 SWEEP_FILE = "sweep.json"
 
-# metrics.jsonl fields the report reads → the kind of value each must hold (see _KINDS)
-_REQUIRED: dict[str, str] = {
-    "epoch": "int>=1",
-    "world_size": "int>=1",
-    "epoch_time_s": "number>0",
-    "load_time_s": "number>=0",
-    "steps": "int>=1",
-    "batch_size": "int>=1",
-    "comm_bytes_per_step": "number>=0",
-    "device": "str",
-    "compression": "str",
-    "block_momentum": "bool",
-}
-_OPTIONAL: dict[str, str] = {  # may also be null
-    "nodes": "int>=1",
-    "threads_per_worker": "int>=1",
-    "samples_per_s": "number>0",
-    "model": "str",
-    "host": "str",
-}
-# fields that must not change between the epochs of one run
-_CONSTANT = ("world_size", "device", "compression", "block_momentum", "batch_size", "nodes")
 # sweep.json is not pinned in docs/CONTRACTS.md yet: accept the names a sweep may give its runs
 _SWEEP_PATH_KEYS = ("run_dir", "dir", "path", "out", "name")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "int>=1": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "number>0": (lambda v: _is_number(v) and v > 0, "a positive number"),
-    "number>=0": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +56,40 @@ class RunSummary:
     load_time_s: float
     steps: int
     samples_per_epoch: int
-    samples_per_s: float | None
+    samples_per_s: float  # median over epochs_used: samples trained (full batches) per second
     comm_bytes_per_step: float
     vm_size: str | None
     cores: int | None
     oversubscribed: bool | None  # None: unknown (no sweep.json and no core count)
     oversubscribed_source: str | None
+    store: str | None  # the chip store's URL (run.json); None: not recorded
+    epochs_planned: int | None  # --epochs of the run; None: not recorded
+    stopped_early: bool  # by --patience, before epochs_planned
 
     @property
     def label(self) -> str:
         return str(self.run_dir)
+
+    @property
+    def complete(self) -> bool | None:
+        """Whether the run finished: every planned epoch, or an early stop by --patience;
+        None when nothing says how many epochs it planned."""
+        if self.stopped_early:
+            return True
+        if self.epochs_planned is None:
+            return None
+        return max(self.epochs) >= self.epochs_planned
+
+    @property
+    def progress(self) -> str:
+        """`6 of 6`, `2 of 30 (incomplete)`, `4 of 10 (early stop)` or `3 of ?`."""
+        done = max(self.epochs)
+        if self.epochs_planned is None:
+            return f"{done} of ?"
+        text = f"{done} of {self.epochs_planned}"
+        if self.stopped_early:
+            return f"{text} (early stop)"
+        return text if self.complete else f"{text} (incomplete)"
 
     @property
     def step_time_s(self) -> float:
@@ -118,6 +107,7 @@ class _Sweep:
     named: dict[Path, tuple[Path, _Entry]]  # resolved run dir → (run dir, entry)
     unnamed: tuple[_Entry, ...]  # entries naming no directory: matched by worker count
     failed: dict[Path, _Entry]  # resolved run dir → entry, for runs the sweep marks failed
+    epochs: int | None  # the --epochs the sweep gave every run
 
     def entry_for(self, run_dir: Path, workers: int) -> _Entry | None:
         """The entry naming `run_dir`, else the one unnamed entry with `workers` workers."""
@@ -166,7 +156,9 @@ def _expand(path: Path) -> list[_Source]:
                 "finish an epoch: rerun it, or pass the other run directories one by one"
             )
     for entry in sweep.failed.values():
-        logger.warning("%s: skipping a run the sweep marks as failed: %s", sweep.file, entry)
+        logger.warning(
+            "%s: skipping a run the sweep marks as failed: %s", sweep.file, describe_entry(entry)
+        )
     run_dirs = {resolved: run_dir for resolved, (run_dir, _) in sweep.named.items()}
     for child in sorted(path.iterdir()):
         resolved = child.resolve()
@@ -185,7 +177,8 @@ def _load_sweep(sweep_dir: Path) -> _Sweep:
     named: dict[Path, tuple[Path, _Entry]] = {}
     unnamed: list[_Entry] = []
     failed: dict[Path, _Entry] = {}
-    for entry in _read_sweep(sweep_file) if sweep_file.is_file() else ():
+    data = _read_json(sweep_file) if sweep_file.is_file() else []
+    for entry in _sweep_entries(sweep_file, data):
         run_dir = _entry_dir(sweep_dir, entry)
         if _entry_failed(entry):
             if run_dir is not None:
@@ -194,11 +187,11 @@ def _load_sweep(sweep_dir: Path) -> _Sweep:
             unnamed.append(entry)
         else:
             named.setdefault(run_dir.resolve(), (run_dir, entry))
-    return _Sweep(sweep_file, named, tuple(unnamed), failed)
+    epochs = _positive_int(data.get("epochs")) if isinstance(data, dict) else None
+    return _Sweep(sweep_file, named, tuple(unnamed), failed, epochs)
 
 
-def _read_sweep(sweep_file: Path) -> tuple[_Entry, ...]:
-    data = _read_json(sweep_file)
+def _sweep_entries(sweep_file: Path, data: Any) -> tuple[_Entry, ...]:
     entries = data.get("runs") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise ReportError(
@@ -206,6 +199,25 @@ def _read_sweep(sweep_file: Path) -> tuple[_Entry, ...]:
             "`landcover scale` or delete the file to read the run subdirectories alone"
         )
     return tuple(entries)
+
+
+def describe_entry(entry: _Entry) -> str:
+    """A sweep.json run entry as a phrase for a log line: `workers-4 (4 workers, status
+    failed, exit code 1): out of memory`."""
+    where = next(
+        (str(entry[k]) for k in _SWEEP_PATH_KEYS if isinstance(entry.get(k), str) and entry[k]),
+        "a run",
+    )
+    facts = []
+    if is_int(entry.get("workers")):
+        facts.append(f"{entry['workers']} workers")
+    if entry.get("status"):
+        facts.append(f"status {entry['status']}")
+    if entry.get("returncode") not in (None, 0):
+        facts.append(f"exit code {entry['returncode']}")
+    text = f"{where} ({', '.join(facts)})" if facts else where
+    error = str(entry.get("error") or "").strip()
+    return f"{text}: {error.splitlines()[0]}" if error else text
 
 
 def _entry_failed(entry: _Entry) -> bool:
@@ -238,63 +250,8 @@ def _read_json(path: Path) -> Any:
         raise ReportError(f"{path}: cannot be read ({exc})") from None
 
 
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The epochs of a metrics.jsonl, checked and in epoch order; a resumed run rewrites
-    epochs, and the last record of an epoch wins."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: cannot be read ({exc})") from None
-    by_epoch: dict[int, dict[str, Any]] = {}
-    for number, line in enumerate(lines, start=1):
-        if line.strip():
-            record = _parse_metrics_line(path, number, line)
-            by_epoch[record["epoch"]] = record
-    if not by_epoch:
-        raise ReportError(
-            f"{path}: empty, no epoch has finished; wait for the run's first epoch or leave "
-            f"{path.parent} out"
-        )
-    records = [by_epoch[e] for e in sorted(by_epoch)]
-    for name in _CONSTANT:
-        values = {json.dumps(r.get(name)) for r in records}
-        if len(values) > 1:
-            raise ReportError(
-                f"{path}: {name} changes between epochs ({', '.join(sorted(values))}); one run "
-                "directory must hold one configuration: train each in its own --out"
-            )
-    return records
-
-
-def _parse_metrics_line(path: Path, number: int, line: str) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ReportError(
-            f"{path}: line {number} is not valid JSON ({exc.msg}); delete that line or "
-            "rerun the training"
-        ) from None
-    if not isinstance(record, dict):
-        raise ReportError(f"{path}: line {number} is not a JSON object; delete that line")
-    missing = [name for name in _REQUIRED if name not in record]
-    if missing:
-        raise ReportError(
-            f"{path}: line {number} lacks {', '.join(missing)}; the report needs "
-            f"{', '.join(_REQUIRED)} on every line (docs/CONTRACTS.md, metrics.jsonl)"
-        )
-    for name, kind in (*_REQUIRED.items(), *_OPTIONAL.items()):
-        value = record.get(name)
-        is_valid, wanted = _KINDS[kind]
-        if not is_valid(value) and not (name in _OPTIONAL and value is None):
-            raise ReportError(
-                f"{path}: line {number}: {name} must be {wanted}, got {json.dumps(value)}; "
-                "fix or delete that line"
-            )
-    return record
-
-
 def _summarise(source: _Source) -> RunSummary:
-    records = _read_metrics(source.run_dir / METRICS_FILE)
+    records = read_epoch_records(source.run_dir / METRICS_FILE)
     first = records[0]
     # the first epoch pays for warm-up (allocator, autotuning, page cache): leave it out
     used = records[1:] if len(records) >= 2 else records
@@ -308,12 +265,20 @@ def _summarise(source: _Source) -> RunSummary:
         else r["steps"] * workers * batch_size
         for r in used
     ]
-    samples_per_s = [float(r["samples_per_s"]) for r in used if r.get("samples_per_s")]
+    # what an epoch trained (full batches only: 1 and 8 workers can train different counts)
+    # per second; a record without samples_per_s has it from its steps
+    samples_per_s = [
+        float(r["samples_per_s"] or r["steps"] * workers * batch_size / r["epoch_time_s"])
+        for r in used
+    ]
     entry = source.sweep.entry_for(source.run_dir, workers)
     run_file = source.run_dir / RUN_FILE
     run_info = _read_json(run_file) if run_file.is_file() else {}
     if not isinstance(run_info, dict):
         run_info = {}
+    config = run_info.get("config")
+    config = config if isinstance(config, dict) else {}
+    epochs_planned = _positive_int(config.get("epochs")) or source.sweep.epochs
     cores = _positive_int((entry or {}).get("cores")) or _positive_int(run_info.get("cores"))
     oversubscribed, oversubscribed_source = _oversubscription(
         entry, cores=cores, workers=workers, nodes=nodes, threads_per_worker=threads
@@ -335,12 +300,17 @@ def _summarise(source: _Source) -> RunSummary:
         load_time_s=max(float(r["load_time_s"]) for r in records),
         steps=round(statistics.median(int(r["steps"]) for r in used)),
         samples_per_epoch=_train_chips(run_info) or max(1, round(statistics.median(samples))),
-        samples_per_s=statistics.median(samples_per_s) if samples_per_s else None,
+        samples_per_s=statistics.median(samples_per_s),
         comm_bytes_per_step=statistics.median(float(r["comm_bytes_per_step"]) for r in used),
         vm_size=_vm_size(run_info),
         cores=cores,
         oversubscribed=oversubscribed,
         oversubscribed_source=oversubscribed_source,
+        store=_store_url(run_info, config),
+        epochs_planned=epochs_planned,
+        stopped_early=_stopped_early(
+            records, _positive_int(config.get("patience")), epochs_planned
+        ),
     )
 
 
@@ -365,6 +335,35 @@ def _oversubscription(
     )
 
 
+def _stopped_early(
+    records: list[dict[str, Any]], patience: int | None, epochs_planned: int | None
+) -> bool:
+    """Whether the trainer's --patience rule ended the run after its last recorded epoch:
+    `patience` epochs in a row without a val mIoU above the best so far (a NaN, recorded as
+    null, never improves), before the planned last epoch. The rule is replayed, not read,
+    because metrics.jsonl does not record the stop."""
+    if patience is None or epochs_planned is None:
+        return False
+    best, without_gain = -math.inf, 0
+    for record in records:
+        miou = record.get("val_miou")
+        if isinstance(miou, int | float) and not isinstance(miou, bool) and miou > best:
+            best, without_gain = float(miou), 0
+        else:
+            without_gain += 1
+    last = int(records[-1]["epoch"])
+    return without_gain >= patience and last < epochs_planned
+
+
+def _store_url(run_info: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """The chip store a run trained on: run.json's store.url, else its config's store_url."""
+    store = run_info.get("store")
+    url = store.get("url") if isinstance(store, dict) else None
+    if not (isinstance(url, str) and url):
+        url = config.get("store_url")
+    return url if isinstance(url, str) and url else None
+
+
 def _train_chips(run_info: dict[str, Any]) -> int | None:
     # The store's training chips (run.json) are the epoch's S; the samples a run trained
     # (steps × workers × batch) undercount it by the dropped remainder.
@@ -379,4 +378,4 @@ def _vm_size(run_info: dict[str, Any]) -> str | None:
 
 
 def _positive_int(value: Any) -> int | None:
-    return value if _is_int(value) and value > 0 else None
+    return value if is_int(value) and value > 0 else None

@@ -16,19 +16,26 @@ from landcover.demo import DemoConfig, run_demo
     default="demo-output",
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Output directory (an earlier demo's output there is replaced).",
+    help="Output directory. The demo writes only its own names in it (listed in its "
+    "demo.json); a rerun replaces what an earlier demo wrote there and keeps everything else.",
 )
-@click.option("--scenes", default=4, show_default=True, type=click.IntRange(min=2))
+@click.option(
+    "--scenes",
+    default=4,
+    show_default=True,
+    type=int,
+    help="Synthetic scenes (3 or more): one is held out of training and scored.",
+)
 @click.option("--size", "size_px", default=1024, show_default=True, type=click.IntRange(min=256))
 @click.option("--epochs", default=6, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
     "--cluster",
     "cluster_json",
-    default="cluster.json",
-    show_default=True,
+    default=None,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="cluster.json for the training runs (this machine when the file is absent).",
+    help="cluster.json for the training runs [default: ./cluster.json when there is one, "
+    "else this machine].",
 )
 @click.option(
     "--accuracy-floor",
@@ -43,7 +50,7 @@ def demo_command(
     size_px: int,
     epochs: int,
     seed: int,
-    cluster_json: Path,
+    cluster_json: Path | None,
     accuracy_floor: float,
 ) -> None:
     """Synthesise scenes, tile, train at 1 and 2 workers, report, predict a region, evaluate."""

@@ -201,7 +201,12 @@ def evaluate_command(
     storage_options: dict[str, Any],
 ) -> None:
     """Score PREDICTION (a land-cover raster) against truth rasters."""
-    from landcover.evaluate import EvaluateConfig, evaluate_prediction, write_report
+    from landcover.evaluate import (
+        EvaluateConfig,
+        check_report_target,
+        evaluate_prediction,
+        write_report,
+    )
 
     config = EvaluateConfig(
         prediction=prediction,
@@ -209,8 +214,8 @@ def evaluate_command(
         class_map=class_map,
         storage_options=storage_options,
     )
-    if out_dir is not None and not overwrite:
-        _check_report_absent(out_dir)
+    if out_dir is not None:  # fail before the work, not after it
+        check_report_target(out_dir, overwrite=overwrite)
     evaluation = evaluate_prediction(config)
     if out_dir is not None:
         for path in write_report(evaluation, out_dir, overwrite=overwrite):
@@ -219,16 +224,3 @@ def evaluate_command(
         click.echo(json.dumps(evaluation.to_json(), indent=2))
     else:
         click.echo(evaluation.to_markdown(), nl=False)
-
-
-def _check_report_absent(out_dir: str) -> None:
-    """Fail before the work when a report file exists and --overwrite is not given."""
-    from pathlib import Path
-
-    from landcover.errors import OutputExistsError
-    from landcover.evaluate import REPORT_FILES
-
-    for name in REPORT_FILES:
-        path = Path(out_dir) / name
-        if path.exists():
-            raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")

@@ -244,3 +244,43 @@ def test_write_report_is_atomic_per_file(tmp_path: Path) -> None:
     paths = write_report(ev, tmp_path / "r")
     assert [p.name for p in paths] == ["metrics.json", "metrics.md", "confusion.png"]
     assert not [p for p in (tmp_path / "r").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_predicted_codes_outside_the_class_table_are_an_error(tmp_path: Path, tagged: bool) -> None:
+    # Codes 5 and 9 are not in the 5-code table: dropping those pixels scored the rest alone
+    # (accuracy 1.0 here, where a third of the map is wrong).
+    bad = PRED.copy()
+    bad[0, :2] = 9
+    bad[3, 3:] = 5
+    path = tmp_path / "pred.tif"
+    pred = write_prediction(path, bad) if tagged else write(path, bad, nodata=0)
+    truth = write(tmp_path / "truth.tif", TRUTH_RAW)
+    result = run(str(pred), "--truth", str(truth))
+    assert result.exit_code == 2
+    table = "its class table" if tagged else "the class table 'chesapeake7to5' assumed"
+    assert result.output.startswith(f"error: {pred}: holds class codes 5, 9 outside {table}")
+    assert "(codes 0-4); leaving those pixels out would inflate the scores" in result.output
+    assert result.output.count("\n") == 1
+
+
+def test_confusion_matrix_refuses_codes_it_cannot_count() -> None:
+    with pytest.raises(ValueError, match="predicted codes reach 7, not below 5"):
+        confusion_matrix(FIVE.apply(TRUTH_RAW), np.full_like(PRED, 7), 5)
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_out_naming_an_existing_file_is_refused_before_the_work(
+    tmp_path: Path, overwrite: list[str]
+) -> None:
+    pred = write_prediction(tmp_path / "pred.tif")
+    truth = write(tmp_path / "truth.tif", TRUTH_RAW)
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    result = run(str(pred), "--truth", str(truth), "--out", str(taken), *overwrite)
+    assert result.exit_code == 2
+    assert result.output == (
+        f"error: --out {taken}: exists and is not a directory; give a directory for "
+        "metrics.json, metrics.md, confusion.png\n"
+    )
+    assert taken.read_text() == "mine"

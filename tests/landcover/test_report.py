@@ -14,7 +14,12 @@ from cluster.vmsizes import GBIT, IB_EDR
 from landcover.cli import main
 from landcover.errors import OutputExistsError, ReportError
 from landcover.projection import DEFAULT_NETWORK, parse_network
-from landcover.report import build_scaling_report, scaling_table, write_scaling_report
+from landcover.report import (
+    build_scaling_report,
+    report_markdown,
+    scaling_table,
+    write_scaling_report,
+)
 from landcover.runs import load_runs
 from tests.landcover.test_runs import BATCH, CPU, only, power_law_runs, steps_for, write_run
 
@@ -148,6 +153,78 @@ def test_one_curve_per_compression_and_block_momentum_mode(tmp_path: Path) -> No
     rows = scaling_table(load_runs([tmp_path / "psgd", tmp_path / "none"]))
     order = [(r.run.compression, r.run.workers) for r in rows]
     assert order == [(c, n) for c in ("none", "powersgd:2") for n in (1, 2, 4)]
+
+
+# --- what is comparable ----------------------------------------------------------------------
+
+
+def test_runs_of_different_stores_are_separate_curves(tmp_path: Path) -> None:
+    # the report: a 1-worker run on a store 20x smaller joined the big store's curve
+    for name, scale in (("big", 100.0), ("small", 5.0)):
+        power_law_runs(
+            tmp_path / name, [1, 2], scale=scale, run_json={"store": {"url": f"/d/{name}.zarr"}}
+        )
+    report = build_scaling_report(load_runs([tmp_path / "big", tmp_path / "small"]))
+    curves = {c.label: c for c in report.curves}
+    assert set(curves) == {"none · store big.zarr", "none · store small.zarr"}
+    for curve in report.curves:
+        assert len({r.run.store for r in curve.rows}) == 1
+        assert [r.speedup for r in curve.rows] == pytest.approx([1.0, 2**0.8])
+        assert max(r.efficiency for r in curve.rows) <= 1.0
+
+
+def test_stores_that_share_a_name_are_told_apart_by_their_url(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        power_law_runs(tmp_path / name, [1], run_json={"store": {"url": f"/{name}/chips.zarr"}})
+    report = build_scaling_report(load_runs([tmp_path / "a", tmp_path / "b"]))
+    assert sorted(c.label for c in report.curves) == [
+        "none · store /a/chips.zarr",
+        "none · store /b/chips.zarr",
+    ]
+
+
+def test_an_incomplete_run_is_marked_and_left_out_of_the_fit(tmp_path: Path) -> None:
+    planned = {"config": {"epochs": 3}}
+    power_law_runs(tmp_path, [1, 2, 4], run_json=planned)
+    # killed at epoch 2 of 30: one fast epoch, not a measurement of the curve
+    write_run(
+        tmp_path, "w8", workers=8, epoch_times=[30.0, 1.0], run_json={"config": {"epochs": 30}}
+    )
+    report = build_scaling_report(load_runs([tmp_path]))
+    (curve,) = report.curves
+    assert [r.run.workers for r in curve.rows] == [1, 2, 4, 8]
+    assert [r.run.workers for r in curve.fit_rows] == [1, 2, 4]
+    assert curve.fit is not None and curve.fit.exponent == pytest.approx(-0.8)
+    assert curve.projection is not None
+    assert {p.workers for p in curve.projection.points if p.measured_epoch_time_s} == {1, 2, 4}
+    (note,) = [n for n in report.notes if "incomplete" in n]
+    assert f"{tmp_path / 'w8'} (epoch 2 of 30 (incomplete))" in note
+    markdown = report_markdown(report)
+    (w8_row,) = [line for line in markdown.splitlines() if "| 2 of 30 (incomplete) |" in line]
+    assert "| - | - |" in w8_row  # no speed-up or efficiency from two epochs of a killed run
+    assert "| 3 of 3 |" in markdown
+
+
+def test_an_incomplete_smallest_run_is_not_the_baseline(tmp_path: Path) -> None:
+    power_law_runs(tmp_path, [2, 4], run_json={"config": {"epochs": 3}})
+    write_run(
+        tmp_path, "w1", workers=1, epoch_times=[30.0, 1.0], run_json={"config": {"epochs": 9}}
+    )
+    (curve,) = build_scaling_report(load_runs([tmp_path])).curves
+    assert curve.baseline_workers == 2
+    assert [(r.run.workers, r.ideal_speedup) for r in curve.rows] == [(1, 0.5), (2, 1), (4, 2)]
+
+
+def test_speedup_and_efficiency_compare_samples_per_second(tmp_path: Path) -> None:
+    # 1 worker trains 1000 samples an epoch, 8 workers only 960 (full batches of 120-chip
+    # shards): the epoch-time ratio (8.0) overstates the speed-up, samples per second do not
+    write_run(tmp_path, "w1", workers=1, epoch_times=[80.0, 80.0], samples_per_s=1000 / 80.0)
+    write_run(tmp_path, "w8", workers=8, epoch_times=[10.0, 10.0], samples_per_s=960 / 10.0)
+    (curve,) = build_scaling_report(load_runs([tmp_path])).curves
+    w1, w8 = curve.rows
+    assert (w1.speedup, w1.efficiency) == (1.0, 1.0)
+    assert w8.speedup == pytest.approx(96 / 12.5)
+    assert w8.efficiency == pytest.approx(96 / 12.5 / 8)
 
 
 # --- oversubscription ------------------------------------------------------------------------

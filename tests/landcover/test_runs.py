@@ -277,3 +277,74 @@ def test_bad_run_json_and_sweep_json_are_named(tmp_path: Path) -> None:
     (sweep / "sweep.json").write_text(json.dumps({"runs": [{"run_dir": "w2", "workers": 2}]}))
     with pytest.raises(ReportError, match=r"w2: listed in .*sweep.json but has no metrics.jsonl"):
         load_runs([sweep])
+
+
+# --- finished or not -------------------------------------------------------------------------
+
+
+def _planned(epochs: int, patience: int | None = None, store: str = "chips.zarr") -> dict[str, Any]:
+    """run.json as the trainer writes it, reduced to what the report reads."""
+    return {
+        "store": {"url": store},
+        "config": {"store_url": store, "epochs": epochs, "patience": patience},
+    }
+
+
+def test_a_run_killed_before_its_last_epoch_is_incomplete(tmp_path: Path) -> None:
+    killed = write_run(tmp_path, "killed", workers=8, epoch_times=[9.0, 1.0], run_json=_planned(30))
+    done = write_run(tmp_path, "done", workers=1, epoch_times=[9.0, 5.0], run_json=_planned(2))
+    unknown = write_run(tmp_path, "unknown", workers=2, epoch_times=[9.0, 3.0])
+    runs = {r.run_dir.name: r for r in load_runs([killed, done, unknown])}
+    assert (runs["killed"].complete, runs["killed"].progress) == (False, "2 of 30 (incomplete)")
+    assert (runs["done"].complete, runs["done"].progress) == (True, "2 of 2")
+    assert (runs["unknown"].complete, runs["unknown"].progress) == (None, "2 of ?")
+    assert runs["done"].store == "chips.zarr" and runs["unknown"].store is None
+
+
+def test_the_sweep_says_how_many_epochs_its_runs_planned(tmp_path: Path) -> None:
+    power_law_runs(tmp_path, [1, 2])  # three epochs each
+    (tmp_path / "sweep.json").write_text(json.dumps({"epochs": 12, "runs": []}))
+    assert {r.progress for r in load_runs([tmp_path])} == {"3 of 12 (incomplete)"}
+
+
+def test_an_early_stop_by_patience_is_complete(tmp_path: Path) -> None:
+    # best mIoU at epoch 2, then two epochs without a gain: --patience 2 stops after epoch 4
+    mious = [0.3, 0.5, 0.5, None]
+    run_dir = write_run(
+        tmp_path, "stopped", workers=1, epoch_times=[1.0] * 4, run_json=_planned(10, 2)
+    )
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for line, miou in zip(lines, mious, strict=True):
+        line["val_miou"] = miou
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (run,) = load_runs([run_dir])
+    assert (run.stopped_early, run.complete, run.progress) == (True, True, "4 of 10 (early stop)")
+    # with --patience 3 the same records are a run killed after epoch 4
+    (run_dir / "run.json").write_text(json.dumps(_planned(10, 3)))
+    (run,) = load_runs([run_dir])
+    assert (run.stopped_early, run.complete) == (False, False)
+
+
+def test_samples_per_second_without_the_field_comes_from_the_steps(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, "r", workers=2, epoch_times=[4.0, 2.0], samples_per_s=None)
+    (run,) = load_runs([run_dir])
+    assert run.samples_per_s == pytest.approx(steps_for(2) * 2 * BATCH / 2.0)
+
+
+def test_a_failed_sweep_run_is_logged_as_one_readable_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    power_law_runs(tmp_path, [1, 2])
+    entries = [
+        {"workers": 1, "run_dir": "w1", "status": "done"},
+        {"workers": 2, "run_dir": "w2", "status": "failed", "error": "killed: out of memory\nmore"},
+    ]
+    (tmp_path / "sweep.json").write_text(json.dumps({"runs": entries}))
+    with caplog.at_level("WARNING", logger="landcover.runs"):
+        load_runs([tmp_path])
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.endswith(
+        "sweep.json: skipping a run the sweep marks as failed: "
+        "w2 (2 workers, status failed): killed: out of memory"
+    )
+    assert "{" not in message and "\n" not in message
