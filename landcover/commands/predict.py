@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 from typing import Any
 
 import click
@@ -132,8 +127,7 @@ def predict_command(
         max_pixels=max_pixels,
         zero_is_nodata=zero_is_nodata,
     )
-    with _sigterm_raises_system_exit():
-        result = predict_region(config)
+    result = predict_region(config)  # SIGTERM: cli.main's handler lets cleanup run
     grid = result.grid
     epsg = grid.crs.to_epsg()
     crs_name = f"EPSG:{epsg}" if epsg else grid.crs.to_string()
@@ -144,32 +138,6 @@ def predict_command(
     )
     if result.probabilities:
         click.echo(f"wrote {result.probabilities}")
-
-
-@contextmanager
-def _sigterm_raises_system_exit() -> Iterator[None]:
-    """While predicting, SIGTERM (a scheduler or `timeout` stopping us) raises SystemExit, so
-    the `finally` blocks that delete the temporary rasters run; its default action would end
-    the process on the spot and leave them beside the output.
-
-    Installed only when SIGTERM still has its default action in the main thread: a handler
-    the CLI installed for every command stays in charge.
-    """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)  # the exit status a shell reports for a killed process
 
 
 @click.command("evaluate")
