@@ -4,7 +4,14 @@ and align labels onto an image's pixel grid.
 Images must be 4-band uint8 (R, G, B, NIR) GeoTIFFs with a CRS. Which pixels are valid comes
 from the image's nodata value (a pixel whose four bands all equal it) or from an internal
 mask, never from an alpha band: several NAIP files tag their NIR band as alpha, and NIR is
-data.
+data. A file that declares neither gets the zero-fill rule: a pixel that is 0 in all four
+bands is nodata. Most NAIP files carry no nodata tag yet have black collars, and counting
+those as imagery gives chips of pure black labelled as land cover and warps that blend black
+into real pixels; a real pixel at 0 in all of R, G, B and NIR essentially never occurs.
+`open_image(..., zero_is_nodata=False)` (CLI `--no-zero-nodata`) opts out.
+
+Invalid pixels are returned as 0 in every band whatever the rule, so every consumer (the
+chip store, prediction) sees one convention: all-zero = no data.
 
 Labels are single-band integer rasters in any CRS and resolution. An image's labels are the
 label rasters whose footprint overlaps it (not a file-name match); their class codes are
@@ -19,6 +26,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,6 +49,18 @@ from tiling.urls import filesystem, is_local, local_path, storage_errors
 
 logger = logging.getLogger(__name__)
 
+# rasterio's reproject of in-memory arrays now and then reports "Dataset has no
+# geotransform" when several threads warp at once, although every call here passes both
+# transforms (seen with 2 worker threads, not with 1; the output is right either way). It
+# would reach the user as a raw warning, so it is hidden where it is attributed: only
+# rasterio.warp, only that message. A filter, not catch_warnings: that is not thread-safe.
+warnings.filterwarnings(
+    "ignore",
+    message="Dataset has no geotransform",
+    category=rasterio.errors.NotGeoreferencedWarning,
+    module="rasterio.warp",
+)
+
 RASTER_SUFFIXES = (".tif", ".tiff", ".TIF", ".TIFF", ".vrt")
 NAIP_BANDS = 4
 
@@ -61,7 +81,7 @@ class RasterInfo:
     dtype: str
     nodata: float | None
     block_shape: tuple[int, int]
-    mask_kind: str  # "nodata" | "internal" | "none"
+    mask_kind: str  # "nodata" | "internal" | "zero" (all four bands 0) | "none"
 
     @property
     def bounds(self) -> Bounds:
@@ -165,8 +185,13 @@ def open_raster(
         ds.close()
 
 
-def raster_info(ds: rasterio.DatasetReader, path: str) -> RasterInfo:
+def raster_info(
+    ds: rasterio.DatasetReader, path: str, *, zero_is_nodata: bool = False
+) -> RasterInfo:
     block_h, block_w = ds.block_shapes[0] if ds.block_shapes else (ds.height, ds.width)
+    mask_kind = _mask_kind(ds)
+    if mask_kind == "none" and zero_is_nodata:
+        mask_kind = "zero"
     return RasterInfo(
         path=path,
         crs=ds.crs,
@@ -177,7 +202,7 @@ def raster_info(ds: rasterio.DatasetReader, path: str) -> RasterInfo:
         dtype=ds.dtypes[0],
         nodata=ds.nodata,
         block_shape=(int(block_h), int(block_w)),
-        mask_kind=_mask_kind(ds),
+        mask_kind=mask_kind,
     )
 
 
@@ -205,9 +230,29 @@ def _check_georeferenced(ds: rasterio.DatasetReader, path: str) -> None:
         )
 
 
-def open_image(path: str, *, storage_options: Mapping[str, Any] | None = None) -> RasterInfo:
-    """Validate a NAIP image: 4 bands, uint8, a CRS and a geotransform."""
-    with open_raster(path, storage_options) as ds:
+@contextmanager
+def _quiet_georeferencing() -> Iterator[None]:
+    """Hide rasterio's NotGeoreferencedWarning where `_check_georeferenced` says it in one line.
+
+    Only around the single-threaded validation opens: `catch_warnings` is process state.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        yield
+
+
+def open_image(
+    path: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    zero_is_nodata: bool = True,
+) -> RasterInfo:
+    """Validate a NAIP image: 4 bands, uint8, a CRS and a geotransform.
+
+    `zero_is_nodata`: when the file declares no nodata value and has no internal mask,
+    pixels that are 0 in all four bands are nodata (mask kind "zero"); False keeps them.
+    """
+    with _quiet_georeferencing(), open_raster(path, storage_options) as ds:
         if ds.count != NAIP_BANDS:
             raise SourceFormatError(
                 f"{path}: expected 4 bands (R, G, B, NIR), found {ds.count}; "
@@ -219,12 +264,12 @@ def open_image(path: str, *, storage_options: Mapping[str, Any] | None = None) -
                 "convert to 8-bit (e.g. gdal_translate -ot Byte -scale)"
             )
         _check_georeferenced(ds, path)
-        return raster_info(ds, path)
+        return raster_info(ds, path, zero_is_nodata=zero_is_nodata)
 
 
 def open_label(path: str, *, storage_options: Mapping[str, Any] | None = None) -> RasterInfo:
     """Validate a label raster: one band of integer class codes, a CRS and a geotransform."""
-    with open_raster(path, storage_options) as ds:
+    with _quiet_georeferencing(), open_raster(path, storage_options) as ds:
         if ds.count != 1:
             raise LabelError(f"{path}: expected 1 band of class codes, found {ds.count}")
         if not np.issubdtype(np.dtype(ds.dtypes[0]), np.integer):
@@ -324,7 +369,10 @@ class RasterReader:
     def read_image(
         self, image: RasterInfo, window: rasterio.windows.Window
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-        """Pixels (4, h, w) and the valid-pixel mask (h, w) of a window."""
+        """Pixels (4, h, w) and the valid-pixel mask (h, w) of a window.
+
+        Invalid pixels come back as 0 in every band (whatever the file holds there).
+        """
         with self._dataset(image.path) as ds:
             pixels = ds.read(window=window, out_dtype="uint8")
             internal = ds.read_masks(1, window=window) if image.mask_kind == "internal" else None
@@ -336,8 +384,12 @@ class RasterReader:
                 valid = _any_band_differs(pixels, np.uint8(nodata))
         elif internal is not None:
             valid = internal != 0
+        elif image.mask_kind == "zero":
+            return pixels, _any_band_differs(pixels, np.uint8(0))  # invalid ones are 0 already
         else:
             valid = np.ones(pixels.shape[1:], dtype=bool)
+        if not valid.all():
+            pixels[:, ~valid] = 0
         return pixels, valid
 
     def read_labels(
