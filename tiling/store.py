@@ -43,7 +43,7 @@ from tiling.records import (
     SourceRecord,
 )
 from tiling.shard_reader import ShardReader, StoreLayout, chunk_counts, missing_objects
-from tiling.urls import check_storage_options, storage_errors, zarr_store
+from tiling.urls import storage_errors, zarr_store
 
 __all__ = [
     "ATTRS_KEY",
@@ -343,7 +343,6 @@ def open_store(url: str, *, storage_options: Mapping[str, Any] | None = None) ->
     A store of a format older than FIRST_CHECKED_VERSION opens with one warning: its reads
     cannot be checked.
     """
-    check_storage_options([url], storage_options)
     group = open_group(url, storage_options=storage_options)
     summary = summary_from_attrs(dict(group.attrs), url=url)
     if not summary.integrity_checked:

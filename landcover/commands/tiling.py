@@ -16,6 +16,7 @@ from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
 from tiling.errors import StoreCorruptError
 from tiling.store import StoreSummary, open_store
 from tiling.tile import TileConfig, TilePlan, available_cores, plan_tiling, tile
+from tiling.urls import check_storage_options
 
 DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
 
@@ -231,6 +232,7 @@ def info_command(
     Exits with status 2 when the store is damaged (shard objects missing, or with --verify
     any checksum failing), after describing it.
     """
+    check_storage_options([store], storage_options)
     chip_store = open_store(store, storage_options=dict(storage_options))
     summary = chip_store.summary
     stored = chip_store.stored_bytes()

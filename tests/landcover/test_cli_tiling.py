@@ -288,6 +288,17 @@ def test_bad_options_give_one_line_and_exit_2(
     assert not (tmp_path / "n.zarr").exists() and not (tmp_path / "o.zarr").exists()
 
 
+def test_info_refuses_storage_options_for_a_local_store(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "local.zarr"
+    assert run(*tile_args(scenes, out)).exit_code == 0
+    result = run("info", str(out), "--storage-options", '{"account_key": "k"}')
+    assert result.exit_code == 2
+    assert result.output == (
+        f"error: --storage-options (account_key) do not apply to local paths such as {out}; "
+        "drop --storage-options, or use a URL such as az://container/path\n"
+    )
+
+
 def test_info_reports_a_damaged_store_and_exits_2(scenes: Scenes, tmp_path: Path) -> None:
     out = tmp_path / "damaged.zarr"
     assert run(*tile_args(scenes, out)).exit_code == 0

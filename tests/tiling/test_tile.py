@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -354,9 +355,7 @@ def test_storage_options_for_local_paths_only_are_refused(scenes: Scenes, tmp_pa
     )
     with pytest.raises(StorageAccessError, match=message):
         plan_tiling(config(scenes.images, tmp_path / "x.zarr", storage_options=options))
-    tile(config(scenes.images[:1], tmp_path / "ok.zarr"))
-    with pytest.raises(StorageAccessError, match=message):
-        open_store(str(tmp_path / "ok.zarr"), storage_options=options)
+    assert not (tmp_path / "x.zarr").exists()
 
 
 def test_a_directory_that_is_not_a_store_is_never_overwritten(
@@ -587,3 +586,34 @@ def test_images_and_labels_read_from_az_urls(scenes: Scenes, tmp_path: Path, azu
     assert chunks == {
         k: v for k, v in snapshot(str(tmp_path / "local.zarr"), {}).items() if "/c/" in k
     }
+
+
+@pytest.mark.azurite
+def test_resume_refuses_an_az_source_that_changed(
+    scenes: Scenes, tmp_path: Path, azurite: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("az", **azurite.storage_options)
+    prefix = f"{azurite.container}/changed-{tmp_path.name}"
+    fs.put(str(scenes.root / "naip") + "/", f"{prefix}/naip/", recursive=True)
+    remote = replace(
+        config([], tmp_path / "az.zarr", storage_options=azurite.storage_options),
+        images=(f"az://{prefix}/naip/*.tif",),
+    )
+    real_commit = ChipStoreWriter.commit_source
+
+    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
+        real_commit(self, **kwargs)
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        tile(remote)
+    monkeypatch.undo()
+    fs.put(str(scenes.images[1]), f"{prefix}/naip/a.tif")  # a.tif (done) replaced by b.tif
+    with pytest.raises(
+        SourceChangedError,
+        match=rf"az://{prefix}/naip/a.tif changed since it was tiled into .*az.zarr \(size ",
+    ):
+        tile(remote)
