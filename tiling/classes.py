@@ -146,13 +146,14 @@ CHESAPEAKE_NODATA_RAW = 15
 
 _CHESAPEAKE7TO5 = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 4, 6: 4, CHESAPEAKE_NODATA_RAW: 0}
 _CHESAPEAKE7 = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6, CHESAPEAKE_NODATA_RAW: 0}
-# NLCD Anderson level II codes onto the 5-class scheme. Developed open space (21) is mostly
-# lawn but NLCD counts it as developed; we follow NLCD and call it impervious.
+# NLCD Anderson level II codes onto the 5-class scheme. Developed, open space (21) is under
+# 20 % impervious by NLCD's own definition: at 1 m it is lawn, parks and scattered trees, so
+# it is low vegetation, not impervious (calling it impervious teaches grass = pavement).
 _NLCD = {
     0: 0,
     11: 1,  # open water
     12: 4,  # perennial ice/snow
-    21: 4,
+    21: 3,  # developed, open space
     22: 4,
     23: 4,
     24: 4,  # developed

@@ -34,3 +34,11 @@ class StoreExistsError(StoreError, FileExistsError):
 
 class StorageAccessError(TilingError, OSError):
     """A storage URL (az://, ...) that cannot be reached or options that are not valid."""
+
+
+class StoreCorruptError(StoreError):
+    """Shard objects of a store that are missing or do not match their checksums."""
+
+
+class SourceChangedError(StoreError):
+    """An input that changed since it was tiled into the store being resumed."""

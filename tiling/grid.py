@@ -1,4 +1,4 @@
-"""Chip-grid arithmetic: where chips sit in an image, how they group into reads and splits.
+"""Chip-grid arithmetic: where chips sit in an image and how they group into reads.
 
 Pure functions and value objects, no I/O.
 
@@ -12,10 +12,6 @@ sparse sample and no edge chip is added.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fractions import Fraction
-
-import numpy as np
-import numpy.typing as npt
 
 from tiling.errors import TilingError
 
@@ -78,14 +74,6 @@ class ChipGrid:
         """(row_px, col_px) of chip (i, j)."""
         return self.row_offsets[i], self.col_offsets[j]
 
-    def num_blocks(self, block_chips: int) -> int:
-        """Split blocks: squares of `block_chips` × `block_chips` chips, row-major."""
-        return _ceil_div(self.rows, block_chips) * _ceil_div(self.cols, block_chips)
-
-    def block_of(self, i: int, j: int, block_chips: int) -> int:
-        """Row-major number of the split block holding chip (i, j)."""
-        return (i // block_chips) * _ceil_div(self.cols, block_chips) + j // block_chips
-
     def read_windows(self, *, min_height_px: int, max_width_px: int) -> tuple[ReadWindow, ...]:
         """Group chips into windows to read at once, in row-major order of windows.
 
@@ -125,25 +113,6 @@ def chip_grid(height: int, width: int, chip_size: int, stride: int, *, where: st
             f"pass --chip-size {min(height, width)} or smaller"
         )
     return ChipGrid(height, width, chip_size, stride)
-
-
-def val_blocks(first_block: int, num_blocks: int, val_fraction: float) -> npt.NDArray[np.bool_]:
-    """Which of blocks first_block..first_block+num_blocks-1 are validation blocks.
-
-    Blocks are numbered globally over all sources in input order. Block g is a validation
-    block when round((g + 1)·f) > round(g·f): exactly round(n·f) of the first n blocks, spread
-    evenly, computed in exact rationals so it never depends on float rounding or on how
-    many workers ran.
-    """
-    if not 0.0 <= val_fraction < 1.0:
-        raise TilingError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    frac = Fraction(val_fraction).limit_denominator(1_000_000)
-    g = np.arange(first_block, first_block + num_blocks, dtype=np.int64)
-    num, den = frac.numerator, frac.denominator
-    # round(x) = floor(x + 1/2) = (2·num·g + den) // (2·den) in integers
-    before = (2 * num * g + den) // (2 * den)
-    after = (2 * num * (g + 1) + den) // (2 * den)
-    return np.asarray(after > before)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -6,10 +6,14 @@ itself. Here each worker thread compresses the chips it cut (zstd releases the G
 the single writer only concatenates finished chunks into shard objects and PUTs them.
 
 The bytes are the ones zarr 3 writes for our arrays (tests compare them object for
-object): inner chunks zstd-compressed (`ZstdCodec(level)`, no checksum), chunks equal to
-the fill value 0 left out (zarr's `write_empty_chunks=False`), chunks laid out in order,
-then the index at the end: one (offset, nbytes) pair of little-endian uint64 per inner
-chunk, 2**64 - 1 for absent ones, followed by its crc32c. Reading stays with zarr.
+object): inner chunks zstd-compressed (`ZstdCodec(level)`) followed by the crc32c of the
+compressed bytes (`Crc32cCodec`, format version 2 on), chunks equal to the fill value 0
+left out (zarr's `write_empty_chunks=False`), chunks laid out in order, then the index at
+the end: one (offset, nbytes) pair of little-endian uint64 per inner chunk, 2**64 - 1 for
+absent ones, followed by its crc32c.
+
+Reading decodes the same bytes (`decode_shard`, `ChunkDecoder`) so that a reader can check
+every checksum and see which chunks a shard object holds, from one GET per object.
 """
 
 from __future__ import annotations
@@ -28,23 +32,76 @@ CRC_BYTES = 4
 EncodedChunk = bytes | None  # None: all fill value, not stored
 
 
-class ChunkEncoder:
-    """Compresses one chunk the way zarr's `ZstdCodec(level=...)` does."""
+class ChunkChecksumError(ValueError):
+    """A chunk whose bytes do not match its crc32c, or that does not decompress."""
 
-    def __init__(self, level: int) -> None:
+
+def with_crc32c(data: bytes) -> bytes:
+    """`data` followed by its crc32c, little-endian (zarr's `Crc32cCodec`)."""
+    return data + np.array([google_crc32c.value(data)], dtype="<u4").tobytes()
+
+
+def strip_crc32c(data: bytes) -> npt.NDArray[np.uint8]:
+    """The bytes before a trailing crc32c (a view), checked; `ChunkChecksumError` if not equal."""
+    raw = np.frombuffer(data, dtype=np.uint8)  # google_crc32c takes arrays, not memoryviews
+    if raw.size < CRC_BYTES:
+        raise ChunkChecksumError(f"chunk of {raw.size} bytes is shorter than its checksum")
+    body = raw[:-CRC_BYTES]
+    stored = int(raw[-CRC_BYTES:].view("<u4")[0])
+    if stored != google_crc32c.value(body):
+        raise ChunkChecksumError("chunk checksum does not match")
+    return body
+
+
+class ChunkEncoder:
+    """Compresses one chunk the way the store's codecs do: zstd, then crc32c if `checksum`.
+
+    `checksum=False` gives the chunks of format version 1 stores (zstd alone).
+    """
+
+    def __init__(self, level: int, *, checksum: bool = True) -> None:
         self._zstd = Zstd(level=level, checksum=False)
+        self._checksum = checksum
 
     def encode(self, chunk: npt.NDArray[np.uint8]) -> EncodedChunk:
         if not chunk.any():
             return None
-        return bytes(self._zstd.encode(np.ascontiguousarray(chunk)))
+        return self._finish(bytes(self._zstd.encode(np.ascontiguousarray(chunk))))
 
-    def encode_any(self, chunk: npt.NDArray[np.generic]) -> EncodedChunk:
-        """Any dtype, stored little-endian as zarr's BytesCodec does."""
-        if not chunk.any():
+    def encode_any(
+        self, chunk: npt.NDArray[np.generic], *, keep_empty: bool = False
+    ) -> EncodedChunk:
+        """Any dtype, stored little-endian as zarr's BytesCodec does.
+
+        `keep_empty` stores an all-zero chunk too, so that its absence means it was lost.
+        """
+        if not keep_empty and not chunk.any():
             return None
         data = np.ascontiguousarray(chunk, dtype=chunk.dtype.newbyteorder("<"))
-        return bytes(self._zstd.encode(data))
+        return self._finish(bytes(self._zstd.encode(data)))
+
+    def _finish(self, compressed: bytes) -> bytes:
+        return with_crc32c(compressed) if self._checksum else compressed
+
+
+class ChunkDecoder:
+    """Checks and decompresses chunks written by `ChunkEncoder` (thread-safe)."""
+
+    def __init__(self, *, checksum: bool) -> None:
+        self._zstd = Zstd()
+        self._checksum = checksum
+
+    def decode_into(self, data: bytes, out: npt.NDArray[np.generic]) -> None:
+        """Decompress one chunk into `out` (C-contiguous, of the chunk's exact size)."""
+        body = strip_crc32c(data) if self._checksum else data
+        try:
+            decoded = self._zstd.decode(body)
+        except RuntimeError as exc:  # numcodecs reports a bad zstd frame as RuntimeError
+            raise ChunkChecksumError(f"chunk does not decompress ({exc})") from None
+        raw = np.frombuffer(decoded, dtype=np.uint8)
+        if raw.size != out.nbytes:
+            raise ChunkChecksumError(f"chunk holds {raw.size} bytes, expected {out.nbytes}")
+        out.reshape(-1).view(np.uint8)[:] = raw
 
 
 def encode_shard(chunks: Sequence[EncodedChunk], chunks_per_shard: int) -> bytes | None:
@@ -68,7 +125,11 @@ def encode_shard(chunks: Sequence[EncodedChunk], chunks_per_shard: int) -> bytes
 
 
 def decode_shard(data: bytes, chunks_per_shard: int) -> list[EncodedChunk]:
-    """The encoded chunks of a shard object, in order (None where absent)."""
+    """The encoded chunks of a shard object, in order (None where absent).
+
+    `ValueError` if the object is shorter than its index, the index's checksum does not
+    match, or an entry points outside the object.
+    """
     index_len = chunks_per_shard * INDEX_ENTRY_BYTES
     if len(data) < index_len + CRC_BYTES:
         raise ValueError(f"shard of {len(data)} bytes is shorter than its index")
@@ -78,9 +139,12 @@ def decode_shard(data: bytes, chunks_per_shard: int) -> list[EncodedChunk]:
         raise ValueError("shard index checksum does not match")
     index = np.frombuffer(index_bytes, dtype="<u8").reshape(chunks_per_shard, 2)
     chunks: list[EncodedChunk] = []
+    data_len = len(data) - index_len - CRC_BYTES
     for offset, nbytes in index:
         if offset == MAX_UINT64:
             chunks.append(None)
+        elif int(offset) + int(nbytes) > data_len:
+            raise ValueError("shard index points past the end of the object")
         else:
             chunks.append(data[int(offset) : int(offset) + int(nbytes)])
     return chunks

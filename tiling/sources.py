@@ -4,7 +4,14 @@ and align labels onto an image's pixel grid.
 Images must be 4-band uint8 (R, G, B, NIR) GeoTIFFs with a CRS. Which pixels are valid comes
 from the image's nodata value (a pixel whose four bands all equal it) or from an internal
 mask, never from an alpha band: several NAIP files tag their NIR band as alpha, and NIR is
-data.
+data. A file that declares neither gets the zero-fill rule: a pixel that is 0 in all four
+bands is nodata. Most NAIP files carry no nodata tag yet have black collars, and counting
+those as imagery gives chips of pure black labelled as land cover and warps that blend black
+into real pixels; a real pixel at 0 in all of R, G, B and NIR essentially never occurs.
+`open_image(..., zero_is_nodata=False)` (CLI `--no-zero-nodata`) opts out.
+
+Invalid pixels are returned as 0 in every band whatever the rule, so every consumer (the
+chip store, prediction) sees one convention: all-zero = no data.
 
 Labels are single-band integer rasters in any CRS and resolution. An image's labels are the
 label rasters whose footprint overlaps it (not a file-name match); their class codes are
@@ -14,11 +21,11 @@ label raster in input order winning where several cover a pixel.
 
 from __future__ import annotations
 
-import glob as globlib
 import logging
 import math
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,15 +44,24 @@ from rasterio.enums import MaskFlags, Resampling
 
 from tiling.classes import NODATA_CODE, ClassMap
 from tiling.errors import LabelError, SourceFormatError, SourceNotFoundError
-from tiling.urls import filesystem, is_local, local_path, storage_errors
+from tiling.inputs import RASTER_SUFFIXES, expand_inputs
+from tiling.labels import Bounds, grid_offset, label_codes, match_labels
+from tiling.urls import filesystem, is_local, local_path
+
+__all__ = [
+    "RASTER_SUFFIXES",
+    "RasterInfo",
+    "RasterReader",
+    "expand_inputs",
+    "match_labels",
+    "open_image",
+    "open_label",
+    "open_raster",
+]
 
 logger = logging.getLogger(__name__)
 
-RASTER_SUFFIXES = (".tif", ".tiff", ".TIF", ".TIFF", ".vrt")
 NAIP_BANDS = 4
-
-# Bounds = (left, bottom, right, top) in the raster's CRS.
-Bounds = tuple[float, float, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +77,7 @@ class RasterInfo:
     dtype: str
     nodata: float | None
     block_shape: tuple[int, int]
-    mask_kind: str  # "nodata" | "internal" | "none"
+    mask_kind: str  # "nodata" | "internal" | "zero" (all four bands 0) | "none"
 
     @property
     def bounds(self) -> Bounds:
@@ -85,56 +101,6 @@ class RasterInfo:
     def crs_name(self) -> str:
         epsg = self.crs.to_epsg()
         return f"EPSG:{epsg}" if epsg else "its CRS"
-
-
-# ---------------------------------------------------------------------------------------
-# Expanding inputs
-
-
-def expand_inputs(
-    patterns: Sequence[str],
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    what: str = "image",
-) -> tuple[str, ...]:
-    """Paths, quoted globs, directories and URLs → sorted unique raster paths/URLs.
-
-    Order: patterns in the order given, matches of each pattern sorted; duplicates dropped.
-    """
-    found: list[str] = []
-    for pattern in patterns:
-        matches = _expand_one(pattern, storage_options)
-        if not matches:
-            raise SourceNotFoundError(
-                f"no {what} files match {pattern!r}; check the path "
-                "(quote globs so the shell does not expand them, e.g. 'naip/*.tif')"
-            )
-        found.extend(m for m in matches if m not in found)
-    return tuple(found)
-
-
-def _expand_one(pattern: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    if is_local(pattern):
-        path = str(local_path(pattern))
-        if os.path.isdir(path):
-            return sorted(
-                os.path.join(path, f)
-                for f in os.listdir(path)
-                if f.endswith(RASTER_SUFFIXES) and os.path.isfile(os.path.join(path, f))
-            )
-        if globlib.has_magic(path):
-            return sorted(p for p in globlib.glob(path, recursive=True) if os.path.isfile(p))
-        return [path] if os.path.isfile(path) else []
-    fs, path = filesystem(pattern, storage_options)
-    protocol = pattern.split("://", 1)[0]
-    with storage_errors(pattern):
-        if globlib.has_magic(path):
-            hits = sorted(fs.glob(path))
-        elif fs.isdir(path):
-            hits = sorted(p for p in fs.ls(path, detail=False) if p.endswith(RASTER_SUFFIXES))
-        else:
-            hits = [path] if fs.exists(path) else []
-    return [f"{protocol}://{h}" for h in hits]
 
 
 # ---------------------------------------------------------------------------------------
@@ -165,8 +131,13 @@ def open_raster(
         ds.close()
 
 
-def raster_info(ds: rasterio.DatasetReader, path: str) -> RasterInfo:
+def raster_info(
+    ds: rasterio.DatasetReader, path: str, *, zero_is_nodata: bool = False
+) -> RasterInfo:
     block_h, block_w = ds.block_shapes[0] if ds.block_shapes else (ds.height, ds.width)
+    mask_kind = _mask_kind(ds)
+    if mask_kind == "none" and zero_is_nodata:
+        mask_kind = "zero"
     return RasterInfo(
         path=path,
         crs=ds.crs,
@@ -177,7 +148,7 @@ def raster_info(ds: rasterio.DatasetReader, path: str) -> RasterInfo:
         dtype=ds.dtypes[0],
         nodata=ds.nodata,
         block_shape=(int(block_h), int(block_w)),
-        mask_kind=_mask_kind(ds),
+        mask_kind=mask_kind,
     )
 
 
@@ -205,9 +176,29 @@ def _check_georeferenced(ds: rasterio.DatasetReader, path: str) -> None:
         )
 
 
-def open_image(path: str, *, storage_options: Mapping[str, Any] | None = None) -> RasterInfo:
-    """Validate a NAIP image: 4 bands, uint8, a CRS and a geotransform."""
-    with open_raster(path, storage_options) as ds:
+@contextmanager
+def _quiet_georeferencing() -> Iterator[None]:
+    """Hide rasterio's NotGeoreferencedWarning where `_check_georeferenced` says it in one line.
+
+    Only around the single-threaded validation opens: `catch_warnings` is process state.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        yield
+
+
+def open_image(
+    path: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    zero_is_nodata: bool = True,
+) -> RasterInfo:
+    """Validate a NAIP image: 4 bands, uint8, a CRS and a geotransform.
+
+    `zero_is_nodata`: when the file declares no nodata value and has no internal mask,
+    pixels that are 0 in all four bands are nodata (mask kind "zero"); False keeps them.
+    """
+    with _quiet_georeferencing(), open_raster(path, storage_options) as ds:
         if ds.count != NAIP_BANDS:
             raise SourceFormatError(
                 f"{path}: expected 4 bands (R, G, B, NIR), found {ds.count}; "
@@ -219,12 +210,12 @@ def open_image(path: str, *, storage_options: Mapping[str, Any] | None = None) -
                 "convert to 8-bit (e.g. gdal_translate -ot Byte -scale)"
             )
         _check_georeferenced(ds, path)
-        return raster_info(ds, path)
+        return raster_info(ds, path, zero_is_nodata=zero_is_nodata)
 
 
 def open_label(path: str, *, storage_options: Mapping[str, Any] | None = None) -> RasterInfo:
     """Validate a label raster: one band of integer class codes, a CRS and a geotransform."""
-    with open_raster(path, storage_options) as ds:
+    with _quiet_georeferencing(), open_raster(path, storage_options) as ds:
         if ds.count != 1:
             raise LabelError(f"{path}: expected 1 band of class codes, found {ds.count}")
         if not np.issubdtype(np.dtype(ds.dtypes[0]), np.integer):
@@ -237,38 +228,25 @@ def open_label(path: str, *, storage_options: Mapping[str, Any] | None = None) -
 
 
 # ---------------------------------------------------------------------------------------
-# Matching labels to images by footprint
-
-
-def footprint_in(info: RasterInfo, crs: CRS) -> Bounds:
-    """The raster's bounds transformed into `crs` (edges densified, so curved edges count)."""
-    if info.crs == crs:
-        return info.bounds
-    left, bottom, right, top = rasterio.warp.transform_bounds(
-        info.crs, crs, *info.bounds, densify_pts=21
-    )
-    return (left, bottom, right, top)
-
-
-def _overlap(a: Bounds, b: Bounds) -> bool:
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def match_labels(image: RasterInfo, labels: Sequence[RasterInfo]) -> tuple[RasterInfo, ...]:
-    """The label rasters whose footprint overlaps the image; `LabelError` if none does."""
-    hits = tuple(lab for lab in labels if _overlap(footprint_in(image, lab.crs), lab.bounds))
-    if not hits:
-        b = image.bounds
-        raise LabelError(
-            f"{image.path}: no label raster overlaps it (image bounds {b[0]:.0f}, {b[1]:.0f}, "
-            f"{b[2]:.0f}, {b[3]:.0f} in {image.crs_name}); pass --labels that cover it, "
-            "or omit --labels for an images-only store"
-        )
-    return hits
-
-
-# ---------------------------------------------------------------------------------------
 # Reading pixels (one reader per worker thread: GDAL handles are not thread-safe)
+
+
+def _hide_spurious_warp_warning() -> None:
+    """Filter rasterio's "Dataset has no geotransform" warning where rasterio.warp raises it.
+
+    Its reproject of in-memory arrays now and then reports it when several threads warp
+    at once, although every call here passes both transforms (seen with 2 worker threads,
+    not with 1; the output is right either way). It would reach the user as a raw warning.
+    Only that module and message; a filter, not catch_warnings, which is not thread-safe;
+    installed when a reader is made (not at import) so that a test runner's saved filters
+    do not drop it.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message="Dataset has no geotransform",
+        category=rasterio.errors.NotGeoreferencedWarning,
+        module="rasterio.warp",
+    )
 
 
 class RasterReader:
@@ -277,6 +255,7 @@ class RasterReader:
     def __init__(
         self, *, storage_options: Mapping[str, Any] | None = None, max_open: int = 8
     ) -> None:
+        _hide_spurious_warp_warning()
         self._storage_options = dict(storage_options or {})
         self._max_open = max_open
         self._local = threading.local()
@@ -324,7 +303,10 @@ class RasterReader:
     def read_image(
         self, image: RasterInfo, window: rasterio.windows.Window
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-        """Pixels (4, h, w) and the valid-pixel mask (h, w) of a window."""
+        """Pixels (4, h, w) and the valid-pixel mask (h, w) of a window.
+
+        Invalid pixels come back as 0 in every band (whatever the file holds there).
+        """
         with self._dataset(image.path) as ds:
             pixels = ds.read(window=window, out_dtype="uint8")
             internal = ds.read_masks(1, window=window) if image.mask_kind == "internal" else None
@@ -336,8 +318,12 @@ class RasterReader:
                 valid = _any_band_differs(pixels, np.uint8(nodata))
         elif internal is not None:
             valid = internal != 0
+        elif image.mask_kind == "zero":
+            return pixels, _any_band_differs(pixels, np.uint8(0))  # invalid ones are 0 already
         else:
             valid = np.ones(pixels.shape[1:], dtype=bool)
+        if not valid.all():
+            pixels[:, ~valid] = 0
         return pixels, valid
 
     def read_labels(
@@ -436,46 +422,6 @@ class RasterReader:
         codes = np.zeros(raw.shape, dtype=np.uint8)
         codes[valid] = class_map.apply(raw[valid], where=lab.path)
         return codes, transform
-
-
-def grid_offset(image: RasterInfo, lab: RasterInfo) -> tuple[int, int] | None:
-    """(rows, cols) from an image pixel to the same pixel of `lab` if both share one grid.
-
-    Same CRS, same pixel size, no rotation and origins a whole number of pixels apart:
-    then labels are read, not warped (exact, and much cheaper than GDAL's warper).
-    """
-    a, b = image.transform, lab.transform
-    if lab.crs != image.crs or a.b or a.d or b.b or b.d:
-        return None
-    if not (math.isclose(a.a, b.a, rel_tol=1e-9) and math.isclose(a.e, b.e, rel_tol=1e-9)):
-        return None
-    cols = (a.c - b.c) / b.a
-    rows = (a.f - b.f) / b.e
-    if abs(cols - round(cols)) > 1e-6 or abs(rows - round(rows)) > 1e-6:
-        return None
-    return round(rows), round(cols)
-
-
-def label_codes(
-    raw: npt.NDArray[np.integer[Any]], lab: RasterInfo, class_map: ClassMap
-) -> npt.NDArray[np.uint8]:
-    """Raw label values → class codes; the raster's nodata becomes 0; unknown values raise."""
-    nodata = lab.nodata
-    if nodata is not None and not (float(nodata).is_integer() and 0 <= nodata <= 255):
-        # A nodata value outside 0..255 (e.g. -1 in int16) cannot go through the table.
-        valid = raw != nodata
-        codes = np.zeros(raw.shape, dtype=np.uint8)
-        codes[valid] = class_map.apply(raw[valid], where=lab.path)
-        return codes
-    code_nodata = None if nodata is None else int(nodata)
-    if raw.dtype == np.uint8:
-        # Fast path for the usual uint8 labels: one table lookup, no int64 copy.
-        looked_up: npt.NDArray[np.int16] = class_map.lut[raw]
-        if code_nodata is not None:
-            looked_up[raw == code_nodata] = NODATA_CODE
-        if not (looked_up < 0).any():
-            return looked_up.astype(np.uint8)
-    return class_map.apply(raw, nodata=code_nodata, where=lab.path)
 
 
 def _any_band_differs(pixels: npt.NDArray[np.uint8], value: np.uint8) -> npt.NDArray[np.bool_]:

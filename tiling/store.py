@@ -11,170 +11,78 @@ A chip store is one Zarr v3 group at any fsspec URL (see docs/CONTRACTS.md):
   arrays may be longer than the sum of done sources (a source being appended, or the
   half-written tail of an interrupted run) and readers never look past the done prefix.
 
-Writing lives in `tiling.writer`; this module only reads.
+Every read checks what it reads (`tiling.shard_reader`): a lost or altered shard object is a
+`StoreCorruptError`, never zeros or wrong pixels. Writing lives in `tiling.writer`.
+
+Format versions: 2 adds a crc32c to every chunk, stored-chunk counts per shard object,
+source fingerprints, the ground-grid split and the zero-fill nodata rule. Version 1 stores
+are still read, with one warning that their integrity cannot be checked; `tile` does not
+resume them (--overwrite rebuilds).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import zarr
-from zarr.core.sync import sync
 
 from tiling.classes import ClassMap
 from tiling.errors import StoreError
+from tiling.records import (
+    BANDS,
+    NUM_BANDS,
+    STATE_DONE,
+    STATE_WRITING,
+    BandStats,
+    SourceRecord,
+)
+from tiling.shard_reader import ShardReader, StoreLayout, chunk_counts, missing_objects
 from tiling.urls import storage_errors, zarr_store
+
+__all__ = [
+    "ATTRS_KEY",
+    "BANDS",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_COLUMNS",
+    "NUM_BANDS",
+    "SPLIT_TRAIN",
+    "SPLIT_VAL",
+    "STATE_DONE",
+    "STATE_WRITING",
+    "BandStats",
+    "ChipStore",
+    "InMemoryShard",
+    "SourceRecord",
+    "StoreSummary",
+    "assign_chips_to_ranks",
+    "load_shard_into_memory",
+    "open_store",
+    "shard_bytes",
+]
 
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "landcover-chips"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FIRST_CHECKED_VERSION = 2  # chunk checksums and stored-chunk counts from here on
 ATTRS_KEY = "landcover_chips"
-BANDS: tuple[str, ...] = ("red", "green", "blue", "nir")
-NUM_BANDS = len(BANDS)
 SPLIT_TRAIN = 0
 SPLIT_VAL = 1
 SPLIT_CODES: dict[str, int] = {"train": SPLIT_TRAIN, "val": SPLIT_VAL}
 INDEX_COLUMNS: tuple[str, ...] = ("source_id", "row_px", "col_px", "split")
-STATE_WRITING = "writing"
-STATE_DONE = "done"
 
 Split = Literal["train", "val", "all"]
 
-# Decoded bytes read per zarr call when loading: large enough for many concurrent shard
-# requests, small enough that the temporary copy stays well below the shard itself.
+# Decoded bytes fetched per batch when loading: large enough for many concurrent shard
+# requests, small enough that the compressed copies in flight stay well below the chips.
 READ_BATCH_BYTES = 256 * 2**20
-
-
-@dataclass(frozen=True, slots=True)
-class BandStats:
-    """Exact per-band pixel statistics: integer sums over valid pixels, mean/std derived."""
-
-    sums: tuple[int, ...] = (0,) * NUM_BANDS
-    sums_sq: tuple[int, ...] = (0,) * NUM_BANDS
-    count: int = 0
-
-    def __add__(self, other: BandStats) -> BandStats:
-        return BandStats(
-            sums=tuple(a + b for a, b in zip(self.sums, other.sums, strict=True)),
-            sums_sq=tuple(a + b for a, b in zip(self.sums_sq, other.sums_sq, strict=True)),
-            count=self.count + other.count,
-        )
-
-    @property
-    def mean(self) -> tuple[float, ...]:
-        if self.count == 0:
-            return (0.0,) * len(self.sums)
-        return tuple(s / self.count for s in self.sums)
-
-    @property
-    def std(self) -> tuple[float, ...]:
-        if self.count == 0:
-            return (1.0,) * len(self.sums)
-        # n·Σx² − (Σx)² in exact integers, so no cancellation error before the one division.
-        n = self.count
-        return tuple(
-            math.sqrt((n * sq - s * s) / (n * n))
-            for s, sq in zip(self.sums, self.sums_sq, strict=True)
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "count": self.count,
-            "sum": list(self.sums),
-            "sum_sq": list(self.sums_sq),
-        }
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> BandStats:
-        return cls(
-            sums=tuple(int(v) for v in obj["sum"]),
-            sums_sq=tuple(int(v) for v in obj["sum_sq"]),
-            count=int(obj["count"]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One tiled image: where it came from, its geo-referencing and its rows in the arrays."""
-
-    id: int
-    path: str
-    crs: str  # WKT
-    transform: tuple[float, float, float, float, float, float]  # Affine a, b, c, d, e, f
-    shape: tuple[int, int]  # (height, width) in pixels
-    start: int  # first row of this source's chips in the arrays
-    chips: int
-    state: str  # "writing" | "done"
-    train_chips: int = 0
-    val_chips: int = 0
-    resolution_m: float = 0.0
-    nodata: int | None = None
-    label_paths: tuple[str, ...] = ()
-    band_stats: BandStats = field(default_factory=BandStats)
-    class_counts: tuple[int, ...] = ()
-
-    @property
-    def end(self) -> int:
-        return self.start + self.chips
-
-    @property
-    def done(self) -> bool:
-        return self.state == STATE_DONE
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "path": self.path,
-            "crs": self.crs,
-            "transform": list(self.transform),
-            "shape": list(self.shape),
-            "start": self.start,
-            "chips": self.chips,
-            "state": self.state,
-            "train_chips": self.train_chips,
-            "val_chips": self.val_chips,
-            "resolution_m": self.resolution_m,
-            "nodata": self.nodata,
-            "label_paths": list(self.label_paths),
-            "band_stats": self.band_stats.to_json(),
-            "class_counts": list(self.class_counts),
-        }
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> SourceRecord:
-        a, b, c, d, e, f = (float(v) for v in obj["transform"])
-        h, w = (int(v) for v in obj["shape"])
-        nodata = obj.get("nodata")
-        return cls(
-            id=int(obj["id"]),
-            path=str(obj["path"]),
-            crs=str(obj["crs"]),
-            transform=(a, b, c, d, e, f),
-            shape=(h, w),
-            start=int(obj["start"]),
-            chips=int(obj["chips"]),
-            state=str(obj["state"]),
-            train_chips=int(obj.get("train_chips", 0)),
-            val_chips=int(obj.get("val_chips", 0)),
-            resolution_m=float(obj.get("resolution_m", 0.0)),
-            nodata=None if nodata is None else int(nodata),
-            label_paths=tuple(str(p) for p in obj.get("label_paths", ())),
-            band_stats=BandStats.from_json(obj["band_stats"])
-            if "band_stats" in obj
-            else BandStats(),
-            class_counts=tuple(int(v) for v in obj.get("class_counts", ())),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +108,12 @@ class StoreSummary:
     val_fraction: float
     min_valid: float
     complete: bool  # every planned source is done
+    split_block_m: float | None = None  # edge of the ground-grid split blocks (version 2 on)
+
+    @property
+    def integrity_checked(self) -> bool:
+        """Whether reads can check checksums and detect lost shard objects (version 2 on)."""
+        return self.format_version >= FIRST_CHECKED_VERSION
 
     @property
     def chip_bytes(self) -> int:
@@ -254,6 +168,7 @@ def summary_from_attrs(attrs: Mapping[str, Any], *, url: str) -> StoreSummary:
         for code, n in enumerate(s.class_counts[:num_classes]):
             class_counts[code] += n
     resolutions = sorted(s.resolution_m for s in done)
+    split = meta.get("split")
     return StoreSummary(
         chip_size=int(meta["chip_size"]),
         stride=int(meta["stride"]),
@@ -274,6 +189,7 @@ def summary_from_attrs(attrs: Mapping[str, Any], *, url: str) -> StoreSummary:
         val_fraction=float(meta.get("val_fraction", 0.0)),
         min_valid=float(meta.get("min_valid", 0.0)),
         complete=bool(meta.get("complete", False)),
+        split_block_m=float(split["block_m"]) if isinstance(split, Mapping) else None,
     )
 
 
@@ -295,6 +211,7 @@ class ChipStore:
         self.summary = summary
         self._group = group
         self._index: npt.NDArray[np.int32] | None = None
+        self._reader = ShardReader(_layout(url, group, summary))
 
     def __repr__(self) -> str:
         return f"ChipStore({self.url!r}, chips={self.summary.num_chips})"
@@ -302,10 +219,7 @@ class ChipStore:
     def index(self) -> npt.NDArray[np.int32]:
         """(N, 4) int32: source_id, row_px, col_px, split (0 train, 1 val)."""
         if self._index is None:
-            n = self.summary.num_chips
-            with storage_errors(self.url):
-                data = read_rows(array(self._group, "index", self.url), 0, n).astype(np.int32)
-            self._index = data.reshape(n, len(INDEX_COLUMNS))
+            self._index = self._reader.read_index()
         return self._index
 
     def chip_ids(self, split: Split) -> npt.NDArray[np.int64]:
@@ -321,10 +235,27 @@ class ChipStore:
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8] | None]:
         """Images (n, 4, C, C) and labels (n, C, C) (None if images-only), in `chip_ids` order.
 
-        Reads whole shard objects (one request each) in batches and keeps the wanted chips.
+        Reads whole shard objects (one request each) in batches and keeps the wanted chips;
+        `StoreCorruptError` if an object they need is missing or fails its checksums.
         """
         images, labels, _ = self._read(np.asarray(chip_ids, dtype=np.int64))
         return images, labels
+
+    def missing_objects(self) -> list[str]:
+        """Shard objects the done chips need that the store lacks ("images shard 2 (chips
+        128..191)"), from a listing of the arrays: cheap, reads no chip."""
+        return missing_objects(self._reader.layout)
+
+    def verify(self) -> None:
+        """Read every done chip once and check every checksum; `StoreCorruptError` if any fails.
+
+        Reads the whole store (its compressed size) but holds one batch at a time.
+        """
+        self.index()
+        batch = max(self.summary.shard_size, READ_BATCH_BYTES // max(1, self.summary.chip_bytes))
+        for lo in range(0, self.summary.num_chips, batch):
+            hi = min(lo + batch, self.summary.num_chips)
+            self._read(np.arange(lo, hi, dtype=np.int64))
 
     def stored_bytes(self) -> int:
         """Bytes the store occupies (all arrays, compressed, including any unfinished tail)."""
@@ -339,7 +270,6 @@ class ChipStore:
         self, ids: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8] | None, int]:
         s = self.summary
-        c = s.chip_size
         if ids.ndim != 1:
             raise StoreError(f"chip_ids must be one-dimensional, got shape {ids.shape}")
         if ids.size and (ids.min() < 0 or ids.max() >= s.num_chips):
@@ -347,51 +277,32 @@ class ChipStore:
                 f"{self.url}: chip ids must be in 0..{s.num_chips - 1}, "
                 f"got {int(ids.min())}..{int(ids.max())}"
             )
-        images = np.empty((ids.size, NUM_BANDS, c, c), dtype=np.uint8)
-        labels = np.empty((ids.size, c, c), dtype=np.uint8) if s.has_labels else None
-        if ids.size == 0:
-            return images, labels, 0
-        img_arr = array(self._group, "images", self.url)
-        lbl_arr = array(self._group, "labels", self.url) if s.has_labels else None
-        rows_total = int(img_arr.shape[0])
-        order = np.argsort(ids, kind="stable")
-        sorted_ids = ids[order]
-        shards = np.unique(sorted_ids // s.shard_size)
-        shards_per_read = max(1, READ_BATCH_BYTES // max(1, s.chip_bytes * s.shard_size))
-        bytes_read = 0
-        for batch in _batches_of_consecutive(shards, shards_per_read):
-            lo = int(batch[0]) * s.shard_size
-            # Whole shard objects (up to the array's current end), so zarr fetches each
-            # with one request instead of an index read plus one read per chip.
-            hi = min((int(batch[-1]) + 1) * s.shard_size, rows_total)
-            sel = (sorted_ids >= lo) & (sorted_ids < hi)
-            out_pos = order[sel]
-            local = sorted_ids[sel] - lo
-            with storage_errors(self.url):
-                images[out_pos] = read_rows(img_arr, lo, hi)[local]
-                if labels is not None and lbl_arr is not None:
-                    labels[out_pos] = read_rows(lbl_arr, lo, hi)[local]
-            bytes_read += self._stored_shard_bytes([int(k) for k in batch])
-        return images, labels, bytes_read
+        return self._reader.read(ids, batch_rows=READ_BATCH_BYTES // max(1, s.chip_bytes))
 
-    def _stored_shard_bytes(self, shards: list[int]) -> int:
-        store = self._group.store
-        prefix = self._group.path + "/" if self._group.path else ""
-        keys = [f"{prefix}images/c/{k}/0/0/0" for k in shards]
-        if self.summary.has_labels:
-            keys += [f"{prefix}labels/c/{k}/0/0" for k in shards]
 
-        async def sizes() -> list[int]:
-            async def size(key: str) -> int:
-                try:
-                    return int(await store.getsize(key))
-                except FileNotFoundError:  # all-zero shard: zarr stores nothing
-                    return 0
+def _layout(url: str, group: zarr.Group, summary: StoreSummary) -> StoreLayout:
+    s = summary
+    checked = s.integrity_checked
 
-            return list(await asyncio.gather(*(size(k) for k in keys)))
+    def counts(labels: bool) -> npt.NDArray[np.int64] | None:
+        if not checked or (labels and not s.has_labels):
+            return None
+        return chunk_counts(
+            s.sources, shard_size=s.shard_size, num_chips=s.num_chips, labels=labels
+        )
 
-        with storage_errors(self.url):
-            return sum(sync(sizes()))
+    return StoreLayout(
+        url=url,
+        store=group.store,
+        prefix=f"{group.path}/" if group.path else "",
+        chip_size=s.chip_size,
+        shard_size=s.shard_size,
+        num_chips=s.num_chips,
+        has_labels=s.has_labels,
+        checked=checked,
+        image_chunks=counts(False),
+        label_chunks=counts(True),
+    )
 
 
 def array(group: zarr.Group, name: str, url: str) -> zarr.Array[Any]:
@@ -412,19 +323,6 @@ def read_rows(arr: zarr.Array[Any], lo: int, hi: int) -> npt.NDArray[Any]:
     return np.asarray(arr[lo:hi])
 
 
-def _batches_of_consecutive(
-    shards: npt.NDArray[np.int64], max_len: int
-) -> list[npt.NDArray[np.int64]]:
-    """Split sorted shard numbers into runs of consecutive numbers of at most `max_len`."""
-    if shards.size == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(shards) != 1) + 1
-    batches: list[npt.NDArray[np.int64]] = []
-    for run in np.split(shards, breaks):
-        batches.extend(run[i : i + max_len] for i in range(0, run.size, max_len))
-    return batches
-
-
 def open_group(
     url: str, *, storage_options: Mapping[str, Any] | None = None, mode: Literal["r", "r+"] = "r"
 ) -> zarr.Group:
@@ -440,22 +338,62 @@ def open_group(
 
 
 def open_store(url: str, *, storage_options: Mapping[str, Any] | None = None) -> ChipStore:
-    """Open a chip store for reading (any fsspec URL); refuses stores of a newer format."""
+    """Open a chip store for reading (any fsspec URL); refuses stores of a newer format.
+
+    A store of a format older than FIRST_CHECKED_VERSION opens with one warning: its reads
+    cannot be checked.
+    """
     group = open_group(url, storage_options=storage_options)
     summary = summary_from_attrs(dict(group.attrs), url=url)
+    if not summary.integrity_checked:
+        logger.warning(
+            "%s: chip store format version %d has no checksums, so lost or damaged shard "
+            "objects cannot be detected; re-tile it with --overwrite to upgrade",
+            url,
+            summary.format_version,
+        )
     return ChipStore(url, group, summary)
 
 
-def assign_chips_to_ranks(chip_ids: npt.ArrayLike, world_size: int) -> list[npt.NDArray[np.int64]]:
-    """Split chip ids into `world_size` contiguous runs whose sizes differ by at most one.
+def assign_chips_to_ranks(
+    chip_ids: npt.ArrayLike, world_size: int, *, shard_size: int = 1
+) -> list[npt.NDArray[np.int64]]:
+    """Split chip ids into `world_size` sorted parts whose sizes differ by at most one.
 
-    Contiguous in chip order, so each rank touches few shard objects; deterministic, so every
-    rank computes the same assignment without talking to the others.
+    Whole shard objects (runs of ids with the same id // shard_size) are dealt round-robin
+    to the ranks, so every rank samples the whole store (all sources, all regions) while
+    reading about 1/world_size of the objects; then the largest parts hand chips from
+    their last shard to the smallest until the sizes differ by at most one. Deterministic,
+    so every rank computes the same assignment without talking to the others.
     """
     if world_size < 1:
         raise StoreError(f"world_size must be at least 1, got {world_size}")
+    if shard_size < 1:
+        raise StoreError(f"shard_size must be at least 1, got {shard_size}")
     ids = np.sort(np.asarray(chip_ids, dtype=np.int64).ravel())
-    return [part.copy() for part in np.array_split(ids, world_size)]
+    shard_of = ids // shard_size
+    starts = np.flatnonzero(np.diff(shard_of)) + 1
+    dealt: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(world_size)]
+    for g, group in enumerate(np.split(ids, starts) if ids.size else []):
+        dealt[g % world_size].append(group)
+    parts = [np.concatenate(p) if p else np.empty(0, np.int64) for p in dealt]
+    base, extra = divmod(ids.size, world_size)
+    # The `extra` ranks that end one chip larger are the largest now: fewest chips move.
+    largest_first = sorted(range(world_size), key=lambda r: (-parts[r].size, r))
+    target = [base] * world_size
+    for r in largest_first[:extra]:
+        target[r] += 1
+    surplus = [parts[r][target[r] :] for r in range(world_size) if parts[r].size > target[r]]
+    pool = np.sort(np.concatenate(surplus)) if surplus else np.empty(0, np.int64)
+    taken = 0
+    for r in range(world_size):
+        if parts[r].size > target[r]:
+            parts[r] = parts[r][: target[r]]
+        elif parts[r].size < target[r]:
+            need = target[r] - parts[r].size
+            parts[r] = np.sort(np.concatenate([parts[r], pool[taken : taken + need]]))
+            taken += need
+    return [p.copy() for p in parts]
 
 
 def shard_bytes(summary: StoreSummary, *, world_size: int, split: str) -> int:
@@ -482,7 +420,11 @@ def load_shard_into_memory(
         raise StoreError(f"rank must be in 0..{world_size - 1}, got {rank}")
     start = time.perf_counter()
     store = open_store(url, storage_options=storage_options)
-    ids = assign_chips_to_ranks(store.chip_ids(split), world_size)[rank]  # type: ignore[arg-type]
+    ids = assign_chips_to_ranks(
+        store.chip_ids(split),  # type: ignore[arg-type]
+        world_size,
+        shard_size=store.summary.shard_size,
+    )[rank]
     images, labels, bytes_read = store._read(ids)
     elapsed = time.perf_counter() - start
     logger.info(

@@ -1,7 +1,8 @@
 """Orchestration: sources → chip grid → chip store, in parallel, resumable, deterministic.
 
-`plan_tiling` checks every input once at the boundary (files, bands, dtype, CRS, label
-footprints, chip size) without reading pixels; `tile` then writes the store.
+`plan_tiling` (tiling.plan) checks every input once at the boundary (files, bands, dtype,
+CRS, label footprints, chip size) and decides the split without reading pixels; `tile`
+then writes the store.
 
 Parallelism: K worker threads each read one window of an image (GDAL decodes with the GIL
 released), align its labels, and cut, filter and count its chips; the calling thread is the
@@ -14,12 +15,11 @@ to be pickled, and adlfs/zarr event loops do not survive a fork.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,127 +27,43 @@ import numpy.typing as npt
 import rasterio.errors
 import rasterio.windows
 
-from tiling.classes import DEFAULT_CLASS_MAP, IDENTITY, ClassMap, get_class_map
-from tiling.errors import SourceFormatError, TilingError
-from tiling.grid import ChipGrid, ReadWindow, chip_grid, val_blocks
-from tiling.shards import ChunkEncoder, EncodedChunk
-from tiling.sources import (
-    RasterInfo,
-    RasterReader,
-    expand_inputs,
-    match_labels,
-    open_image,
-    open_label,
+from tiling.errors import SourceFormatError, StoreError
+from tiling.fingerprint import Fingerprint, fingerprints
+from tiling.grid import ReadWindow
+from tiling.plan import (
+    MAX_WINDOW_WIDTH_PX,
+    MIN_WINDOW_HEIGHT_PX,
+    SourcePlan,
+    TileConfig,
+    TilePlan,
+    available_cores,
+    plan_tiling,
 )
+from tiling.resume import open_writer
+from tiling.shards import ChunkEncoder, EncodedChunk
+from tiling.sources import RasterReader
 from tiling.store import (
     NUM_BANDS,
     SPLIT_TRAIN,
-    SPLIT_VAL,
     BandStats,
     SourceRecord,
     StoreSummary,
 )
-from tiling.writer import ChipStoreWriter, StoreParams, open_writer
+from tiling.writer import ChipStoreWriter
+
+__all__ = [
+    "MAX_WINDOW_WIDTH_PX",
+    "MIN_WINDOW_HEIGHT_PX",
+    "SourcePlan",
+    "TileConfig",
+    "TilePlan",
+    "TileResult",
+    "available_cores",
+    "plan_tiling",
+    "tile",
+]
 
 logger = logging.getLogger(__name__)
-
-# Read windows at most this wide: bounds one worker's window to ~32 MB for 4-band uint8
-# at the tallest usual window (1024 rows), however wide the mosaic.
-MAX_WINDOW_WIDTH_PX = 8192
-# Windows of labels and image are at least this tall (or one TIFF block, if taller), so
-# a strip-organised file is read in a few large requests.
-MIN_WINDOW_HEIGHT_PX = 256
-
-
-def available_cores() -> int:
-    """CPU cores this process may use (affinity and cgroup-restricted where visible)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-@dataclass(frozen=True, slots=True)
-class TileConfig:
-    """Options of `landcover tile`."""
-
-    images: tuple[str, ...]
-    out: str
-    labels: tuple[str, ...] = ()
-    chip_size: int = 256
-    stride: int | None = None  # None: chip_size (no overlap)
-    shard_size: int = 64
-    min_valid: float = 0.9
-    class_map: str = DEFAULT_CLASS_MAP
-    num_classes: int | None = None  # only for class_map="identity"
-    val_fraction: float = 0.1
-    split_block_chips: int = 4
-    workers: int | None = None  # None: every available core
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    overwrite: bool = False
-    compression_level: int = 3
-
-    @property
-    def effective_stride(self) -> int:
-        return self.chip_size if self.stride is None else self.stride
-
-    @property
-    def effective_workers(self) -> int:
-        return available_cores() if self.workers is None else self.workers
-
-
-@dataclass(frozen=True, slots=True)
-class SourcePlan:
-    """One image to tile: its grid, labels, read windows and validation blocks."""
-
-    id: int
-    image: RasterInfo
-    labels: tuple[RasterInfo, ...]
-    grid: ChipGrid
-    windows: tuple[ReadWindow, ...]
-    val_mask: npt.NDArray[np.bool_] = field(compare=False)  # per split block
-
-    def split_of(self, i: int, j: int, block_chips: int) -> int:
-        return SPLIT_VAL if self.val_mask[self.grid.block_of(i, j, block_chips)] else SPLIT_TRAIN
-
-    def planned_counts(self, block_chips: int) -> tuple[int, int]:
-        """(train, val) chips before the --min-valid filter."""
-        val = sum(
-            self.split_of(i, j, block_chips) == SPLIT_VAL
-            for i in range(self.grid.rows)
-            for j in range(self.grid.cols)
-        )
-        return self.grid.num_chips - val, val
-
-
-@dataclass(frozen=True, slots=True)
-class TilePlan:
-    """Everything `tile` will do, known before reading a pixel (what --dry-run prints)."""
-
-    config: TileConfig
-    params: StoreParams
-    class_map: ClassMap | None
-    sources: tuple[SourcePlan, ...]
-    max_train: int
-    max_val: int
-
-    @property
-    def max_chips(self) -> int:
-        return self.max_train + self.max_val
-
-    @property
-    def chip_bytes(self) -> int:
-        c2 = self.params.chip_size**2
-        return NUM_BANDS * c2 + (c2 if self.class_map is not None else 0)
-
-    @property
-    def raw_bytes(self) -> int:
-        """Uncompressed bytes of every planned chip (an upper bound: --min-valid drops some)."""
-        return self.max_chips * self.chip_bytes
-
-    def ram_per_worker_bytes(self, world_size: int) -> int:
-        """RAM a training rank needs for its in-memory share of the train split."""
-        return -(-self.max_train // world_size) * (self.chip_bytes + 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,95 +93,6 @@ class _WindowChips:
     candidates: int
 
 
-def _check_config(config: TileConfig) -> None:
-    if config.chip_size < 1:
-        raise TilingError(f"--chip-size must be positive, got {config.chip_size}")
-    if config.effective_stride < 1:
-        raise TilingError(f"--stride must be positive, got {config.stride}")
-    if config.shard_size < 1:
-        raise TilingError(f"--shard-size must be positive, got {config.shard_size}")
-    if not 0.0 <= config.min_valid <= 1.0:
-        raise TilingError(f"--min-valid must be in [0, 1], got {config.min_valid}")
-    if not 0.0 <= config.val_fraction < 1.0:
-        raise TilingError(f"--val-fraction must be in [0, 1), got {config.val_fraction}")
-    if config.split_block_chips < 1:
-        raise TilingError(f"split block must be at least 1 chip, got {config.split_block_chips}")
-    if config.effective_workers < 1:
-        raise TilingError(f"--workers must be at least 1, got {config.workers}")
-    if not config.images:
-        raise TilingError("no images given; pass GeoTIFF paths, globs or URLs")
-
-
-def _class_map(config: TileConfig) -> ClassMap | None:
-    if not config.labels:
-        return None
-    if config.class_map == IDENTITY:
-        if config.num_classes is None:
-            raise TilingError(
-                "--class-map identity needs --num-classes K (label codes 0..K-1, 0 = nodata)"
-            )
-        return get_class_map(IDENTITY, num_classes=config.num_classes)
-    return get_class_map(config.class_map)
-
-
-def plan_tiling(config: TileConfig) -> TilePlan:
-    """Expand and validate every input; no pixels are read and nothing is written."""
-    _check_config(config)
-    class_map = _class_map(config)
-    options = config.storage_options
-    image_paths = expand_inputs(config.images, storage_options=options, what="image")
-    label_paths = (
-        expand_inputs(config.labels, storage_options=options, what="label") if config.labels else ()
-    )
-    labels = [open_label(p, storage_options=options) for p in label_paths]
-    stride = config.effective_stride
-    sources: list[SourcePlan] = []
-    first_block = 0
-    max_train = max_val = 0
-    for source_id, path in enumerate(image_paths):
-        image = open_image(path, storage_options=options)
-        grid = chip_grid(image.height, image.width, config.chip_size, stride, where=path)
-        matched = match_labels(image, labels) if labels else ()
-        windows = grid.read_windows(
-            min_height_px=max(MIN_WINDOW_HEIGHT_PX, image.block_shape[0]),
-            max_width_px=MAX_WINDOW_WIDTH_PX,
-        )
-        blocks = grid.num_blocks(config.split_block_chips)
-        source = SourcePlan(
-            id=source_id,
-            image=image,
-            labels=matched,
-            grid=grid,
-            windows=windows,
-            val_mask=val_blocks(first_block, blocks, config.val_fraction),
-        )
-        first_block += blocks
-        train, val = source.planned_counts(config.split_block_chips)
-        max_train += train
-        max_val += val
-        sources.append(source)
-    params = StoreParams(
-        chip_size=config.chip_size,
-        stride=stride,
-        shard_size=config.shard_size,
-        class_map=class_map,
-        val_fraction=config.val_fraction,
-        min_valid=config.min_valid,
-        split_block_chips=config.split_block_chips,
-        compression_level=config.compression_level,
-        images=image_paths,
-        labels=label_paths,
-    )
-    return TilePlan(
-        config=config,
-        params=params,
-        class_map=class_map,
-        sources=tuple(sources),
-        max_train=max_train,
-        max_val=max_val,
-    )
-
-
 def tile(
     config: TileConfig,
     *,
@@ -278,12 +105,23 @@ def tile(
     """
     start = time.perf_counter()
     plan = plan or plan_tiling(config)
+    workers = config.effective_workers
+    inputs = [s.image.path for s in plan.sources] + list(plan.params.labels)
+    prints = dict(
+        zip(
+            inputs,
+            fingerprints(inputs, config.storage_options, workers=workers),
+            strict=True,
+        )
+    )
     writer = open_writer(
         config.out,
         plan.params,
         storage_options=config.storage_options,
         overwrite=config.overwrite,
+        fingerprints=prints,
     )
+    _check_done_sources_match(writer, plan)
     done = writer.done_source_ids
     todo = [s for s in plan.sources if s.id not in done]
     if done:
@@ -294,7 +132,6 @@ def tile(
         skipped = sum(s.grid.num_chips for s in plan.sources if s.id in done)
         if skipped:
             progress(skipped)
-    workers = config.effective_workers
     reader = RasterReader(storage_options=config.storage_options)
     tasks = [(source, window) for source in todo for window in source.windows]
     chips_before = writer.num_chips
@@ -307,7 +144,7 @@ def tile(
                 lookahead=2 * workers,
             )
             try:
-                _write_sources(writer, plan, todo, results, progress)
+                _write_sources(writer, plan, todo, results, progress, prints)
             finally:
                 results.close()  # on failure: cancel the windows not started yet
     finally:
@@ -338,11 +175,12 @@ def _write_sources(
     todo: Sequence[SourcePlan],
     results: Iterator[_WindowChips],
     progress: Callable[[int], None] | None,
+    prints: dict[str, Fingerprint],
 ) -> None:
     """The single writer: append each source's windows in order, then commit the source."""
     num_classes = plan.class_map.num_classes if plan.class_map else 0
     for source in todo:
-        writer.begin_source(_source_record(source))
+        writer.begin_source(_source_record(source, prints.get(source.image.path)))
         sums = [0] * NUM_BANDS
         sums_sq = [0] * NUM_BANDS
         valid_px = 0
@@ -368,7 +206,18 @@ def _write_sources(
         logger.debug("%s: %d chips (%d val)", source.image.path, record.chips, val)
 
 
-def _source_record(source: SourcePlan) -> SourceRecord:
+def _check_done_sources_match(writer: ChipStoreWriter, plan: TilePlan) -> None:
+    """A resumed store's done sources must be the plan's sources of the same ids."""
+    planned = {s.id: s.image.path for s in plan.sources}
+    for record in writer.done_sources:
+        if planned.get(record.id) != record.path:
+            raise StoreError(
+                f"{writer.url}: source {record.id} was {record.path} when tiled but is now "
+                f"{planned.get(record.id, 'absent')}; pass --overwrite to rebuild the store"
+            )
+
+
+def _source_record(source: SourcePlan, fingerprint: Fingerprint | None) -> SourceRecord:
     image = source.image
     a, b, c, d, e, f = tuple(image.transform)[:6]
     nodata = image.nodata
@@ -384,6 +233,8 @@ def _source_record(source: SourcePlan) -> SourceRecord:
         resolution_m=image.resolution_m,
         nodata=int(nodata) if nodata is not None and float(nodata).is_integer() else None,
         label_paths=tuple(lab.path for lab in source.labels),
+        mask_kind=image.mask_kind,
+        fingerprint=fingerprint,
     )
 
 
@@ -434,7 +285,6 @@ def _cut_window(
     if codes is not None:
         codes[~valid] = 0  # no label where the image has no data
     c = plan.params.chip_size
-    block_chips = plan.params.split_block_chips
     min_valid_px = plan.params.min_valid * c * c
     num_classes = plan.class_map.num_classes if plan.class_map else 0
     encoder = ChunkEncoder(plan.params.compression_level)
@@ -466,7 +316,7 @@ def _cut_window(
         sums_sq += np.square(wide).sum(axis=1, dtype=np.uint64)
         valid_px += n_valid
         images.append(encoder.encode(chip))
-        split = source.split_of(i, j, block_chips)
+        split = source.split_of(i, j)
         train += split == SPLIT_TRAIN
         rows.append((source.id, row, col, split))
     return _WindowChips(

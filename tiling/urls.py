@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,25 @@ def local_path(url: str) -> Path:
     if url.startswith("local://"):
         return Path(url[len("local://") :])
     return Path(url)
+
+
+def check_storage_options(urls: Iterable[str], storage_options: Mapping[str, Any] | None) -> None:
+    """Refuse `--storage-options` when every URL of a command is a local path.
+
+    Local paths go through zarr's LocalStore and plain file I/O, which take no options: keys
+    given there would be dropped without a word (a typo'd account key, say, while the
+    output quietly lands on local disk). With any remote URL they apply to that one.
+    """
+    if not storage_options:
+        return
+    urls = list(urls)
+    if not urls or any(not is_local(u) for u in urls):
+        return
+    keys = ", ".join(sorted(str(k) for k in storage_options))
+    raise StorageAccessError(
+        f"--storage-options ({keys}) do not apply to local paths such as {urls[0]}; "
+        "drop --storage-options, or use a URL such as az://container/path"
+    )
 
 
 def zarr_store(

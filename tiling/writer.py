@@ -1,4 +1,6 @@
-"""Writing a chip store: create, resume, append one source at a time, commit.
+"""Writing a chip store: append one source at a time, commit, cut back after a crash.
+
+Opening a store for writing (create, resume or refuse) lives in `tiling.resume`.
 
 One writer appends sources in input order. Appending is atomic from a reader's view: the
 arrays grow and the chips are written first, then the source's state turns "done" in the
@@ -9,12 +11,17 @@ uninterrupted run writes.
 
 Chips are buffered up to the next shard boundary before they are written, so each shard
 object is written whole (one PUT on blob storage) except the last one of a source.
+
+For readers to check what they read, every chunk carries a crc32c, index chunks are always
+stored (even all-zero ones), and each source record counts its stored image and label
+chunks per shard object.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,8 +34,10 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from tiling.classes import ClassMap
-from tiling.errors import StoreError, StoreExistsError
+from tiling.errors import StoreCorruptError, StoreError
+from tiling.fingerprint import Fingerprint
+from tiling.params import ARRAY_NAMES, StoreParams
+from tiling.shard_reader import chunk_counts
 from tiling.shards import ChunkEncoder, EncodedChunk, decode_shard, encode_shard
 from tiling.store import (
     ATTRS_KEY,
@@ -36,7 +45,6 @@ from tiling.store import (
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_COLUMNS,
-    NUM_BANDS,
     STATE_DONE,
     STATE_WRITING,
     BandStats,
@@ -47,97 +55,9 @@ from tiling.store import (
     read_rows,
     summary_from_attrs,
 )
-from tiling.urls import is_local, local_path, storage_errors, zarr_store
+from tiling.urls import storage_errors
 
 logger = logging.getLogger(__name__)
-
-ARRAY_NAMES = ("images", "labels", "index")
-
-
-@dataclass(frozen=True, slots=True)
-class StoreParams:
-    """Everything that decides a store's content; a resume must match it exactly."""
-
-    chip_size: int
-    stride: int
-    shard_size: int
-    class_map: ClassMap | None  # None: images-only store
-    val_fraction: float
-    min_valid: float
-    split_block_chips: int
-    compression_level: int
-    images: tuple[str, ...]
-    labels: tuple[str, ...]
-
-    @property
-    def has_labels(self) -> bool:
-        return self.class_map is not None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "chip_size": self.chip_size,
-            "stride": self.stride,
-            "shard_size": self.shard_size,
-            "class_map": self.class_map.name if self.class_map else None,
-            "val_fraction": self.val_fraction,
-            "min_valid": self.min_valid,
-            "split_block_chips": self.split_block_chips,
-            "compression_level": self.compression_level,
-            "images": list(self.images),
-            "labels": list(self.labels),
-        }
-
-
-def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
-    out = []
-    for key in sorted(set(stored) | set(wanted)):
-        a, b = stored.get(key), wanted.get(key)
-        if a == b:
-            continue
-        if isinstance(a, list) or isinstance(b, list):
-            out.append(f"{key} differ")
-        else:
-            out.append(f"{key} {a} (now {b})")
-    return out
-
-
-def create_arrays(group: zarr.Group, params: StoreParams) -> None:
-    """The empty arrays of a store (also used for scratch copies that re-encode a shard)."""
-    c, s = params.chip_size, params.shard_size
-    compressors = zarr.codecs.ZstdCodec(level=params.compression_level)
-    group.create_array(
-        "images",
-        shape=(0, NUM_BANDS, c, c),
-        chunks=(1, NUM_BANDS, c, c),
-        shards=(s, NUM_BANDS, c, c),
-        dtype="uint8",
-        compressors=compressors,
-        fill_value=0,
-        dimension_names=("chip", "band", "y", "x"),
-        overwrite=True,
-    )
-    if params.has_labels:
-        group.create_array(
-            "labels",
-            shape=(0, c, c),
-            chunks=(1, c, c),
-            shards=(s, c, c),
-            dtype="uint8",
-            compressors=compressors,
-            fill_value=0,
-            dimension_names=("chip", "y", "x"),
-            overwrite=True,
-        )
-    group.create_array(
-        "index",
-        shape=(0, len(INDEX_COLUMNS)),
-        chunks=(s, len(INDEX_COLUMNS)),
-        dtype="int32",
-        compressors=compressors,
-        fill_value=0,
-        dimension_names=("chip", "column"),
-        overwrite=True,
-    )
 
 
 @dataclass(slots=True)
@@ -167,12 +87,21 @@ class ChipStoreWriter:
     """
 
     def __init__(
-        self, url: str, group: zarr.Group, params: StoreParams, sources: list[SourceRecord]
+        self,
+        url: str,
+        group: zarr.Group,
+        params: StoreParams,
+        sources: list[SourceRecord],
+        *,
+        label_fingerprints: Mapping[str, Fingerprint] | None = None,
     ) -> None:
         self.url = url
         self.params = params
         self._group = group
         self._sources = sources
+        self._label_fingerprints = dict(label_fingerprints or {})
+        # stored (non-empty) chunks of the current source per shard object
+        self._stored = {"images": Counter[int](), "labels": Counter[int]()}
         self._rows = sum(s.chips for s in sources)  # rows in written shard objects
         self._current: SourceRecord | None = None
         self._pending = _Pending()
@@ -184,6 +113,10 @@ class ChipStoreWriter:
         return frozenset(s.id for s in self._sources if s.done)
 
     @property
+    def done_sources(self) -> tuple[SourceRecord, ...]:
+        return tuple(s for s in self._sources if s.done)
+
+    @property
     def num_chips(self) -> int:
         return self._rows + len(self._pending)
 
@@ -192,7 +125,8 @@ class ChipStoreWriter:
         if self._current is not None:
             raise StoreError(f"source {self._current.path} is still being written")
         self._current = replace(record, start=self.num_chips, chips=0, state=STATE_WRITING)
-        self._write_attrs([*self._sources, self._current])
+        self._stored = {"images": Counter[int](), "labels": Counter[int]()}
+        self.write_attrs([*self._sources, self._current])
 
     def append(
         self,
@@ -221,6 +155,11 @@ class ChipStoreWriter:
             raise StoreError(f"{len(images)} image chips but {len(labels)} label chips")
         if not images:
             return
+        first_row, shard = self.num_chips, self.params.shard_size
+        for name, chunks in (("images", images), ("labels", labels)):
+            for i, chunk in enumerate(chunks):
+                if chunk is not None:
+                    self._stored[name][(first_row + i) // shard] += 1
         self._pending.images.extend(images)
         self._pending.labels.extend(labels)
         self._pending.index.append(np.asarray(index, dtype=np.int32).reshape(-1, 4))
@@ -246,25 +185,31 @@ class ChipStoreWriter:
                 arr = array(self._group, name, self.url)
                 if arr.shape[0] != self._rows:
                     arr.resize((self._rows, *arr.shape[1:]))
+        start, shard = self._current.start, self.params.shard_size
+        shards = range(start // shard, (self._rows - 1) // shard + 1) if self._rows > start else ()
         record = replace(
             self._current,
-            chips=self._rows - self._current.start,
+            chips=self._rows - start,
             state=STATE_DONE,
             band_stats=band_stats,
             class_counts=class_counts,
             train_chips=train_chips,
             val_chips=val_chips,
+            image_chunks=tuple(self._stored["images"][k] for k in shards),
+            label_chunks=tuple(self._stored["labels"][k] for k in shards)
+            if self.params.has_labels
+            else (),
         )
         self._sources.append(record)
         self._current = None
-        self._write_attrs(self._sources)
+        self.write_attrs(self._sources)
         return record
 
     def finish(self) -> StoreSummary:
         """Mark the store complete (every planned source done)."""
         if self._current is not None:
             raise StoreError(f"source {self._current.path} was not committed")
-        meta = self._write_attrs(self._sources, complete=True)
+        meta = self.write_attrs(self._sources, complete=True)
         return summary_from_attrs({ATTRS_KEY: meta}, url=self.url)
 
     def _flush(self, n: int) -> None:
@@ -289,7 +234,8 @@ class ChipStoreWriter:
                 objects[self._key("labels", k)] = encode_shard(tail_labels[lo:hi], shard)
             block = np.zeros((shard, len(INDEX_COLUMNS)), dtype="<i4")
             block[: hi - lo] = tail_index[lo:hi]
-            objects[self._key("index", k)] = self._encoder.encode_any(block)
+            # always stored, so that a missing index object is known to be lost
+            objects[self._key("index", k)] = self._encoder.encode_any(block, keep_empty=True)
         _put_objects(self._group.store, objects, self.url)
         keep = self._rows % shard
         if keep:
@@ -330,12 +276,16 @@ class ChipStoreWriter:
             "num_chips": sum(s.chips for s in done),
             "complete": complete,
             "params": p.to_json(),
+            "split": p.split.to_json() if p.split else None,
+            "zero_is_nodata": p.zero_is_nodata,
+            "label_fingerprints": {
+                path: fp.to_json() for path, fp in sorted(self._label_fingerprints.items())
+            },
             "sources": [s.to_json() for s in sources],
         }
 
-    def _write_attrs(
-        self, sources: list[SourceRecord], *, complete: bool = False
-    ) -> dict[str, Any]:
+    def write_attrs(self, sources: list[SourceRecord], *, complete: bool = False) -> dict[str, Any]:
+        """Write the group attributes for `sources` (the commit point of their states)."""
         meta = self._meta(sources, complete=complete)
         with storage_errors(self.url):
             self._group.update_attributes({ATTRS_KEY: meta})
@@ -354,13 +304,9 @@ class ChipStoreWriter:
         with storage_errors(self.url):
             store = self._group.store
             if keep:
-                images = _read_object(store, self._key("images", boundary))
-                self._tail.images = decode_shard(images, shard)[:keep] if images else [None] * keep
+                self._tail.images = self._kept_chunks("images", boundary, keep)
                 if self.params.has_labels:
-                    labels = _read_object(store, self._key("labels", boundary))
-                    self._tail.labels = (
-                        decode_shard(labels, shard)[:keep] if labels else [None] * keep
-                    )
+                    self._tail.labels = self._kept_chunks("labels", boundary, keep)
                 index = array(self._group, "index", self.url)
                 if index.shape[0] < rows:
                     raise StoreError(
@@ -382,6 +328,34 @@ class ChipStoreWriter:
                 if arr.shape[0] != rows:
                     logger.info("%s: truncating %s to %d rows", self.url, name, rows)
                     arr.resize((rows, *arr.shape[1:]))
+
+    def _kept_chunks(self, name: str, k: int, keep: int) -> list[EncodedChunk]:
+        """The first `keep` chunks of shard object k, checked against the recorded counts:
+        they are written back as they are, so a lost or damaged object must not slip through."""
+        shard = self.params.shard_size
+        expected = chunk_counts(
+            self._sources, shard_size=shard, num_chips=self._rows, labels=name == "labels"
+        )[k]
+
+        def damaged(what: str) -> StoreCorruptError:
+            return StoreCorruptError(
+                f"{self.url}: chips {k * shard}..{k * shard + keep - 1} ({name} shard {k}) "
+                f"{what}; the store is damaged and cannot be resumed: pass --overwrite to "
+                "rebuild it"
+            )
+
+        data = _read_object(self._group.store, self._key(name, k))
+        if data is None:
+            if expected:
+                raise damaged("missing")
+            return [None] * keep  # every kept chip is empty: zarr stores no object
+        try:
+            chunks = decode_shard(data, shard)[:keep]
+        except ValueError as exc:
+            raise damaged(f"corrupt ({exc})") from None
+        if sum(c is not None for c in chunks) != expected:
+            raise damaged(f"corrupt (holds other chips than the {expected} recorded)")
+        return chunks
 
 
 def _read_object(store: Store, key: str) -> bytes | None:
@@ -422,88 +396,3 @@ def _delete_objects_from(store: Store, prefix: str, first_gone: int) -> None:
         await asyncio.gather(*doomed)
 
     sync(run())
-
-
-def open_writer(
-    url: str,
-    params: StoreParams,
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-) -> ChipStoreWriter:
-    """Create a store at `url`, or resume the incomplete store there written with `params`.
-
-    Refuses (StoreExistsError) a complete store, one written with other parameters and
-    anything that is not a chip store, unless `overwrite` (never for a non-store directory).
-    """
-    _refuse_foreign_local_directory(url)
-    store = zarr_store(url, storage_options=storage_options)
-    with storage_errors(url):
-        try:
-            group: zarr.Group | None = zarr.open_group(store, mode="r+")
-        except FileNotFoundError:
-            group = None
-    if group is not None and not overwrite:
-        resumed = _resume(url, group, params)
-        if resumed is not None:
-            return resumed
-    with storage_errors(url):
-        group = zarr.open_group(store, mode="w")
-    writer = ChipStoreWriter(url, group, params, [])
-    writer._write_attrs([])  # first, so a crash before the arrays exist still resumes
-    with storage_errors(url):
-        create_arrays(group, params)
-    return writer
-
-
-def _resume(url: str, group: zarr.Group, params: StoreParams) -> ChipStoreWriter | None:
-    attrs: dict[str, Any] = dict(group.attrs)
-    meta = attrs.get(ATTRS_KEY)
-    if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
-        raise StoreExistsError(
-            f"{url} exists and is not a landcover chip store; "
-            "pass --overwrite to replace it or choose another --out"
-        )
-    summary = summary_from_attrs(attrs, url=url)  # refuses a newer format version
-    stored = meta.get("params", {})
-    diffs = _differences(stored, params.to_json())
-    if diffs:
-        raise StoreExistsError(
-            f"{url} exists and was written with other options ({'; '.join(diffs[:3])}); "
-            "rerun the original command to resume it, or pass --overwrite to replace it"
-        )
-    if summary.complete:
-        raise StoreExistsError(
-            f"{url} exists and is complete ({summary.num_chips} chips from "
-            f"{len(summary.sources)} sources); pass --overwrite to rebuild it "
-            "or choose another --out"
-        )
-    sources = list(done_prefix([SourceRecord.from_json(s) for s in meta.get("sources", ())]))
-    logger.info("%s: resuming after %d done sources", url, len(sources))
-    with storage_errors(url):
-        for name in ARRAY_NAMES:
-            if name == "labels" and not params.has_labels:
-                continue
-            try:
-                array(group, name, url)
-            except StoreError:  # a crash between creating the group and its arrays
-                create_arrays(group, params)
-                break
-    writer = ChipStoreWriter(url, group, params, sources)
-    writer._write_attrs(sources)  # drop the unfinished source before touching its rows
-    writer.truncate_to_done()
-    return writer
-
-
-def _refuse_foreign_local_directory(url: str) -> None:
-    """Never clear a local directory that holds something other than a zarr store."""
-    if not is_local(url):
-        return
-    path = local_path(url)
-    if path.is_file():
-        raise StoreExistsError(f"{url} is a file; choose another --out")
-    if path.is_dir() and any(path.iterdir()) and not (path / "zarr.json").is_file():
-        raise StoreExistsError(
-            f"{url} is a non-empty directory that is not a chip store; "
-            "choose another --out (it is never overwritten)"
-        )

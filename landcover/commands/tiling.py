@@ -13,8 +13,10 @@ import click
 
 from landcover.commands.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
+from tiling.errors import StoreCorruptError
 from tiling.store import StoreSummary, open_store
 from tiling.tile import TileConfig, TilePlan, available_cores, plan_tiling, tile
+from tiling.urls import check_storage_options
 
 DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
 
@@ -104,7 +106,17 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     type=float,
     default=0.1,
     show_default=True,
-    help="Share of spatial blocks (4 x 4 chips) held out for validation.",
+    help="Share of ground blocks (4 x 4 chips on one grid for all images) held out for "
+    "validation; a place is in one split whatever image it came from, and any run with two "
+    "or more blocks gets at least one val block.",
+)
+@click.option(
+    "--no-zero-nodata",
+    "zero_nodata",
+    flag_value=False,
+    default=True,
+    help="Keep pixels that are 0 in all four bands as imagery. By default they are nodata "
+    "when a file declares no nodata value and no mask (black collars of NAIP quads).",
 )
 @click.option(
     "--workers", type=int, default=None, help=f"Reader threads [all cores: {available_cores()}]."
@@ -129,6 +141,7 @@ def tile_command(
     class_map: str,
     num_classes: int | None,
     val_fraction: float,
+    zero_nodata: bool,
     workers: int | None,
     storage_options: Mapping[str, Any],
     overwrite: bool,
@@ -153,6 +166,7 @@ def tile_command(
         workers=workers,
         storage_options=dict(storage_options),
         overwrite=overwrite,
+        zero_is_nodata=zero_nodata,
     )
     plan = plan_tiling(config)
     if dry_run:
@@ -164,22 +178,33 @@ def tile_command(
         result = tile(config, plan=plan, progress=progress)
     s = result.summary
     resumed = f", {result.sources_resumed} resumed" if result.sources_resumed else ""
+    skipped = _skipped_note(plan)
     click.echo(
         f"wrote {out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) from "
-        f"{len(s.sources)} sources{resumed} in {result.elapsed_s:.1f} s "
+        f"{len(s.sources)} sources{resumed}{skipped} in {result.elapsed_s:.1f} s "
         f"with {result.workers} workers"
     )
+
+
+def _skipped_note(plan: TilePlan) -> str:
+    n = len(plan.skipped)
+    if not n:
+        return ""
+    return f" ({n} image{'s' if n > 1 else ''} smaller than --chip-size skipped)"
 
 
 def describe_plan(plan: TilePlan) -> list[str]:
     """The --dry-run report."""
     p = plan.params
     labels = f"{len(p.labels)} label rasters ({p.class_map.name})" if p.class_map else "no labels"
+    blocks, val_blocks = plan.num_blocks
     lines = [
-        f"sources: {len(plan.sources)} images, {labels}",
+        f"sources: {len(plan.sources)} images, {labels}{_skipped_note(plan)}",
         f"chips: up to {plan.max_chips} (train {plan.max_train}, val {plan.max_val}) of "
         f"{p.chip_size} px, stride {p.stride}, {p.shard_size} per shard; --min-valid "
         f"{p.min_valid} drops some",
+        f"split: {val_blocks} of {blocks} ground blocks of {plan.split.edge_m:g} m "
+        f"({plan.split.crs}) are val",
         f"bytes: up to {_mb(plan.raw_bytes)} uncompressed (images + labels), "
         f"{plan.chip_bytes} bytes per chip",
         "RAM per training worker (train split in memory):",
@@ -192,24 +217,68 @@ def describe_plan(plan: TilePlan) -> list[str]:
 @click.command("info")
 @click.argument("store")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also read every chip and check every checksum (reads the whole store). Without "
+    "it, info lists the store's objects to find missing ones.",
+)
 @storage_options_option
-def info_command(store: str, as_json: bool, storage_options: Mapping[str, Any]) -> None:
-    """Describe the chip store at STORE (chips, splits, classes, band stats, sources)."""
+def info_command(
+    store: str, as_json: bool, verify: bool, storage_options: Mapping[str, Any]
+) -> None:
+    """Describe the chip store at STORE (chips, splits, classes, band stats, sources).
+
+    Exits with status 2 when the store is damaged (shard objects missing, or with --verify
+    any checksum failing), after describing it.
+    """
+    check_storage_options([store], storage_options)
     chip_store = open_store(store, storage_options=dict(storage_options))
     summary = chip_store.summary
     stored = chip_store.stored_bytes()
+    damage = chip_store.missing_objects()
+    corrupt: StoreCorruptError | None = None
+    if verify and not damage:
+        try:
+            chip_store.verify()
+        except StoreCorruptError as exc:
+            corrupt = exc
+            damage = [str(exc).split(": ", 1)[1].split(";", 1)[0]]
     if as_json:
-        click.echo(json.dumps(summary_json(store, summary, stored), indent=2))
-        return
-    for line in describe_summary(store, summary, stored):
-        click.echo(line)
+        click.echo(json.dumps(summary_json(store, summary, stored, damage=damage), indent=2))
+    else:
+        for line in describe_summary(store, summary, stored, damage=damage):
+            click.echo(line)
+    if corrupt is not None:
+        raise corrupt
+    if damage:
+        raise StoreCorruptError(
+            f"{store}: {len(damage)} shard object{'s' if len(damage) > 1 else ''} missing "
+            f"({damage[0]}{', ...' if len(damage) > 1 else ''}); the store is damaged, "
+            f"re-tile with: landcover tile <the same inputs and options> --out {store} "
+            "--overwrite"
+        )
 
 
-def summary_json(url: str, s: StoreSummary, stored_bytes: int) -> dict[str, Any]:
+def _state(s: StoreSummary, damage: list[str]) -> str:
+    if damage:
+        return "DAMAGED"
+    state = "complete" if s.complete else "incomplete (rerun the tile command to resume)"
+    if not s.integrity_checked:
+        state += "; integrity not checkable (older format: re-tile with --overwrite)"
+    return state
+
+
+def summary_json(
+    url: str, s: StoreSummary, stored_bytes: int, *, damage: list[str] | None = None
+) -> dict[str, Any]:
     return {
         "url": url,
         "format_version": s.format_version,
         "complete": s.complete,
+        "damaged": list(damage or []),
+        "integrity_checked": s.integrity_checked,
+        "split_block_m": s.split_block_m,
         "chip_size": s.chip_size,
         "stride": s.stride,
         "shard_size": s.shard_size,
@@ -247,10 +316,12 @@ def summary_json(url: str, s: StoreSummary, stored_bytes: int) -> dict[str, Any]
     }
 
 
-def describe_summary(url: str, s: StoreSummary, stored_bytes: int) -> list[str]:
-    state = "complete" if s.complete else "incomplete (rerun the tile command to resume)"
+def describe_summary(
+    url: str, s: StoreSummary, stored_bytes: int, *, damage: list[str] | None = None
+) -> list[str]:
+    damage = list(damage or [])
     lines = [
-        f"store: {url} (format version {s.format_version}, {state})",
+        f"store: {url} (format version {s.format_version}, {_state(s, damage)})",
         f"chips: {s.num_chips} of {s.chip_size} x {s.chip_size} px "
         f"(train {s.num_train}, val {s.num_val}), stride {s.stride}, {s.shard_size} per shard",
         f"bytes on disk: {_mb(stored_bytes)} ({_mb(s.num_chips * s.chip_bytes)} uncompressed)",
@@ -266,6 +337,15 @@ def describe_summary(url: str, s: StoreSummary, stored_bytes: int) -> list[str]:
             lines.append(f"  {c.code:3d} {c.name:<22} {n:>14,d} px {100 * n / total:6.2f} %")
     else:
         lines.append("labels: none (images-only store)")
+    if damage:
+        lines.append(f"damaged: {len(damage)} shard objects missing or corrupt:")
+        lines.extend(f"  {d}" for d in damage[:10])
+        if len(damage) > 10:
+            lines.append(f"  ... and {len(damage) - 10} more")
+    if s.split_block_m:
+        lines.append(
+            f"split: ground blocks of {s.split_block_m:g} m, val fraction {s.val_fraction}"
+        )
     lines.append(f"sources: {len(s.sources)}")
     for r in s.sources[:20]:
         lines.append(f"  {r.id:4d} {r.path}  {r.shape[0]} x {r.shape[1]} px, {r.chips} chips")

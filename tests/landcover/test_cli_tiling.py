@@ -57,7 +57,7 @@ def test_tile_writes_a_store_and_info_describes_it(scenes: Scenes, tmp_path: Pat
     info = run("info", str(out))
     assert info.exit_code == 0, info.output
     assert f"chips: {summary.num_chips} of 64 x 64 px (train {summary.num_train}, " in info.output
-    assert "format version 1, complete" in info.output
+    assert "format version 2, complete" in info.output
     assert "classes (chesapeake7to5):" in info.output and "tree canopy" in info.output
     assert "bytes on disk: " in info.output
     assert f"{scenes.root / 'naip' / 'a.tif'}  300 x 413 px" in info.output
@@ -65,7 +65,7 @@ def test_tile_writes_a_store_and_info_describes_it(scenes: Scenes, tmp_path: Pat
     as_json = json.loads(run("info", str(out), "--json").output)
     assert as_json["chips"] == summary.num_chips
     assert (as_json["train"], as_json["val"]) == (summary.num_train, summary.num_val)
-    assert as_json["format_version"] == 1
+    assert as_json["format_version"] == 2 and as_json["damaged"] == []
     assert [c["pixels"] for c in as_json["classes"]] == list(summary.class_counts)
     assert as_json["band_mean"] == pytest.approx(list(summary.band_mean))
     assert len(as_json["sources"]) == 2 and as_json["bytes_on_disk"] > 0
@@ -130,8 +130,8 @@ def test_rerunning_a_complete_store_says_what_to_do(scenes: Scenes, tmp_path: Pa
         ),
         (
             lambda d: str(write_raster(d / "small.tif", image_pixels(40, 90, seed=0))),
-            "{d}/small.tif: chip size 64 is larger than the image (40 x 90 px); "
-            "pass --chip-size 40 or smaller",
+            "every image is smaller than --chip-size 64 (the largest, {d}/small.tif, is "
+            "40 x 90 px); pass --chip-size 40 or smaller",
         ),
     ],
     ids=["no-match", "bands", "dtype", "no-crs", "corrupt", "chip-too-large"],
@@ -197,12 +197,12 @@ def test_info_refuses_a_newer_format_and_a_missing_store(scenes: Scenes, tmp_pat
     assert run(*tile_args(scenes, out)).exit_code == 0
     group = zarr.open_group(str(out), mode="r+")
     meta = dict(group.attrs["landcover_chips"])  # type: ignore[arg-type]
-    group.update_attributes({"landcover_chips": {**meta, "version": 2}})
+    group.update_attributes({"landcover_chips": {**meta, "version": 3}})
     newer = run("info", str(out))
     assert newer.exit_code == 2
     assert newer.output == (
-        f"error: {out}: chip store format version 2 is newer than this landcover reads "
-        "(version 1); upgrade landcover\n"
+        f"error: {out}: chip store format version 3 is newer than this landcover reads "
+        "(version 2); upgrade landcover\n"
     )
     missing = run("info", str(tmp_path / "none.zarr"))
     assert missing.exit_code == 2
@@ -216,3 +216,120 @@ def test_synth_writes_scenes_and_says_where(tmp_path: Path) -> None:
         result.output
     )
     assert len(list((tmp_path / "demo" / "naip").glob("*.tif"))) == 1
+
+
+def test_two_small_scenes_get_a_val_split(tmp_path: Path) -> None:
+    """Issue 11: `synth --scenes 2 --size 512` tiled at 128 px put nothing in val."""
+    assert run("synth", str(tmp_path / "d"), "--scenes", "2", "--size", "512").exit_code == 0
+    out = tmp_path / "c.zarr"
+    result = run(
+        "tile", str(tmp_path / "d" / "naip" / "*.tif"), "--labels",
+        str(tmp_path / "d" / "labels" / "*.tif"), "--out", str(out), "--chip-size", "128",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    s = open_store(str(out)).summary
+    assert s.num_val > 0 and s.num_train > 0
+    assert f"(train {s.num_train}, val {s.num_val})" in result.output
+
+
+def test_an_image_smaller_than_the_chip_is_skipped_and_counted(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    small = write_raster(tmp_path / "sliver.tif", image_pixels(40, 90, seed=0))
+    out = tmp_path / "s.zarr"
+    result = run(
+        "tile", str(scenes.images[0]), str(small), "--out", str(out), "--chip-size", "64",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "from 1 sources (1 image smaller than --chip-size skipped) in" in result.output
+
+
+def test_no_zero_nodata_flag_keeps_black_pixels(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "keep.zarr"
+    result = run(*tile_args(scenes, out, "--no-zero-nodata"))
+    assert result.exit_code == 0, result.output
+    sources = open_store(str(out)).summary.sources
+    # a.tif declares no nodata: zero-fill applies unless opted out; b.tif declares 0
+    assert [s.mask_kind for s in sources] == ["none", "nodata"]
+    assert "--no-zero-nodata" in run("tile", "--help").output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ("--out", "/proc/x.zarr"),
+            "error: /proc/x.zarr: cannot create the store there (No such file or directory); "
+            "choose another --out",
+        ),
+        (
+            ("--out", "{d}/n.zarr", "--num-classes", "5"),
+            "error: --num-classes 5 applies only to --class-map identity (got --class-map "
+            "chesapeake7to5); drop --num-classes or pass --class-map identity",
+        ),
+        (
+            ("--out", "{d}/o.zarr", "--storage-options", '{"account_name": "x"}'),
+            "error: --storage-options (account_name) do not apply to local paths such as ",
+        ),
+    ],
+    ids=["unwritable-out", "num-classes", "local-storage-options"],
+)
+def test_bad_options_give_one_line_and_exit_2(
+    scenes: Scenes, tmp_path: Path, extra: tuple[str, ...], message: str
+) -> None:
+    args = [a.replace("{d}", str(tmp_path)) for a in extra]
+    result = run(
+        "tile", str(scenes.images[0]), "--labels", str(scenes.root / "labels"),
+        "--chip-size", "64", *args,
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(message)
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "n.zarr").exists() and not (tmp_path / "o.zarr").exists()
+
+
+def test_info_refuses_storage_options_for_a_local_store(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "local.zarr"
+    assert run(*tile_args(scenes, out)).exit_code == 0
+    result = run("info", str(out), "--storage-options", '{"account_key": "k"}')
+    assert result.exit_code == 2
+    assert result.output == (
+        f"error: --storage-options (account_key) do not apply to local paths such as {out}; "
+        "drop --storage-options, or use a URL such as az://container/path\n"
+    )
+
+
+def test_info_reports_a_damaged_store_and_exits_2(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "damaged.zarr"
+    assert run(*tile_args(scenes, out)).exit_code == 0
+    assert run("info", str(out), "--verify").exit_code == 0
+    (out / "labels" / "c" / "1" / "0" / "0").unlink()
+    info = run("info", str(out))
+    assert info.exit_code == 2
+    assert f"store: {out} (format version 2, DAMAGED)" in info.output
+    assert "labels shard 1 (chips 8..15)" in info.output
+    assert info.output.splitlines()[-1] == (
+        f"error: {out}: 1 shard object missing (labels shard 1 (chips 8..15)); the store is "
+        f"damaged, re-tile with: landcover tile <the same inputs and options> --out {out} "
+        "--overwrite"
+    )
+    as_json = run("info", str(out), "--json")
+    assert as_json.exit_code == 2
+    assert '"damaged": [\n    "labels shard 1 (chips 8..15)"' in as_json.output
+
+
+def test_info_verify_finds_flipped_bytes(scenes: Scenes, tmp_path: Path) -> None:
+    out = tmp_path / "flipped.zarr"
+    assert run(*tile_args(scenes, out)).exit_code == 0
+    shard = out / "images" / "c" / "0" / "0" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    data[60] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert run("info", str(out)).exit_code == 0  # a listing cannot see it
+    verified = run("info", str(out), "--verify")
+    assert verified.exit_code == 2
+    assert "(format version 2, DAMAGED)" in verified.output
+    assert verified.output.splitlines()[-1].startswith(
+        f"error: {out}: chips 0..7 (images shard 0) corrupt: chip 0: chunk checksum does not "
+        "match; the store is damaged"
+    )

@@ -25,8 +25,15 @@ def test_chesapeake7to5_folds_impervious_and_nodata() -> None:
 
 def test_nlcd_maps_forest_water_developed() -> None:
     cmap = get_class_map("nlcd")
-    raw = np.array([11, 21, 41, 42, 81, 90, 95, 250], dtype=np.uint8)
-    assert cmap.apply(raw).tolist() == [1, 4, 2, 2, 3, 2, 3, 0]
+    raw = np.array([11, 22, 23, 24, 41, 42, 81, 90, 95, 250], dtype=np.uint8)
+    assert cmap.apply(raw).tolist() == [1, 4, 4, 4, 2, 2, 3, 2, 3, 0]
+
+
+def test_nlcd_developed_open_space_is_low_vegetation() -> None:
+    # NLCD 21 is lawn and scattered trees at 1 m (< 20 % impervious), not pavement.
+    cmap = get_class_map("nlcd")
+    low_vegetation = cmap.class_names.index("low vegetation")
+    assert cmap.apply(np.array([21], dtype=np.uint8)).tolist() == [low_vegetation]
 
 
 def test_raster_nodata_value_becomes_code_zero() -> None:

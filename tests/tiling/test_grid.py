@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiling.errors import TilingError
-from tiling.grid import ChipGrid, chip_grid, chip_offsets, val_blocks
+from tiling.grid import ChipGrid, chip_grid, chip_offsets
 
 lengths_and_chips = st.integers(1, 600).flatmap(
     lambda chip: st.tuples(st.integers(chip, chip * 12), st.just(chip), st.integers(1, chip))
@@ -101,39 +101,3 @@ def test_read_windows_span_at_least_the_block_height_when_the_grid_allows() -> N
     windows = grid.read_windows(min_height_px=512, max_width_px=10_000)
     assert [w.height for w in windows] == [512, 512, 128]  # 4 + 4 + 1 (edge) chip rows
     assert [w.row_px for w in windows] == [0, 512, 972]
-
-
-@settings(deadline=None)  # no timed asserts
-@given(
-    st.integers(0, 5000),
-    st.integers(0, 3000),
-    st.integers(0, 3000),
-    st.sampled_from([0.0, 0.05, 0.1, 0.2, 1 / 3, 0.5, 0.9]),
-)
-def test_val_blocks_are_consistent_across_any_split_of_the_sequence(
-    first: int, n1: int, n2: int, fraction: float
-) -> None:
-    whole = val_blocks(first, n1 + n2, fraction)
-    parts = np.concatenate([val_blocks(first, n1, fraction), val_blocks(first + n1, n2, fraction)])
-    assert np.array_equal(whole, parts)
-
-
-@settings(deadline=None)  # no timed asserts
-@given(st.integers(0, 20_000), st.sampled_from([0.0, 0.05, 0.1, 0.2, 0.25, 0.5, 0.75]))
-def test_val_blocks_give_the_rounded_fraction_of_every_prefix(n: int, fraction: float) -> None:
-    mask = val_blocks(0, n, fraction)
-    assert int(mask.sum()) == int(np.floor(n * fraction + 0.5))
-
-
-def test_val_fraction_out_of_range_is_refused() -> None:
-    with pytest.raises(TilingError, match=r"--val-fraction must be in \[0, 1\), got 1.0"):
-        val_blocks(0, 10, 1.0)
-
-
-def test_blocks_are_row_major_squares_of_chips() -> None:
-    grid = ChipGrid(700, 500, 64, 64)  # 11 x 8 chips
-    assert grid.num_blocks(4) == 3 * 2
-    assert grid.block_of(0, 0, 4) == 0
-    assert grid.block_of(3, 7, 4) == 1
-    assert grid.block_of(4, 0, 4) == 2
-    assert grid.block_of(10, 7, 4) == 5

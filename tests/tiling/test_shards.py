@@ -9,9 +9,10 @@ import pytest
 import zarr
 
 from tests.tiling.test_store import chips, record, small_params, snapshot
+from tiling.params import create_arrays
+from tiling.resume import open_writer
 from tiling.shards import ChunkEncoder, decode_shard, encode_shard
 from tiling.store import BandStats, open_store
-from tiling.writer import create_arrays, open_writer
 
 
 def test_writer_objects_equal_what_zarr_itself_writes(tmp_path: Path) -> None:

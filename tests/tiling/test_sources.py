@@ -31,6 +31,7 @@ from tiling.sources import (
 
 ALPHA_NIR = ("m_3211605_ne_11_060_20200415.tif", "m_4208701_ne_16_060_20200902.tif")
 NODATA_ZERO = "m_3610332_se_13_060_20200903-downsampled.tif"
+NO_NODATA_TAG = "m_4112001_sw_10_060_20220716.tif"
 
 
 def full_window(info: object) -> rasterio.windows.Window:
@@ -95,7 +96,9 @@ def test_real_naip_files_open_and_alpha_tagged_nir_is_not_a_mask(
     infos = {p.name: open_image(str(p)) for p in real_naip_paths}
     assert len(infos) == 6
     for name in ALPHA_NIR:
-        assert infos[name].mask_kind == "none"
+        # no nodata tag and no mask of their own: the zero-fill rule, never the alpha band
+        assert infos[name].mask_kind == "zero"
+        assert open_image(str(infos[name].path), zero_is_nodata=False).mask_kind == "none"
     assert infos[NODATA_ZERO].mask_kind == "nodata"
     reader = RasterReader()
     try:
@@ -131,6 +134,72 @@ def test_nodata_pixels_are_those_with_every_band_at_nodata(scenes: Scenes, tmp_p
     expected[:80, :120] = False
     assert np.array_equal(valid, expected)
     assert np.array_equal(valid_nir0, expected)
+
+
+def black_collared(real_naip_dir: Path, tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """A real NAIP file without a nodata tag, given a black collar as NAIP quads have."""
+    with rasterio.open(real_naip_dir / NO_NODATA_TAG) as ds:
+        assert ds.nodata is None and not (ds.read() == 0).all(axis=0).any()
+        data, profile = ds.read(), ds.profile
+    data[:, :, :40] = 0  # the collar: 0 in every band
+    data[:, 100:110, 100:110] = np.array([0, 0, 0, 50])[:, None, None]  # black RGB, NIR 50
+    path = tmp_path / "collar.tif"
+    with rasterio.open(path, "w", **profile) as ds:
+        ds.write(data)
+    return path, data
+
+
+def test_black_fill_is_nodata_when_a_file_declares_none(
+    real_naip_dir: Path, tmp_path: Path
+) -> None:
+    path, data = black_collared(real_naip_dir, tmp_path)
+    info = open_image(str(path))
+    assert info.nodata is None and info.mask_kind == "zero"
+    reader = RasterReader()
+    try:
+        pixels, valid = reader.read_image(info, full_window(info))
+        kept = open_image(str(path), zero_is_nodata=False)
+        _, valid_kept = reader.read_image(kept, full_window(kept))
+    finally:
+        reader.close()
+    expected = np.ones(data.shape[1:], dtype=bool)
+    expected[:, :40] = False
+    assert np.array_equal(valid, expected)
+    assert np.array_equal(pixels, data)
+    assert valid_kept.all(), "--no-zero-nodata keeps black pixels as imagery"
+
+
+def test_invalid_pixels_read_as_zero_in_every_band(scenes: Scenes, tmp_path: Path) -> None:
+    data = scenes.image_pixels[0].copy()
+    data[:, :30, :50] = 255  # declared nodata 255: stored as 255, must read as 0
+    path = write_raster(tmp_path / "n255.tif", data, nodata=255)
+    info = open_image(str(path))
+    reader = RasterReader()
+    try:
+        pixels, valid = reader.read_image(info, full_window(info))
+    finally:
+        reader.close()
+    assert not valid[:30, :50].any() and valid[30:].all()
+    assert (pixels[:, ~valid] == 0).all()
+    assert np.array_equal(pixels[:, valid], data[:, valid])
+
+
+def test_a_file_without_geotransform_gives_our_error_and_no_rasterio_warning(
+    tmp_path: Path,
+) -> None:
+    import warnings
+
+    path = tmp_path / "plain.tif"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # writing one warns too; only the reading matters
+        with rasterio.open(
+            path, "w", driver="GTiff", width=40, height=30, count=4, dtype="uint8"
+        ) as ds:
+            ds.write(image_pixels(30, 40, seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        with pytest.raises(SourceFormatError, match=r"plain.tif: has no CRS; assign one"):
+            open_image(str(path))
 
 
 # --- labels -----------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 
 from tests.azurite import Azurite
 from tests.tiling.rasters import Scenes
-from tiling.errors import StorageAccessError, StoreError, StoreExistsError
+from tiling.errors import StorageAccessError, StoreCorruptError, StoreError, StoreExistsError
+from tiling.params import StoreParams
+from tiling.resume import open_writer
 from tiling.store import (
     ATTRS_KEY,
     BandStats,
@@ -33,7 +35,7 @@ from tiling.store import (
 )
 from tiling.tile import TileConfig, tile
 from tiling.urls import filesystem
-from tiling.writer import ChipStoreWriter, StoreParams, open_writer
+from tiling.writer import ChipStoreWriter
 
 
 def tile_config(scenes: Scenes, out: str, options: Mapping[str, Any], **kw: Any) -> TileConfig:
@@ -125,8 +127,12 @@ class ChipStoreContract:
             )
             for r in range(3)
         ]
-        assert np.array_equal(np.concatenate([s.chip_ids for s in shards]), train)
+        assert np.array_equal(np.sort(np.concatenate([s.chip_ids for s in shards])), train)
+        sources = reference.index()[:, 0]
         for s in shards:
+            # interleaved shard objects: every rank sees both images, not one region each
+            assert set(sources[s.chip_ids].tolist()) == {0, 1}
+            assert np.array_equal(s.chip_ids, np.sort(s.chip_ids))
             assert np.array_equal(s.images, ref_images[s.chip_ids])
             assert s.labels is not None and np.array_equal(s.labels, ref_labels[s.chip_ids])
             assert 0 < s.bytes_read <= reference.stored_bytes()
@@ -199,11 +205,56 @@ class ChipStoreContract:
         group = zarr.open_group(store=_zarr_store(out, self.options), mode="r+")
         meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
         group.update_attributes({ATTRS_KEY: {**meta, "version": 99}})
-        message = r"chip store format version 99 is newer than this landcover reads \(version 1\)"
+        message = r"chip store format version 99 is newer than this landcover reads \(version 2\)"
         with pytest.raises(StoreError, match=message):
             open_store(out, storage_options=self.options)
         with pytest.raises(StoreError, match=message):
             tile(tile_config(scenes, out, self.options))
+
+    def test_a_missing_shard_object_fails_the_read_naming_the_chips_and_the_fix(
+        self, url: Callable[[str], str], scenes: Scenes
+    ) -> None:
+        out = url("lost.zarr")
+        tile(tile_config(scenes, out, self.options))
+        store = open_store(out, storage_options=self.options)
+        assert store.missing_objects() == []
+        fs, root = filesystem(out, self.options)
+        fs.rm(f"{root.rstrip('/')}/images/c/2/0/0/0")
+        message = (
+            r"lost.zarr: chips 10..14 \(images shard 2\) missing: shard object not found; the "
+            r"store is damaged, re-tile with: landcover tile .* --overwrite"
+        )
+        with pytest.raises(StoreCorruptError, match=message):
+            store.read_chips(np.arange(store.summary.num_chips))
+        with pytest.raises(StoreCorruptError, match=message):
+            load_shard_into_memory(
+                out, rank=0, world_size=1, split="all", storage_options=self.options
+            )
+        assert store.missing_objects() == ["images shard 2 (chips 10..14)"]
+        # chips of the other shard objects still read
+        images, _ = store.read_chips(np.arange(10))
+        ref_images, _ = open_store(out, storage_options=self.options).read_chips(np.arange(10))
+        assert np.array_equal(images, ref_images)
+
+    @pytest.mark.parametrize("where", ["chunk", "shard index", "index array"])
+    def test_flipped_bytes_fail_the_read(
+        self, url: Callable[[str], str], scenes: Scenes, where: str
+    ) -> None:
+        out = url(f"flipped-{where.replace(' ', '-')}.zarr")
+        tile(tile_config(scenes, out, self.options))
+        fs, root = filesystem(out, self.options)
+        key = "index/c/1/0" if where == "index array" else "labels/c/1/0/0"
+        path = f"{root.rstrip('/')}/{key}"
+        data = bytearray(fs.cat_file(path))
+        data[{"chunk": 40, "shard index": -30, "index array": 20}[where]] ^= 0x5A
+        fs.pipe_file(path, bytes(data))
+        store = open_store(out, storage_options=self.options)
+        name = "index" if where == "index array" else "labels"
+        with pytest.raises(StoreCorruptError, match=rf"chips 5..9 \({name} shard 1\) corrupt: "):
+            store.index()
+            store.read_chips(np.arange(5, 10))
+        with pytest.raises(StoreCorruptError, match=r"chips 5..9"):
+            store.verify()
 
     def test_opening_a_missing_store_names_the_fix(self, url: Callable[[str], str]) -> None:
         out = url("missing.zarr")
@@ -315,16 +366,36 @@ def interrupt_after_appends(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
 
 
 @settings(deadline=None)  # no timed asserts
-@given(st.integers(0, 3000), st.integers(1, 64), st.integers(0, 10_000))
-def test_ranks_get_balanced_contiguous_runs(n: int, world: int, start: int) -> None:
-    ids = np.arange(start, start + n, dtype=np.int64)[::-1]
-    parts = assign_chips_to_ranks(ids, world)
+@given(
+    st.lists(st.integers(0, 2000), max_size=1500),
+    st.integers(1, 40),
+    st.integers(1, 70),
+)
+def test_ranks_get_balanced_interleaved_shards(raw: list[int], world: int, shard: int) -> None:
+    ids = np.array(sorted(set(raw)), dtype=np.int64)[::-1]
+    parts = assign_chips_to_ranks(ids, world, shard_size=shard)
     assert len(parts) == world
     sizes = [p.size for p in parts]
     assert max(sizes) - min(sizes) <= 1
-    assert np.array_equal(np.concatenate(parts), np.sort(ids))
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.sort(ids))
+    assert all(np.array_equal(p, np.sort(p)) for p in parts)
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(parts, assign_chips_to_ranks(ids, world, shard_size=shard), strict=True)
+    )
+    # few reads: about 1/world of the shard objects each, plus those the rebalancing adds
+    groups = np.unique(ids // shard).size
     for p in parts:
-        assert np.array_equal(p, np.arange(p[0], p[0] + p.size)) if p.size else True
+        assert np.unique(p // shard).size <= -(-groups // world) + shard
+
+
+def test_ranks_sample_the_whole_store_not_one_run_each() -> None:
+    ids = np.arange(1000)
+    parts = assign_chips_to_ranks(ids, 4, shard_size=50)  # 20 shard objects
+    for r, p in enumerate(parts):
+        assert p.size == 250
+        assert np.unique(p // 50).tolist() == list(range(r, 20, 4))  # round-robin objects
+        assert p.min() < 250 and p.max() >= 750
 
 
 def test_world_size_must_be_positive() -> None:
@@ -391,3 +462,91 @@ def _closed_port() -> int:
     from tests.azurite import free_port
 
     return free_port()  # bound and released: nothing listens there
+
+
+# --- integrity: what is not damage, and stores of format version 1 ----------------------
+
+
+def test_a_shard_of_empty_chips_has_no_object_and_is_not_damage(tmp_path: Path) -> None:
+    out = str(tmp_path / "empty.zarr")
+    writer = open_writer(out, small_params(("s0",)))
+    images, labels, index = chips(12, seed=0)
+    images[5:10] = 0  # shard 1 (rows 5..9): every chip all fill, so zarr stores nothing
+    labels[5:10] = 0
+    write_source(writer, 0, (images, labels, index))
+    writer.finish()
+    assert "images/c/1/0/0/0" not in snapshot(out, {})
+    store = open_store(out)
+    assert store.missing_objects() == []
+    read_images, read_labels = store.read_chips(np.arange(12))
+    assert np.array_equal(read_images, images)
+    assert read_labels is not None and np.array_equal(read_labels, labels)
+    store.verify()
+
+
+def as_version_1(url: str) -> None:
+    """Rewrite a store as landcover's format version 1 wrote it: no chunk checksums, no
+    stored-chunk counts, fingerprints, split or nodata rule in the attributes."""
+    import json
+
+    from tiling.shards import decode_shard, encode_shard
+
+    root = Path(url)
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if not path.is_file() or "/c/" not in rel:
+            continue
+        data = path.read_bytes()
+        if rel.startswith("index/"):
+            path.write_bytes(data[:-4])
+            continue
+        shard = decode_shard(data, 5)
+        rebuilt = encode_shard([c[:-4] if c else None for c in shard], 5)
+        assert rebuilt is not None
+        path.write_bytes(rebuilt)
+    for meta_path in root.glob("*/zarr.json"):
+        meta = json.loads(meta_path.read_text())
+        codecs = meta["codecs"]
+        inner = codecs[0]["configuration"]["codecs"] if "sharding" in codecs[0]["name"] else codecs
+        inner[:] = [c for c in inner if c["name"] != "crc32c"]
+        meta_path.write_text(json.dumps(meta))
+    group = zarr.open_group(url, mode="r+")
+    attrs = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
+    for key in ("split", "zero_is_nodata", "label_fingerprints"):
+        attrs.pop(key)
+    attrs["sources"] = [
+        {k: v for k, v in s.items() if k not in ("image_chunks", "label_chunks", "fingerprint")}
+        for s in attrs["sources"]
+    ]
+    group.update_attributes({ATTRS_KEY: {**attrs, "version": 1}})
+
+
+def test_a_version_1_store_reads_with_one_warning_and_is_not_resumed(
+    scenes: Scenes, tmp_path: Path, reference: ChipStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = str(tmp_path / "v1.zarr")
+    cfg = tile_config(scenes, out, {})
+    tile(cfg)
+    as_version_1(out)
+    with caplog.at_level("WARNING", logger="tiling"):
+        store = open_store(out)
+    assert caplog.messages == [
+        f"{out}: chip store format version 1 has no checksums, so lost or damaged shard "
+        "objects cannot be detected; re-tile it with --overwrite to upgrade"
+    ]
+    assert not store.summary.integrity_checked
+    assert np.array_equal(store.index(), reference.index())
+    images, labels = store.read_chips(store.chip_ids("all"))
+    ref_images, ref_labels = reference.read_chips(reference.chip_ids("all"))
+    assert np.array_equal(images, ref_images)
+    assert labels is not None and ref_labels is not None and np.array_equal(labels, ref_labels)
+    group = zarr.open_group(out, mode="r+")
+    meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
+    group.update_attributes({ATTRS_KEY: {**meta, "complete": False}})
+    with pytest.raises(
+        StoreExistsError,
+        match=r"v1.zarr exists and was written by an older landcover \(chip store format "
+        r"version 1, now 2\); pass --overwrite to rebuild it",
+    ):
+        tile(cfg)
+    assert tile(tile_config(scenes, out, {}, overwrite=True)).summary.integrity_checked

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,14 @@ from rasterio.crs import CRS
 from tests.tiling.rasters import ALBERS, Scenes, write_nlcd_cover, write_raster
 from tests.tiling.test_store import snapshot
 from tiling.classes import get_class_map
-from tiling.errors import LabelError, StoreError, StoreExistsError, TilingError
+from tiling.errors import (
+    LabelError,
+    SourceChangedError,
+    StorageAccessError,
+    StoreError,
+    StoreExistsError,
+    TilingError,
+)
 from tiling.grid import chip_offsets
 from tiling.store import ChipStore, open_store
 from tiling.tile import TileConfig, plan_tiling, tile
@@ -77,16 +85,29 @@ def test_edge_chips_are_flush_with_the_image_edges(scenes: Scenes, tmp_path: Pat
     assert len(index) == 5 * 7
 
 
-def test_chip_larger_than_the_image_is_refused_before_writing(
-    scenes: Scenes, tmp_path: Path
+def test_an_image_smaller_than_the_chip_is_skipped_with_a_warning(
+    scenes: Scenes, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     out = tmp_path / "big.zarr"
+    with caplog.at_level("WARNING", logger="tiling"):
+        result = tile(config(scenes.images, out, chip_size=300))  # b.tif is 257 px tall
+    assert f"{scenes.images[1]}: 257 x 390 px is smaller than --chip-size 300; skipped" in (
+        caplog.text
+    )
+    assert [s.path for s in result.summary.sources] == [str(scenes.images[0])]
+    assert result.summary.complete and result.summary.num_chips == 2  # 300 x 413: 1 x 2
+
+
+def test_a_run_where_every_image_is_too_small_fails_before_writing(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    out = tmp_path / "huge.zarr"
     with pytest.raises(
         TilingError,
-        match=r"b.tif: chip size 300 is larger than the image "
-        r"\(257 x 390 px\); pass --chip-size 257 or smaller",
+        match=r"every image is smaller than --chip-size 500 \(the largest, .*a.tif, is "
+        r"300 x 413 px\); pass --chip-size 300 or smaller",
     ):
-        tile(config(scenes.images, out, chip_size=300))
+        tile(config(scenes.images, out, chip_size=500))
     assert not out.exists()
 
 
@@ -167,7 +188,7 @@ def test_labels_from_a_30_m_albers_raster_are_warped_onto_the_image(
     assert checked == store.summary.num_chips > 20
 
 
-def test_split_is_by_blocks_of_chips_and_matches_the_plan(scenes: Scenes, tmp_path: Path) -> None:
+def test_split_is_by_ground_blocks_and_matches_the_plan(scenes: Scenes, tmp_path: Path) -> None:
     out = tmp_path / "split.zarr"
     cfg = config(scenes.images, out, val_fraction=0.3, split_block_chips=2)
     plan = plan_tiling(cfg)
@@ -176,16 +197,17 @@ def test_split_is_by_blocks_of_chips_and_matches_the_plan(scenes: Scenes, tmp_pa
     s = store.summary
     assert (s.num_train, s.num_val) == (plan.max_train, plan.max_val)
     assert 0 < s.num_val < s.num_chips
+    assert s.split_block_m == 128.0  # 2 chips x 64 px x 1 m
     index = store.index()
+    splits: dict[tuple[int, int], set[int]] = {}
     for source in plan.sources:
         rows = index[index[:, 0] == source.id]
         row_of = {o: i for i, o in enumerate(source.grid.row_offsets)}
         col_of = {o: j for j, o in enumerate(source.grid.col_offsets)}
-        splits: dict[int, set[int]] = {}
         for _, r, c, split in rows:
-            block = source.grid.block_of(row_of[r], col_of[c], 2)
-            splits.setdefault(block, set()).add(int(split))
-        assert all(len(v) == 1 for v in splits.values()), "a block is split between sets"
+            bx, by = source.blocks[row_of[r], col_of[c]]
+            splits.setdefault((int(bx), int(by)), set()).add(int(split))
+    assert all(len(v) == 1 for v in splits.values()), "a block is split between sets"
     assert np.array_equal(store.chip_ids("val"), np.flatnonzero(index[:, 3] == 1))
 
 
@@ -308,6 +330,34 @@ def test_identity_class_map_needs_the_number_of_classes(scenes: Scenes, tmp_path
         )
 
 
+def test_num_classes_without_the_identity_map_is_refused(scenes: Scenes, tmp_path: Path) -> None:
+    with pytest.raises(
+        TilingError,
+        match=r"--num-classes 7 applies only to --class-map identity \(got --class-map nlcd\); "
+        "drop --num-classes or pass --class-map identity",
+    ):
+        plan_tiling(
+            config(
+                scenes.images,
+                tmp_path / "x.zarr",
+                labels=(str(scenes.nlcd),),
+                class_map="nlcd",
+                num_classes=7,
+            )
+        )
+
+
+def test_storage_options_for_local_paths_only_are_refused(scenes: Scenes, tmp_path: Path) -> None:
+    options = {"account_name": "x", "acount_key": "typo"}
+    message = (
+        r"--storage-options \(account_name, acount_key\) do not apply to local paths such "
+        r"as .*; drop --storage-options"
+    )
+    with pytest.raises(StorageAccessError, match=message):
+        plan_tiling(config(scenes.images, tmp_path / "x.zarr", storage_options=options))
+    assert not (tmp_path / "x.zarr").exists()
+
+
 def test_a_directory_that_is_not_a_store_is_never_overwritten(
     scenes: Scenes, tmp_path: Path
 ) -> None:
@@ -378,6 +428,122 @@ def test_real_naip_with_nodata_drops_chips_over_nodata(real_naip_dir: Path, tmp_
     assert len(expected) == 4 * 3 - 4  # the four chips over the corner are dropped
 
 
+def collared_copy(real_naip_dir: Path, tmp_path: Path) -> Path:
+    """A real NAIP file with no nodata tag, given the black collar NAIP quads have."""
+    source = real_naip_dir / "m_4112001_sw_10_060_20220716.tif"  # 340 x 262, no nodata tag
+    with rasterio.open(source) as ds:
+        assert ds.nodata is None
+        data, profile = ds.read(), ds.profile
+    data[:, :, :80] = 0  # the collar
+    path = tmp_path / "collar.tif"
+    with rasterio.open(path, "w", **profile) as ds:
+        ds.write(data)
+    return path
+
+
+def test_black_collar_of_a_file_without_nodata_is_not_imagery(
+    real_naip_dir: Path, tmp_path: Path
+) -> None:
+    image = collared_copy(real_naip_dir, tmp_path)
+    nlcd = write_nlcd_cover(tmp_path / "nlcd.tif", (image,), seed=9)
+    kw: dict[str, Any] = {"labels": (str(nlcd),), "class_map": "nlcd", "min_valid": 0.5}
+    tile(config([image], tmp_path / "zero.zarr", **kw))
+    store = open_store(str(tmp_path / "zero.zarr"))
+    index = store.index()
+    images, labels = store.read_chips(store.chip_ids("all"))
+    assert labels is not None
+    # chips at col 0 (all collar) are dropped, col 64 (16 of 64 columns collar) is kept
+    assert sorted(set(index[:, 2].tolist())) == [64, 128, 192, 198]
+    invalid = (images == 0).all(axis=1)
+    assert invalid.any(), "col 64..79 is collar inside kept chips"
+    assert (labels[invalid] == 0).all(), "no label where the image is black fill"
+    s = store.summary
+    assert s.band_stats.count == int((~invalid).sum())
+    assert s.sources[0].mask_kind == "zero"
+    # opting out keeps the collar as imagery (the old behaviour)
+    tile(config([image], tmp_path / "kept.zarr", zero_is_nodata=False, **kw))
+    kept = open_store(str(tmp_path / "kept.zarr"))
+    assert kept.summary.num_chips == len(chip_offsets(340, 64, 64)) * len(chip_offsets(262, 64, 64))
+    assert kept.summary.sources[0].mask_kind == "none"
+    with pytest.raises(StoreExistsError, match=r"options \(zero_is_nodata True \(now False\)"):
+        tile(config([image], tmp_path / "zero.zarr", zero_is_nodata=False, **kw))
+
+
+def test_invalid_pixels_are_stored_as_zero_in_every_band(scenes: Scenes, tmp_path: Path) -> None:
+    data = scenes.image_pixels[0].copy()
+    data[:, 64:90, :64] = 255  # declared nodata (255) in all four bands: stored as 0
+    path = write_raster(tmp_path / "n255.tif", data, nodata=255)
+    tile(config([path], tmp_path / "n.zarr", min_valid=0.0))
+    store = open_store(str(tmp_path / "n.zarr"))
+    images, _ = store.read_chips(np.flatnonzero(store.index()[:, 1] == 64))
+    chip = images[0]  # rows 64..127, cols 0..63: rows 64..89 are nodata
+    assert (chip[:, :26] == 0).all() and (chip[:, 26:] != 0).any(axis=0).all()
+
+
+def test_resume_refuses_a_source_that_changed_since_it_was_tiled(
+    scenes: Scenes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import shutil
+
+    images = [tmp_path / "a.tif", tmp_path / "b.tif"]
+    for src, dst in zip(scenes.images, images, strict=True):
+        shutil.copy(src, dst)
+    kw: dict[str, Any] = {"labels": (str(scenes.nlcd),), "class_map": "nlcd"}
+    out = tmp_path / "stale.zarr"
+    real_commit = ChipStoreWriter.commit_source
+
+    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
+        record = real_commit(self, **kwargs)
+        raise RuntimeError(f"killed after source {record.id}")
+
+    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
+    with pytest.raises(RuntimeError, match="killed after source 0"):
+        tile(config(images, out, **kw))
+    monkeypatch.undo()
+    # a touch alone (same bytes, new mtime) is a change: nothing tells it from a rewrite
+    stat = os.stat(images[0])
+    os.utime(images[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    message = (
+        rf"{images[0]} changed since it was tiled into {out} \(modification time\); its "
+        "chips would be stale: pass --overwrite to rebuild the store"
+    )
+    with pytest.raises(SourceChangedError, match=message):
+        tile(config(images, out, **kw))
+    # a.tif (done) rewritten in place with other pixels, same size
+    window = rasterio.windows.Window(0, 0, 10, 10)
+    with rasterio.open(images[0], "r+") as ds:
+        ds.write(np.full((4, 10, 10), 9, dtype=np.uint8), window=window)
+    with pytest.raises(SourceChangedError, match=r"a.tif changed since .*content\)"):
+        tile(config(images, out, **kw))
+    result = tile(config(images, out, overwrite=True, **kw))
+    assert result.summary.complete and result.sources_resumed == 0
+
+
+def test_resume_refuses_a_label_raster_that_changed(
+    scenes: Scenes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    nlcd = tmp_path / "nlcd.tif"
+    shutil.copy(scenes.nlcd, nlcd)
+    kw: dict[str, Any] = {"labels": (str(nlcd),), "class_map": "nlcd"}
+    out = tmp_path / "stale-labels.zarr"
+    interrupt = ChipStoreWriter.commit_source
+
+    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
+        interrupt(self, **kwargs)
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        tile(config(scenes.images, out, **kw))
+    monkeypatch.undo()
+    write_nlcd_cover(nlcd, scenes.images, seed=99)  # new labels under the same name
+    with pytest.raises(SourceChangedError, match=rf"{nlcd} changed since it was tiled"):
+        tile(config(scenes.images, out, **kw))
+
+
 def test_band_count_and_dtype_errors_surface_through_tile(tmp_path: Path) -> None:
     bad = write_raster(tmp_path / "three.tif", np.ones((3, 80, 80), dtype=np.uint8))
     with pytest.raises(TilingError, match=r"three.tif: expected 4 bands \(R, G, B, NIR\), found 3"):
@@ -420,3 +586,34 @@ def test_images_and_labels_read_from_az_urls(scenes: Scenes, tmp_path: Path, azu
     assert chunks == {
         k: v for k, v in snapshot(str(tmp_path / "local.zarr"), {}).items() if "/c/" in k
     }
+
+
+@pytest.mark.azurite
+def test_resume_refuses_an_az_source_that_changed(
+    scenes: Scenes, tmp_path: Path, azurite: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("az", **azurite.storage_options)
+    prefix = f"{azurite.container}/changed-{tmp_path.name}"
+    fs.put(str(scenes.root / "naip") + "/", f"{prefix}/naip/", recursive=True)
+    remote = replace(
+        config([], tmp_path / "az.zarr", storage_options=azurite.storage_options),
+        images=(f"az://{prefix}/naip/*.tif",),
+    )
+    real_commit = ChipStoreWriter.commit_source
+
+    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
+        real_commit(self, **kwargs)
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        tile(remote)
+    monkeypatch.undo()
+    fs.put(str(scenes.images[1]), f"{prefix}/naip/a.tif")  # a.tif (done) replaced by b.tif
+    with pytest.raises(
+        SourceChangedError,
+        match=rf"az://{prefix}/naip/a.tif changed since it was tiled into .*az.zarr \(size ",
+    ):
+        tile(remote)

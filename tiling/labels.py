@@ -1,0 +1,94 @@
+"""Label rasters against images: which overlap, whether they share a pixel grid, and raw
+values to class codes. Pure functions of `RasterInfo` values; the reads are in `sources`.
+
+An image's labels are the label rasters whose footprint overlaps it (not a file-name
+match). A label raster on the very pixel grid of the image is read by window; any other is
+warped (`RasterReader.read_labels`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import rasterio.warp
+from rasterio.crs import CRS
+
+from tiling.classes import NODATA_CODE, ClassMap
+from tiling.errors import LabelError
+
+if TYPE_CHECKING:  # sources imports this module; the type is all that is needed here
+    from tiling.sources import RasterInfo
+
+# Bounds = (left, bottom, right, top) in the raster's CRS.
+Bounds = tuple[float, float, float, float]
+
+
+def footprint_in(info: RasterInfo, crs: CRS) -> Bounds:
+    """The raster's bounds transformed into `crs` (edges densified, so curved edges count)."""
+    if info.crs == crs:
+        return info.bounds
+    left, bottom, right, top = rasterio.warp.transform_bounds(
+        info.crs, crs, *info.bounds, densify_pts=21
+    )
+    return (left, bottom, right, top)
+
+
+def _overlap(a: Bounds, b: Bounds) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def match_labels(image: RasterInfo, labels: Sequence[RasterInfo]) -> tuple[RasterInfo, ...]:
+    """The label rasters whose footprint overlaps the image; `LabelError` if none does."""
+    hits = tuple(lab for lab in labels if _overlap(footprint_in(image, lab.crs), lab.bounds))
+    if not hits:
+        b = image.bounds
+        raise LabelError(
+            f"{image.path}: no label raster overlaps it (image bounds {b[0]:.0f}, {b[1]:.0f}, "
+            f"{b[2]:.0f}, {b[3]:.0f} in {image.crs_name}); pass --labels that cover it, "
+            "or omit --labels for an images-only store"
+        )
+    return hits
+
+
+def grid_offset(image: RasterInfo, lab: RasterInfo) -> tuple[int, int] | None:
+    """(rows, cols) from an image pixel to the same pixel of `lab` if both share one grid.
+
+    Same CRS, same pixel size, no rotation and origins a whole number of pixels apart:
+    then labels are read, not warped (exact, and much cheaper than GDAL's warper).
+    """
+    a, b = image.transform, lab.transform
+    if lab.crs != image.crs or a.b or a.d or b.b or b.d:
+        return None
+    if not (math.isclose(a.a, b.a, rel_tol=1e-9) and math.isclose(a.e, b.e, rel_tol=1e-9)):
+        return None
+    cols = (a.c - b.c) / b.a
+    rows = (a.f - b.f) / b.e
+    if abs(cols - round(cols)) > 1e-6 or abs(rows - round(rows)) > 1e-6:
+        return None
+    return round(rows), round(cols)
+
+
+def label_codes(
+    raw: npt.NDArray[np.integer[Any]], lab: RasterInfo, class_map: ClassMap
+) -> npt.NDArray[np.uint8]:
+    """Raw label values → class codes; the raster's nodata becomes 0; unknown values raise."""
+    nodata = lab.nodata
+    if nodata is not None and not (float(nodata).is_integer() and 0 <= nodata <= 255):
+        # A nodata value outside 0..255 (e.g. -1 in int16) cannot go through the table.
+        valid = raw != nodata
+        codes = np.zeros(raw.shape, dtype=np.uint8)
+        codes[valid] = class_map.apply(raw[valid], where=lab.path)
+        return codes
+    code_nodata = None if nodata is None else int(nodata)
+    if raw.dtype == np.uint8:
+        # Fast path for the usual uint8 labels: one table lookup, no int64 copy.
+        looked_up: npt.NDArray[np.int16] = class_map.lut[raw]
+        if code_nodata is not None:
+            looked_up[raw == code_nodata] = NODATA_CODE
+        if not (looked_up < 0).any():
+            return looked_up.astype(np.uint8)
+    return class_map.apply(raw, nodata=code_nodata, where=lab.path)

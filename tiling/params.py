@@ -1,0 +1,115 @@
+"""What decides a chip store's content, and the empty arrays it implies.
+
+`StoreParams` is recorded in the store; a resume must match it exactly (`differences` says
+what changed). `create_arrays` lays out the zarr arrays: one chunk per chip, shard objects
+of `shard_size` chips, zstd then crc32c on every chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import zarr
+import zarr.codecs
+
+from tiling.classes import ClassMap
+from tiling.records import NUM_BANDS
+from tiling.split import SplitRule
+from tiling.store import INDEX_COLUMNS
+
+ARRAY_NAMES = ("images", "labels", "index")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreParams:
+    """Everything that decides a store's content; a resume must match it exactly."""
+
+    chip_size: int
+    stride: int
+    shard_size: int
+    class_map: ClassMap | None  # None: images-only store
+    val_fraction: float
+    min_valid: float
+    split_block_chips: int
+    compression_level: int
+    images: tuple[str, ...]
+    labels: tuple[str, ...]
+    split: SplitRule | None = None  # None: val_fraction 0 / unplanned writer tests
+    zero_is_nodata: bool = True
+
+    @property
+    def has_labels(self) -> bool:
+        return self.class_map is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chip_size": self.chip_size,
+            "stride": self.stride,
+            "shard_size": self.shard_size,
+            "class_map": self.class_map.name if self.class_map else None,
+            "val_fraction": self.val_fraction,
+            "min_valid": self.min_valid,
+            "split_block_chips": self.split_block_chips,
+            "compression_level": self.compression_level,
+            "images": list(self.images),
+            "labels": list(self.labels),
+            "split": self.split.to_json() if self.split else None,
+            "zero_is_nodata": self.zero_is_nodata,
+        }
+
+
+def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """The options that differ between a stored `StoreParams.to_json()` and a wanted one."""
+    out = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key), wanted.get(key)
+        if a == b:
+            continue
+        if isinstance(a, (list, dict)) or isinstance(b, (list, dict)):
+            out.append(f"{key} differ")
+        else:
+            out.append(f"{key} {a} (now {b})")
+    return out
+
+
+def create_arrays(group: zarr.Group, params: StoreParams) -> None:
+    """The empty arrays of a store (also used for scratch copies that re-encode a shard)."""
+    c, s = params.chip_size, params.shard_size
+    # crc32c after zstd: a flipped byte fails the chunk's checksum instead of decoding to
+    # other pixels (zarr's own reads check it as well).
+    compressors = (zarr.codecs.ZstdCodec(level=params.compression_level), zarr.codecs.Crc32cCodec())
+    group.create_array(
+        "images",
+        shape=(0, NUM_BANDS, c, c),
+        chunks=(1, NUM_BANDS, c, c),
+        shards=(s, NUM_BANDS, c, c),
+        dtype="uint8",
+        compressors=compressors,
+        fill_value=0,
+        dimension_names=("chip", "band", "y", "x"),
+        overwrite=True,
+    )
+    if params.has_labels:
+        group.create_array(
+            "labels",
+            shape=(0, c, c),
+            chunks=(1, c, c),
+            shards=(s, c, c),
+            dtype="uint8",
+            compressors=compressors,
+            fill_value=0,
+            dimension_names=("chip", "y", "x"),
+            overwrite=True,
+        )
+    group.create_array(
+        "index",
+        shape=(0, len(INDEX_COLUMNS)),
+        chunks=(s, len(INDEX_COLUMNS)),
+        dtype="int32",
+        compressors=compressors,
+        fill_value=0,
+        dimension_names=("chip", "column"),
+        overwrite=True,
+    )

@@ -1,0 +1,275 @@
+"""Planning a tile run: every input checked once, the split decided, before a pixel is read.
+
+`plan_tiling` expands the inputs, validates each image and label raster (bands, dtype, CRS,
+footprints), lays the chip grid over each image, places every chip centre on the ground
+grid of the spatial split and decides the split over the whole run (`tiling.split`). An
+image smaller than one chip is skipped with a warning; the run fails only when every image
+is. Nothing here writes, so `--dry-run` prints the plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tiling.classes import DEFAULT_CLASS_MAP, IDENTITY, ClassMap, get_class_map
+from tiling.errors import TilingError
+from tiling.grid import ChipGrid, ReadWindow, chip_grid
+from tiling.params import StoreParams
+from tiling.records import NUM_BANDS
+from tiling.sources import RasterInfo, expand_inputs, match_labels, open_image, open_label
+from tiling.split import SplitRule, block_edge_m, chip_blocks, choose_split
+from tiling.store import SPLIT_TRAIN, SPLIT_VAL
+from tiling.urls import check_storage_options
+
+logger = logging.getLogger(__name__)
+
+# Read windows at most this wide: bounds one worker's window to ~32 MB for 4-band uint8
+# at the tallest usual window (1024 rows), however wide the mosaic.
+MAX_WINDOW_WIDTH_PX = 8192
+# Windows of labels and image are at least this tall (or one TIFF block, if taller), so
+# a strip-organised file is read in a few large requests.
+MIN_WINDOW_HEIGHT_PX = 256
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (affinity and cgroup-restricted where visible)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    """Options of `landcover tile`."""
+
+    images: tuple[str, ...]
+    out: str
+    labels: tuple[str, ...] = ()
+    chip_size: int = 256
+    stride: int | None = None  # None: chip_size (no overlap)
+    shard_size: int = 64
+    min_valid: float = 0.9
+    class_map: str = DEFAULT_CLASS_MAP
+    num_classes: int | None = None  # only for class_map="identity"
+    val_fraction: float = 0.1
+    split_block_chips: int = 4
+    workers: int | None = None  # None: every available core
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    overwrite: bool = False
+    compression_level: int = 3
+    zero_is_nodata: bool = True  # no nodata tag, no mask: 0 in all four bands is nodata
+
+    @property
+    def effective_stride(self) -> int:
+        return self.chip_size if self.stride is None else self.stride
+
+    @property
+    def effective_workers(self) -> int:
+        return available_cores() if self.workers is None else self.workers
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePlan:
+    """One image to tile: its grid, labels, read windows and the split of each chip."""
+
+    id: int
+    image: RasterInfo
+    labels: tuple[RasterInfo, ...]
+    grid: ChipGrid
+    windows: tuple[ReadWindow, ...]
+    blocks: npt.NDArray[np.int64] = field(compare=False)  # (rows, cols, 2) ground blocks
+    splits: npt.NDArray[np.int32] = field(compare=False)  # (rows, cols) SPLIT_TRAIN/VAL
+
+    def split_of(self, i: int, j: int) -> int:
+        return int(self.splits[i, j])
+
+    def planned_counts(self) -> tuple[int, int]:
+        """(train, val) chips before the --min-valid filter."""
+        val = int(np.count_nonzero(self.splits == SPLIT_VAL))
+        return self.grid.num_chips - val, val
+
+
+@dataclass(frozen=True, slots=True)
+class TilePlan:
+    """Everything `tile` will do, known before reading a pixel (what --dry-run prints)."""
+
+    config: TileConfig
+    params: StoreParams
+    class_map: ClassMap | None
+    sources: tuple[SourcePlan, ...]
+    max_train: int
+    max_val: int
+    split: SplitRule
+    skipped: tuple[str, ...] = ()  # images smaller than one chip
+
+    @property
+    def max_chips(self) -> int:
+        return self.max_train + self.max_val
+
+    @property
+    def chip_bytes(self) -> int:
+        c2 = self.params.chip_size**2
+        return NUM_BANDS * c2 + (c2 if self.class_map is not None else 0)
+
+    @property
+    def raw_bytes(self) -> int:
+        """Uncompressed bytes of every planned chip (an upper bound: --min-valid drops some)."""
+        return self.max_chips * self.chip_bytes
+
+    @property
+    def num_blocks(self) -> tuple[int, int]:
+        """(all, val) distinct ground blocks the planned chips fall in."""
+        if not self.sources:
+            return 0, 0
+        blocks = np.concatenate([s.blocks.reshape(-1, 2) for s in self.sources])
+        distinct = np.unique(blocks, axis=0)
+        return len(distinct), int(np.count_nonzero(self.split.is_val(distinct)))
+
+    def ram_per_worker_bytes(self, world_size: int) -> int:
+        """RAM a training rank needs for its in-memory share of the train split."""
+        return -(-self.max_train // world_size) * (self.chip_bytes + 8)
+
+
+def _check_config(config: TileConfig) -> None:
+    if config.chip_size < 1:
+        raise TilingError(f"--chip-size must be positive, got {config.chip_size}")
+    if config.effective_stride < 1:
+        raise TilingError(f"--stride must be positive, got {config.stride}")
+    if config.shard_size < 1:
+        raise TilingError(f"--shard-size must be positive, got {config.shard_size}")
+    if not 0.0 <= config.min_valid <= 1.0:
+        raise TilingError(f"--min-valid must be in [0, 1], got {config.min_valid}")
+    if not 0.0 <= config.val_fraction < 1.0:
+        raise TilingError(f"--val-fraction must be in [0, 1), got {config.val_fraction}")
+    if config.split_block_chips < 1:
+        raise TilingError(f"split block must be at least 1 chip, got {config.split_block_chips}")
+    if config.effective_workers < 1:
+        raise TilingError(f"--workers must be at least 1, got {config.workers}")
+    if not config.images:
+        raise TilingError("no images given; pass GeoTIFF paths, globs or URLs")
+    if config.num_classes is not None and config.class_map != IDENTITY:
+        raise TilingError(
+            f"--num-classes {config.num_classes} applies only to --class-map identity "
+            f"(got --class-map {config.class_map}); drop --num-classes or pass "
+            "--class-map identity"
+        )
+    check_storage_options((*config.images, *config.labels, config.out), config.storage_options)
+
+
+def _class_map(config: TileConfig) -> ClassMap | None:
+    if not config.labels:
+        return None
+    if config.class_map == IDENTITY:
+        if config.num_classes is None:
+            raise TilingError(
+                "--class-map identity needs --num-classes K (label codes 0..K-1, 0 = nodata)"
+            )
+        return get_class_map(IDENTITY, num_classes=config.num_classes)
+    return get_class_map(config.class_map)
+
+
+def plan_tiling(config: TileConfig) -> TilePlan:
+    """Expand and validate every input; no pixels are read and nothing is written."""
+    _check_config(config)
+    class_map = _class_map(config)
+    options = config.storage_options
+    image_paths = expand_inputs(config.images, storage_options=options, what="image")
+    label_paths = (
+        expand_inputs(config.labels, storage_options=options, what="label") if config.labels else ()
+    )
+    labels = [open_label(p, storage_options=options) for p in label_paths]
+    stride = config.effective_stride
+    images = [
+        open_image(p, storage_options=options, zero_is_nodata=config.zero_is_nodata)
+        for p in image_paths
+    ]
+    kept, skipped = _skip_small_images(images, config.chip_size)
+    edge_m = block_edge_m(
+        config.chip_size, config.split_block_chips, [image.resolution_m for image in kept]
+    )
+    placed = []
+    for image in kept:
+        grid = chip_grid(image.height, image.width, config.chip_size, stride, where=image.path)
+        matched = match_labels(image, labels) if labels else ()
+        placed.append((image, grid, matched, chip_blocks(image, grid, edge_m)))
+    rule = choose_split(
+        np.concatenate([b.reshape(-1, 2) for *_, b in placed]),
+        val_fraction=config.val_fraction,
+        edge_m=edge_m,
+    )
+    sources = tuple(
+        SourcePlan(
+            id=source_id,
+            image=image,
+            labels=matched,
+            grid=grid,
+            windows=grid.read_windows(
+                min_height_px=max(MIN_WINDOW_HEIGHT_PX, image.block_shape[0]),
+                max_width_px=MAX_WINDOW_WIDTH_PX,
+            ),
+            blocks=blocks,
+            splits=np.where(rule.is_val(blocks), SPLIT_VAL, SPLIT_TRAIN).astype(np.int32),
+        )
+        for source_id, (image, grid, matched, blocks) in enumerate(placed)
+    )
+    counts = [s.planned_counts() for s in sources]
+    params = StoreParams(
+        chip_size=config.chip_size,
+        stride=stride,
+        shard_size=config.shard_size,
+        class_map=class_map,
+        val_fraction=config.val_fraction,
+        min_valid=config.min_valid,
+        split_block_chips=config.split_block_chips,
+        compression_level=config.compression_level,
+        images=image_paths,
+        labels=label_paths,
+        split=rule,
+        zero_is_nodata=config.zero_is_nodata,
+    )
+    return TilePlan(
+        config=config,
+        params=params,
+        class_map=class_map,
+        sources=sources,
+        max_train=sum(train for train, _ in counts),
+        max_val=sum(val for _, val in counts),
+        split=rule,
+        skipped=skipped,
+    )
+
+
+def _skip_small_images(
+    images: list[RasterInfo], chip_size: int
+) -> tuple[list[RasterInfo], tuple[str, ...]]:
+    """Images that hold at least one chip, and the paths of those that do not (warned).
+
+    One small image (a sliver at the edge of a mosaic) must not abort a run of thousands;
+    a run where no image fits is a wrong --chip-size and fails with the largest fit.
+    """
+    kept = [im for im in images if im.height >= chip_size and im.width >= chip_size]
+    small = [im for im in images if im.height < chip_size or im.width < chip_size]
+    for im in small:
+        logger.warning(
+            "%s: %d x %d px is smaller than --chip-size %d; skipped",
+            im.path,
+            im.height,
+            im.width,
+            chip_size,
+        )
+    if not kept:
+        largest = max(images, key=lambda im: min(im.height, im.width))
+        fit = min(largest.height, largest.width)
+        raise TilingError(
+            f"every image is smaller than --chip-size {chip_size} (the largest, {largest.path}, "
+            f"is {largest.height} x {largest.width} px); pass --chip-size {fit} or smaller"
+        )
+    return kept, tuple(im.path for im in small)

@@ -1,0 +1,172 @@
+"""Opening a store for writing: create it, resume an interrupted one, or refuse.
+
+One policy for every case: a complete store, one written with other options or by an older
+format, or one whose inputs changed since their sources were tiled is refused with the fix
+(--overwrite, or rerunning the original command); a directory that is not a chip store is
+never replaced. Resuming cuts the store back to its done sources (`truncate_to_done`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import zarr
+
+from tiling.errors import SourceChangedError, StoreError, StoreExistsError
+from tiling.fingerprint import Fingerprint
+from tiling.params import ARRAY_NAMES, StoreParams, create_arrays, differences
+from tiling.records import SourceRecord
+from tiling.store import (
+    ATTRS_KEY,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    array,
+    done_prefix,
+    summary_from_attrs,
+)
+from tiling.urls import is_local, local_path, storage_errors, zarr_store
+from tiling.writer import ChipStoreWriter
+
+logger = logging.getLogger(__name__)
+
+
+def open_writer(
+    url: str,
+    params: StoreParams,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    fingerprints: Mapping[str, Fingerprint] | None = None,
+) -> ChipStoreWriter:
+    """Create a store at `url`, or resume the incomplete store there written with `params`.
+
+    Refuses (StoreExistsError) a complete store, one written with other parameters or an
+    older format, and anything that is not a chip store, unless `overwrite` (never for a
+    non-store directory). `fingerprints` (path → now) of the inputs: a resume refuses
+    (SourceChangedError) a done source or a label raster whose file changed since.
+    """
+    _refuse_foreign_local_directory(url)
+    store = zarr_store(url, storage_options=storage_options)
+    with storage_errors(url):
+        try:
+            group: zarr.Group | None = zarr.open_group(store, mode="r+")
+        except FileNotFoundError:
+            group = None
+    current = dict(fingerprints or {})
+    labels_now = {p: current[p] for p in params.labels if p in current}
+    if group is not None and not overwrite:
+        resumed = _resume(url, group, params, current)
+        if resumed is not None:
+            return resumed
+    with storage_errors(url), _unwritable(url):
+        group = zarr.open_group(store, mode="w")
+    writer = ChipStoreWriter(url, group, params, [], label_fingerprints=labels_now)
+    writer.write_attrs([])  # first, so a crash before the arrays exist still resumes
+    with storage_errors(url):
+        create_arrays(group, params)
+    return writer
+
+
+def _resume(
+    url: str, group: zarr.Group, params: StoreParams, fingerprints: Mapping[str, Fingerprint]
+) -> ChipStoreWriter | None:
+    attrs: dict[str, Any] = dict(group.attrs)
+    meta = attrs.get(ATTRS_KEY)
+    if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
+        raise StoreExistsError(
+            f"{url} exists and is not a landcover chip store; "
+            "pass --overwrite to replace it or choose another --out"
+        )
+    summary = summary_from_attrs(attrs, url=url)  # refuses a newer format version
+    if summary.format_version < FORMAT_VERSION:
+        raise StoreExistsError(
+            f"{url} exists and was written by an older landcover (chip store format version "
+            f"{summary.format_version}, now {FORMAT_VERSION}); pass --overwrite to rebuild it"
+        )
+    recorded_labels = {
+        str(p): Fingerprint.from_json(fp) for p, fp in meta.get("label_fingerprints", {}).items()
+    }
+    if not summary.complete:
+        _refuse_changed_inputs(url, summary.sources, recorded_labels, fingerprints)
+    stored = meta.get("params", {})
+    diffs = differences(stored, params.to_json())
+    if diffs:
+        raise StoreExistsError(
+            f"{url} exists and was written with other options ({'; '.join(diffs[:3])}); "
+            "rerun the original command to resume it, or pass --overwrite to replace it"
+        )
+    if summary.complete:
+        raise StoreExistsError(
+            f"{url} exists and is complete ({summary.num_chips} chips from "
+            f"{len(summary.sources)} sources); pass --overwrite to rebuild it "
+            "or choose another --out"
+        )
+    sources = list(done_prefix([SourceRecord.from_json(s) for s in meta.get("sources", ())]))
+    logger.info("%s: resuming after %d done sources", url, len(sources))
+    with storage_errors(url):
+        for name in ARRAY_NAMES:
+            if name == "labels" and not params.has_labels:
+                continue
+            try:
+                array(group, name, url)
+            except StoreError:  # a crash between creating the group and its arrays
+                create_arrays(group, params)
+                break
+    writer = ChipStoreWriter(url, group, params, sources, label_fingerprints=recorded_labels)
+    writer.write_attrs(sources)  # drop the unfinished source before touching its rows
+    writer.truncate_to_done()
+    return writer
+
+
+def _refuse_changed_inputs(
+    url: str,
+    done: tuple[SourceRecord, ...],
+    recorded_labels: Mapping[str, Fingerprint],
+    now: Mapping[str, Fingerprint],
+) -> None:
+    """SourceChangedError naming the first input that differs from when it was tiled.
+
+    Runs before the options are compared: a changed file changes the plan too, and
+    "changed since it was tiled" is the message that says what happened.
+    """
+    recorded = [(s.path, s.fingerprint) for s in done] + sorted(recorded_labels.items())
+    for path, then in recorded:
+        if then is None or path not in now:
+            continue
+        changes = then.differences(now[path])
+        if changes:
+            raise SourceChangedError(
+                f"{path} changed since it was tiled into {url} ({', '.join(changes)}); its "
+                "chips would be stale: pass --overwrite to rebuild the store"
+            )
+
+
+@contextmanager
+def _unwritable(url: str) -> Iterator[None]:
+    """A local --out that cannot be created: one line naming it, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_local(url):
+            raise
+        reason = exc.strerror or type(exc).__name__
+        raise StoreError(
+            f"{url}: cannot create the store there ({reason}); choose another --out"
+        ) from None
+
+
+def _refuse_foreign_local_directory(url: str) -> None:
+    """Never clear a local directory that holds something other than a zarr store."""
+    if not is_local(url):
+        return
+    path = local_path(url)
+    if path.is_file():
+        raise StoreExistsError(f"{url} is a file; choose another --out")
+    if path.is_dir() and any(path.iterdir()) and not (path / "zarr.json").is_file():
+        raise StoreExistsError(
+            f"{url} is a non-empty directory that is not a chip store; "
+            "choose another --out (it is never overwritten)"
+        )
