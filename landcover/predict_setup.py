@@ -82,9 +82,10 @@ def open_images(
     band are nodata (the black collar around reprojected NAIP tiles).
     """
     paths = expand_inputs(images, storage_options=storage_options, what="image")
-    # True is open_image's default: only the opt-out is passed on.
-    options: dict[str, Any] = {} if zero_is_nodata else {"zero_is_nodata": False}
-    return [open_image(path, storage_options=storage_options, **options) for path in paths]
+    return [
+        open_image(path, storage_options=storage_options, zero_is_nodata=zero_is_nodata)
+        for path in paths
+    ]
 
 
 def resolve_device(text: str) -> torch.device:
