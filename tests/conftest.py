@@ -14,9 +14,7 @@ REAL_NAIP_DIR = REPO_ROOT / "tests" / "data" / "naip-real"
 def real_naip_dir() -> Path:
     """The six real NAIP GeoTIFFs in tests/data/naip-real (0.6 m, NIR tagged as alpha, ...)."""
     if not REAL_NAIP_DIR.is_dir():
-        pytest.fail(
-            f"real NAIP test data missing at {REAL_NAIP_DIR}; the repository ships them under tests/data"
-        )
+        pytest.fail(f"real NAIP test data missing at {REAL_NAIP_DIR}; restore tests/data from git")
     return REAL_NAIP_DIR
 
 
