@@ -11,6 +11,9 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
 class JsonObject(click.ParamType):  # type: ignore[type-arg]
     """A JSON object given on the command line, e.g. `--storage-options '{"a": 1}'`."""
 
@@ -22,14 +25,16 @@ class JsonObject(click.ParamType):  # type: ignore[type-arg]
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as exc:
+            # The value is not echoed: it may hold an account key.
             self.fail(
-                f"{value!r} is not valid JSON ({exc.msg}); pass an object like "
+                f"not valid JSON ({exc.msg} at character {exc.pos}); pass an object like "
                 '\'{"account_name": "..."}\'',
                 param,
                 ctx,
             )
         if not isinstance(parsed, dict):
-            self.fail(f'{value!r} must be a JSON object like \'{{"key": "value"}}\'', param, ctx)
+            kind = _JSON_KINDS.get(type(parsed), "value")
+            self.fail(f'a JSON {kind}, not an object like \'{{"key": "value"}}\'', param, ctx)
         return parsed
 
 
