@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from landcover.blend import LogitBlender, WindowLayout
 from landcover.classes import NODATA_CODE, colormap
+from landcover.data import normalise
 from landcover.errors import LandcoverError, OutputExistsError, PredictionError, RegionError
 from landcover.modelfile import ModelMeta, load_model_file
 from landcover.outgrid import (
@@ -381,8 +382,8 @@ class _WindowRunner:
             ]
             x = torch.stack([pixels[:, rs, cs] for rs, cs in spans])
             m = torch.stack([has_data[rs, cs] for rs, cs in spans])
-            # Pixels no source covers get the band mean (0 after normalising).
-            x = (x.to(torch.float32) - self.mean) / self.std * m.unsqueeze(1)
+            # As in training: pixels no source covers get the band mean (0 after normalising).
+            x = normalise(x, self.mean, self.std, valid=m)
             logits = _run_model(self.model, x, self.num_classes, self.where)
             results.extend(zip(batch, logits, strict=True))
             self.windows_run += len(batch)
