@@ -82,6 +82,10 @@ def train_options(f: F) -> F:
         click.option("--reset-local-momentum/--keep-local-momentum", default=True,
                      show_default=True,
                      help="BMUF: zero each worker's optimizer momentum after every block end."),
+        click.option("--sync-bn", is_flag=True,
+                     help="SyncBatchNorm: normalise with the whole step's batch statistics "
+                     "(CUDA only; without it, BatchNorm statistics are averaged over the "
+                     "workers after every epoch)."),
     ]  # fmt: skip
     for decorator in reversed(decorators):
         f = decorator(f)
