@@ -44,7 +44,7 @@ import rasterio.windows
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from landcover.data import ShardDataset, gather_chips, random_ops
+from landcover.data import ShardDataset, gather_chips, normalise, random_ops
 from landcover.models import build_model
 from landcover.train import cpu_model_name, segmentation_loss, usable_cores
 from tiling.store import load_shard_into_memory, open_store
@@ -388,7 +388,7 @@ def rasterio_random_windows(scenes: Any, samples: int, *, dataset: ShardDataset 
                 torch.zeros(1, dtype=torch.int64),
                 random_ops(1, generator),
             )
-            images.sub_(dataset.mean).div_(dataset.std)
+            normalise(images, dataset.mean, dataset.std)
 
     try:
         sample()  # fills GDAL's block cache, like the first batch of any loader

@@ -16,35 +16,47 @@ step (1 + η)/(1 - η)·p, 3p rather than 2p at 2 workers, about 2N at large N (
 overshoot only by scaling G by 1 - η, which the issue's update rule does not have). We chose
 this form because it needs no state beyond Δ and W_global, it is the paper's, and with η = 0
 it reduces exactly to periodic model averaging whatever `nesterov` says. BatchNorm running
-statistics (float buffers) are averaged at each block boundary, without momentum. The local
-optimizer's momentum (SGD's buffer, Adam's first moment) is zeroed after every block end by
-default (`reset_local_momentum`, CNTK's `reset_sgd_momentum_after_aggregation`): it points where
-this worker's own model was heading, the block update has moved every model somewhere else, and
-the block momentum already carries the direction. Measured (SGD, 2 workers, 12 epochs, best
-val mIoU minus plain DDP's): unet_resnet18 on bench_comm's store, seeds 0 / 1, kept -0.056 /
--0.002, reset +0.006 / +0.029; small_unet on test_comm_training's store, seeds 0-3, kept
-+0.015 on average, reset +0.025 (mean of the last 3 epochs: +0.019 and +0.050). The trainer's
-`--keep-local-momentum` keeps it. `BlockMomentum.state_dict()` holds this rank's Δ, W_global,
-the BatchNorm statistics of the last block end and the position in the block; resuming
-mid-block also needs each rank's own local model and optimizer state (they differ between
-ranks until the block ends).
+statistics (float buffers) are averaged at each block boundary, without momentum.
 
+Blocks end every `block_size` local steps and at `end_block()`, which the trainer calls at the
+end of every epoch: a partial last block is merged into the global model like a full one (its
+G is just smaller), so validation, `model.pt`, the checkpoint and the end of training see every
+local step, and every epoch starts a fresh block (11 steps in blocks of 4 make blocks of 4, 4
+and 3). We chose epoch ends over merging only when someone looks (before validation or a
+save): the trainer looks after every epoch anyway, and a run then never ends with local
+progress left out of its model. A checkpoint, always taken at an epoch end, therefore finds
+every learner at the same model; only their optimizer states differ.
+
+The local optimizer's momentum (SGD's buffer, Adam's first moment) is zeroed after every block
+end by default (`reset_local_momentum`, CNTK's `reset_sgd_momentum_after_aggregation`): it
+points where this worker's own model was heading, the block update has moved every model
+somewhere else, and the block momentum already carries the direction. Adam divides its first
+moment by 1 - β1^t, t its step count, to make up for the zero it started from; after a reset
+at step T torch's AdamW would divide by 1 - β1^(T+k) ≈ 1 instead of 1 - β1^k, and the k-th
+local step after a block end would be 1 - β1^k of its nominal size (a tenth for the first one,
+36 % on average over a block of 8). So the trainer's AdamW under BMUF is `ResettableAdamW`,
+whose first moment keeps its own count, restarted with it; the second moment, a
+per-coordinate scale, is never reset. Measured (SGD, 2 workers, 12 epochs, best val mIoU minus
+plain DDP's; before blocks followed the epochs): unet_resnet18 on bench_comm's store, seeds
+0 / 1, kept -0.056 / -0.002, reset +0.006 / +0.029; small_unet on test_comm_training's store,
+seeds 0-3, kept +0.015 on average, reset +0.025 (mean of the last 3 epochs: +0.019 and
++0.050). The trainer's `--keep-local-momentum` keeps it.
+
+`BlockMomentum.state_dict()` holds this rank's Δ, W_global, the BatchNorm statistics of the
+last block end and the position in the block; resuming mid-block also needs each rank's own
+local model and optimizer state (they differ between ranks until the block ends).
 Validation and saving use the block-level global model: inside `with bmuf.global_model():`
 the model holds W_global and the BatchNorm statistics averaged at the last block end (the
-same on every rank), and on exit each rank gets its local weights back, bit for bit. We chose
-this over closing the partial block early (an extra model average whenever someone wants to
-look, as CNTK does before a checkpoint) because looking then never changes training: blocks
-keep `block_size` steps whatever the epoch length, a run validated or checkpointed more often
-follows the same trajectory, and a checkpoint taken mid-block (local models and optimizer
-states next to W_global and Δ) resumes into exactly the uninterrupted run. The price: mid-block
-the global model lacks the local steps since the last block end (at most `block_size - 1`).
+same on every rank), and on exit each rank gets its local weights back, bit for bit, so
+looking at the global model never changes training.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -100,13 +112,24 @@ class BlockMomentum:
         # BatchNorm statistics as averaged at the last block end (not filtered by momentum).
         self.global_buffers = _flatten(self._buffers, like=self.global_params)
         self.delta = torch.zeros_like(self.global_params)
-        self.local_steps = 0
+        self.local_steps = 0  # every local step so far
+        self.block_steps = 0  # local steps since the last synchronisation
 
     def after_optimizer_step(self) -> bool:
         """Count a local step; at the end of a block, synchronise. True when it synchronised."""
         self.local_steps += 1
+        self.block_steps += 1
         self.meter.add_step()
-        if self.local_steps % self.block_size:
+        if self.block_steps < self.block_size:
+            return False
+        self._synchronise()
+        return True
+
+    def end_block(self) -> bool:
+        """Close the current block now, however few steps it has: its local progress is merged
+        into the global model as at any block end. False (and no communication) when no step
+        was taken since the last block end. Every rank must call it at the same point."""
+        if self.block_steps == 0:
             return False
         self._synchronise()
         return True
@@ -153,6 +176,7 @@ class BlockMomentum:
         _copy_into(self._params, self._block_start())
         self.global_buffers = flat[count:].clone()
         _copy_into(self._buffers, self.global_buffers)
+        self.block_steps = 0
         self.meter.add_interval(start_s, time.perf_counter())
 
     def state_dict(self) -> dict[str, Any]:
@@ -162,6 +186,7 @@ class BlockMomentum:
             "block_lr": self.block_lr,
             "nesterov": self.nesterov,
             "local_steps": self.local_steps,
+            "block_steps": self.block_steps,
             "global_params": self.global_params.detach().cpu().clone(),
             "global_buffers": self.global_buffers.detach().cpu().clone(),
             "delta": self.delta.detach().cpu().clone(),
@@ -188,28 +213,99 @@ class BlockMomentum:
             self.global_buffers = state["global_buffers"].to(device).clone()
         self.delta = state["delta"].to(device).clone()
         self.local_steps = int(state["local_steps"])
+        # Checkpoints from before blocks followed the epochs counted from the first step.
+        self.block_steps = int(state.get("block_steps", self.local_steps % self.block_size))
         self.meter.load_state_dict(state.get("meter", {}))
 
 
-# The optimizer state that is momentum: SGD's buffer, Adam's and AdamW's first moment. Adam's
-# second moment is a per-coordinate scale, not a direction, and its bias correction assumes it
-# was never zeroed, so it stays.
-_MOMENTUM_STATE = ("momentum_buffer", "exp_avg")
+FIRST_MOMENT_STEP = "exp_avg_step"
 
 
 def reset_local_momentum(optimizer: torch.optim.Optimizer) -> int:
-    """Zero the local optimizer's momentum (SGD's buffer, Adam's first moment) in place, as
-    CNTK's BMUF does after each model average by default. Returns how many tensors it zeroed
-    (0 for an optimizer without momentum, or before its first step)."""
+    """Zero the local optimizer's momentum in place, as CNTK's BMUF does after each model
+    average by default: SGD's momentum buffer (SGD has no bias correction: the next step is a
+    fresh start's), `ResettableAdamW`'s first moment together with its bias-correction count.
+    Returns how many tensors it zeroed (0 for an optimizer without momentum, or before its
+    first step). Refuses an Adam that keeps one step count for both moments: zeroing its first
+    moment would shrink the following steps (see the module docstring)."""
     zeroed = 0
     with torch.no_grad():
         for state in optimizer.state.values():
-            for key in _MOMENTUM_STATE:
-                value = state.get(key)
-                if isinstance(value, torch.Tensor):
-                    value.zero_()
-                    zeroed += 1
+            buffer = state.get("momentum_buffer")
+            if isinstance(buffer, torch.Tensor):
+                buffer.zero_()
+                zeroed += 1
+            first_moment = state.get("exp_avg")
+            if isinstance(first_moment, torch.Tensor):
+                if FIRST_MOMENT_STEP not in state:
+                    raise TrainingError(
+                        f"{type(optimizer).__name__} bias-corrects its first moment with the "
+                        "step count of both moments, so zeroing it would shrink the steps "
+                        "after it; use landcover.bmuf.ResettableAdamW"
+                    )
+                first_moment.zero_()
+                state[FIRST_MOMENT_STEP] = 0
+                zeroed += 1
     return zeroed
+
+
+class ResettableAdamW(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay, torch's arithmetic) whose first moment has its own
+    bias-correction count, so that `reset_local_momentum` can restart it and the steps after a
+    block end keep their nominal size. Until a reset it takes torch.optim.AdamW's steps."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, eps, decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+            beta1, beta2 = (float(b) for b in group["betas"])
+            for param in group["params"]:
+                if param.grad is not None:
+                    self._step_one(param, param.grad, lr, beta1, beta2, eps, decay)
+        return loss
+
+    def _step_one(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        decay: float,
+    ) -> None:
+        state = self.state[param]
+        if "exp_avg" not in state:
+            state["step"] = 0
+            state[FIRST_MOMENT_STEP] = 0
+            state["exp_avg"] = torch.zeros_like(param)
+            state["exp_avg_sq"] = torch.zeros_like(param)
+        step = int(state["step"]) + 1
+        # State of torch's AdamW (no count of its own): the first moment has seen every step.
+        first_moment_step = int(state.get(FIRST_MOMENT_STEP, step - 1)) + 1
+        state["step"], state[FIRST_MOMENT_STEP] = step, first_moment_step
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        param.mul_(1 - lr * decay)
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
+        param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**first_moment_step))
 
 
 def _flatten(tensors: Sequence[torch.Tensor], like: torch.Tensor | None = None) -> torch.Tensor:

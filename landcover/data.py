@@ -3,7 +3,8 @@
 The shard is loaded once (`tiling.store.load_shard_into_memory`) and kept as one uint8 tensor
 (on the GPU when it fits). A batch is gathered from it chip by chip, each chip under a random
 flip/rot90 (the same for image and mask) and converted to float32 in the same strided copy,
-then normalised in place exactly as prediction does, `(x - mean) / std` per band. No
+then normalised in place by `normalise`, the one function prediction calls too: `(x - mean) /
+std` per band, and 0 (the band mean) in every band where the pixel is not valid. No
 DataLoader workers: producing a batch this way costs well under 1 % of a training step
 (benchmarks/bench_train.py), and no process pool means no copies of the shard.
 
@@ -46,6 +47,32 @@ def steps_per_epoch(shard_lengths: Sequence[int], batch_size: int) -> int:
 class Batch:
     images: torch.Tensor  # float (B, bands, C, C), normalised
     labels: torch.Tensor  # int64 (B, C, C), class codes, 0 = nodata
+
+
+def normalise(
+    pixels: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    *,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pixels (n, bands, h, w) as the model sees them: float32 `(x - mean) / std` per band, and
+    exactly 0 (the band mean) in every band of each pixel that is not valid.
+
+    Training and prediction both call this, so a pixel without data looks the same to the model
+    in both. `mean` and `std` broadcast against the pixels ((1, bands, 1, 1)). `valid` is a bool
+    (n, h, w) mask; by default a pixel is valid when any band is non-zero, since the chip store
+    holds pixels without data as 0 in all four bands. uint8 pixels give a new tensor; float32
+    pixels (a fresh batch) are normalised in place, which saves a copy of the batch.
+    """
+    x = pixels if pixels.dtype == torch.float32 else pixels.to(torch.float32)
+    if valid is None:
+        valid = (x != 0).any(dim=1)
+    elif valid.shape != (x.shape[0], *x.shape[2:]):
+        raise ValueError(f"validity mask {tuple(valid.shape)} for pixels {tuple(x.shape)}")  # a bug
+    x.sub_(mean).div_(std)
+    # masked_fill, not a multiply: invalid pixels become +0.0 (a multiply leaves -0.0).
+    return x.masked_fill_(~valid.to(torch.bool).unsqueeze(1), 0.0)
 
 
 class ShardDataset:
@@ -95,16 +122,17 @@ class ShardDataset:
         return int(self.images.shape[-1])
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 → float32 `(x - mean) / std`, exactly the arithmetic prediction uses."""
-        return images.to(torch.float32).sub_(self.mean).div_(self.std)
+        """uint8 chips → what the model sees (`normalise` with this shard's band stats)."""
+        return normalise(images, self.mean, self.std)
 
     def batch(self, indices: torch.Tensor, *, generator: torch.Generator | None = None) -> Batch:
         """Chips `indices` as normalised float32 images and int64 labels, each chip under a
         random flip/rotation when a generator is given."""
         ops = random_ops(len(indices), generator) if generator is not None else None
         images, labels = gather_chips(self.images, self.labels, indices, ops)
-        # In place on the fresh float batch: the same `(x - mean) / std` as `normalize`.
-        return Batch(images.sub_(self.mean).div_(self.std), labels)
+        # In place on the fresh float batch; augmentation moves pixels, never changes their
+        # values, so "0 in every band" still marks the pixels without data.
+        return Batch(normalise(images, self.mean, self.std), labels)
 
     def epoch_batches(
         self,

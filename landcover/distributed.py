@@ -15,6 +15,7 @@ trainer runs the same code with or without a launcher. Backends: gloo on CPU, NC
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -204,6 +205,22 @@ def check_shard_fits(
     )
 
 
+def check_sync_bn(sync_bn: bool, env: DistEnv, device: torch.device) -> None:
+    """`--sync-bn` needs CUDA: torch's SyncBatchNorm raises on CPU tensors in a process group
+    (torch 2.15 accepts CUDA, HPU, XPU and PrivateUse1 devices). One worker has no one to
+    synchronise with and trains with plain BatchNorm."""
+    if not sync_bn:
+        return
+    if env.is_distributed and device.type != "cuda":
+        raise TrainingError(
+            f"--sync-bn needs CUDA devices (torch {torch.__version__.split('+')[0]}'s "
+            "SyncBatchNorm does not run on CPU); drop --sync-bn (BatchNorm statistics are "
+            "averaged over the workers after every epoch anyway) or use --device cuda"
+        )
+    if not env.is_distributed:
+        logger.warning("one worker: --sync-bn has nothing to synchronise")
+
+
 # -- the process group ----------------------------------------------------------------------------
 
 
@@ -310,6 +327,26 @@ class Collectives:
         with torch.no_grad():
             for tensor in tensors:
                 dist.broadcast(tensor.data, src=0)
+
+    def average_float_buffers(self, module: nn.Module) -> None:
+        """Replace every floating-point buffer (BatchNorm's running mean and variance) by its
+        mean over the ranks, in one all-reduce. Integer buffers (`num_batches_tracked`) are
+        the same on every rank and stay."""
+        if not self.env.is_distributed:
+            return
+        buffers = [b for b in module.buffers() if b.is_floating_point()]
+        if not buffers:
+            return
+        with torch.no_grad():
+            dtype = functools.reduce(torch.promote_types, [b.dtype for b in buffers])
+            flat = torch.cat([b.detach().reshape(-1).to(self.device, dtype) for b in buffers])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat.div_(self.env.world_size)
+            offset = 0
+            for buffer in buffers:
+                count = buffer.numel()
+                buffer.copy_(flat[offset : offset + count].view_as(buffer))
+                offset += count
 
     def barrier(self) -> None:
         if self.env.is_distributed:

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from landcover.blend import LogitBlender, WindowLayout
 from landcover.classes import NODATA_CODE
+from landcover.data import normalise
 from landcover.errors import PredictionError, RegionError
 from landcover.modelfile import ModelMeta, load_model_file
 from landcover.outfiles import (
@@ -353,8 +354,8 @@ class _WindowRunner:
             ]
             x = torch.stack([pixels[:, rs, cs] for rs, cs in spans])
             m = torch.stack([has_data[rs, cs] for rs, cs in spans])
-            # Pixels no source covers get the band mean (0 after normalising).
-            x = (x.to(torch.float32) - self.mean) / self.std * m.unsqueeze(1)
+            # As in training: pixels no source covers get the band mean (0 after normalising).
+            x = normalise(x, self.mean, self.std, valid=m)
             logits = _run_model(self.model, x, self.num_classes, self.where)
             results.extend(zip(batch, logits, strict=True))
             self.windows_run += len(batch)

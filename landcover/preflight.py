@@ -1,13 +1,13 @@
 """What can be known about a training run before any worker starts, checked once.
 
-`open_training_store` holds the store checks (it opens, it is complete, it has labels and val
-chips) and `TrainingStore.steps_per_epoch` the one that needs the world size (every worker gets
-at least one batch). Every worker calls them when it opens the store, since a launcher on
-another machine (Azure ML, Kubernetes) has no parent that could. `check_local_training` runs
-the same checks, and the run dir's, in the parent of local workers (`landcover train
---nproc N`, `landcover scale`, `landcover cluster launch` on the local engine): a store that
-will not do is then one line before any worker starts, not N workers that each import torch,
-load, and fail with the same message.
+`open_training_store` holds the store checks (it opens, it is complete, it has labels, and it
+has val chips when `--patience` needs them) and `TrainingStore.steps_per_epoch` the one that
+needs the world size (every worker gets at least one batch). Every worker calls them when it
+opens the store, since a launcher on another machine (Azure ML, Kubernetes) has no parent
+that could. `check_local_training` runs the same checks, and the run dir's, in the parent of
+local workers (`landcover train --nproc N`, `landcover scale`, `landcover cluster launch` on
+the local engine): a store that will not do is then one line before any worker starts, not N
+workers that each import torch, load, and fail with the same message.
 """
 
 from __future__ import annotations
@@ -56,9 +56,17 @@ class TrainingStore:
 
 
 def open_training_store(
-    url: str, *, storage_options: Mapping[str, Any], allow_incomplete: bool = False
+    url: str,
+    *,
+    storage_options: Mapping[str, Any],
+    allow_incomplete: bool = False,
+    patience: int | None = None,
 ) -> TrainingStore:
-    """Open the store and refuse one that cannot be trained on, naming the fix."""
+    """Open the store and refuse one that cannot be trained on, naming the fix.
+
+    A store without val chips trains (the trainer warns that validation is skipped), but not
+    with `patience`, which stops on val mIoU.
+    """
     store = open_store(url, storage_options=storage_options)
     summary = store.summary
     if not summary.complete:
@@ -76,8 +84,11 @@ def open_training_store(
     if not summary.has_labels or class_map is None:
         raise TrainingError(f"{url}: the store has no labels; tile with --labels to train")
     val_ids = store.chip_ids("val")
-    if len(val_ids) == 0:
-        raise TrainingError(f"{url}: the store has no val chips; tile with a val fraction > 0")
+    if len(val_ids) == 0 and patience is not None:
+        raise TrainingError(
+            f"--patience {patience} stops on val mIoU but {url} has no val chips; drop "
+            "--patience, or re-tile with --val-fraction > 0"
+        )
     return TrainingStore(url, summary, class_map, store.chip_ids("train"), val_ids)
 
 
@@ -93,6 +104,7 @@ def check_local_training(
         config.store_url,
         storage_options=config.storage_options,
         allow_incomplete=config.allow_incomplete,
+        patience=config.patience,
     )
     for world_size in world_sizes:
         store.steps_per_epoch(world_size=world_size, batch_size=config.batch_size)

@@ -41,7 +41,8 @@ CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
 RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR)
 CHECKPOINT_FORMAT = "landcover-checkpoint"
-CHECKPOINT_VERSION = 1
+# 2: records the chip store (`landcover.resume.store_identity`); BMUF blocks end with epochs.
+CHECKPOINT_VERSION = 2
 # Top-level keys of run.json that readers (landcover.runs, the scaling report) rely on.
 RUN_KEYS = (
     "world_size", "nodes", "threads_per_worker", "cores", "device", "host", "versions", "store",

@@ -8,25 +8,31 @@ workers through torchrun. One `train(config)` call is one worker:
 2. every rank checks that its shard fits in RAM, then loads its train and val shards ONCE
    (timed: `load_time_s`, never part of `epoch_time_s`);
 3. epochs of `steps` synchronous steps (DDP with a comm hook, or BMUF), the same step count on
-   every rank, then validation whose confusion matrices are summed over ranks;
+   every rank; at the epoch end the ranks' BatchNorm statistics are averaged (BMUF: the partial
+   last block is merged, which averages them too); then validation whose confusion matrices
+   are summed over ranks;
 4. rank 0 appends a `metrics.jsonl` line, writes `model.pt` when val mIoU improves (so
-   `model.pt` is the best-by-val-mIoU model) and writes `checkpoints/last.pt` atomically
-   (`landcover.rundir`).
+   `model.pt` is the best-by-val-mIoU model; without val chips, the last epoch's) and writes
+   `checkpoints/last.pt` atomically (`landcover.rundir`).
 
 Validation, `model.pt` and the checkpoint's `model` are the job's one model: the replicas under
 DDP, BMUF's block-level global model under `--block-momentum` (`BlockMomentum.global_model`;
 each learner's own model and optimizer state go into the checkpoint's per-rank part, the
-block-level state, the same on every rank, into its `bmuf` entry once).
+block-level state, the same on every rank, into its `bmuf` entry once). BatchNorm statistics
+are every rank's: DDP runs with `broadcast_buffers=False`, so each rank's running statistics
+follow its own shard through the epoch (rank 0's would describe 1/N of the data), and the
+epoch-end average holds all of it. `--sync-bn` (CUDA only) normalises with the statistics of
+the global batch instead.
 
-Learning rate: the base `--lr` is multiplied by the world size (`--lr-scaling linear`, the
-"linear scaling rule"; `sqrt` and `none` too; never with BMUF, whose learners step like a
-single worker), warmed up linearly from ~0 over `--warmup-epochs`, then decayed along a cosine
-to 1% of the peak at the last step.
+Learning rate: `landcover.optim` (peak = base lr x a function of the world size, warm-up,
+cosine to 1 % of the peak at the end), always derived for the world this run has.
 
-Resume is exact: all randomness is a pure function of (seed, epoch, rank) (model init from the
-seed, shuffle and augmentation from `derive_seed(seed, epoch, rank)`, torch's global RNG reseeded
-every epoch), so a checkpoint needs no RNG state, and a resumed run ends with the same weights as
-an uninterrupted one (bitwise on CPU with the same thread count).
+Resume (`landcover.resume`) refuses a checkpoint of another store or sync mode, and derives
+steps, peak lr and schedule for the current world size, continuing at the next epoch. It is
+exact: all randomness is a pure function of (seed, epoch, rank) (model init from the seed,
+shuffle and augmentation from `derive_seed(seed, epoch, rank)`, torch's global RNG reseeded
+every epoch), so a checkpoint needs no RNG state, and at an unchanged world size a resumed run
+ends with the same weights as an uninterrupted one (bitwise on CPU with the same thread count).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from landcover.distributed import (
     DistEnv,
     available_memory_bytes,
     check_shard_fits,
+    check_sync_bn,
     configure_threads,
     cpu_model_name,
     device_description,
@@ -69,18 +76,20 @@ from landcover.distributed import (
 )
 from landcover.errors import TrainingError
 from landcover.losses import (
+    Scores,
     class_weights_from_counts,
     confusion_counts,
     scores_from_confusion,
     segmentation_loss,
 )
 from landcover.modelfile import ModelMeta, save_model_file
+from landcover.optim import LrSchedule, build_optimizer, lr_scale, warmup_cosine
+from landcover.resume import load_optimizer_state, read_resumable_checkpoint, store_identity
 from landcover.rundir import (
     MODEL_FILE,
     append_metrics,
     jsonable,
     prepare_run_dir,
-    read_checkpoint,
     read_metrics,
     rewrite_metrics,
     save_checkpoint,
@@ -92,7 +101,6 @@ from landcover.rundir import (
 if TYPE_CHECKING:
     from landcover.bmuf import BlockMomentum
     from landcover.comm import CommMeter
-    from landcover.losses import Scores
 
 # cpu_model_name, segmentation_loss and usable_cores live in landcover.distributed and
 # landcover.losses; they are exported here too because benchmarks/bench_train.py imports them.
@@ -125,9 +133,6 @@ CLASS_WEIGHT_MODES: tuple[str, ...] = ("auto", "none")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 LR_SCALINGS: tuple[str, ...] = ("linear", "sqrt", "none")
 DEFAULT_LR: Mapping[str, float] = {"adamw": 2e-3, "sgd": 0.02}
-MIN_LR_RATIO = 0.01
-# Options a resumed run must share with its checkpoint (they shape the saved state).
-RESUME_MUST_MATCH = ("model", "batch_size", "optimizer")
 # Storage options that must not end up in run.json or checkpoints (adlfs/s3fs/gcsfs names).
 SECRET_OPTION = re.compile(r"key|secret|token|password|credential|sas|connection", re.IGNORECASE)
 
@@ -166,6 +171,7 @@ class TrainConfig:
     nesterov: bool = True
     reset_local_momentum: bool = True
     allow_incomplete: bool = False  # train on a store whose tiling was interrupted
+    sync_bn: bool = False
 
     def __post_init__(self) -> None:
         choices = {
@@ -207,6 +213,12 @@ class TrainConfig:
                 not (self.block_momentum and self.compression != "none"),
                 f"--compression {self.compression} compresses DDP gradients but --block-momentum "
                 "averages models instead; use one of them",
+            ),
+            (
+                not (self.block_momentum and self.sync_bn),
+                "--sync-bn all-reduces BatchNorm statistics in every step, which "
+                "--block-momentum's local steps avoid (BMUF averages them at block ends); "
+                "use one of them",
             ),
         ]
         for ok, message in checks:
@@ -258,22 +270,10 @@ def train(
     env = read_dist_env() if dist_env is None else dist_env
     threads = configure_threads(config.threads, env.local_world_size)
     device = resolve_device(config.device, env)
+    check_sync_bn(config.sync_bn, env, device)
     with process_group(env, device) as collectives:
         trainer = Trainer(config, env, collectives, device, threads, callbacks or TrainCallbacks())
         return trainer.run()
-
-
-def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int) -> float:
-    """LR multiplier after `step` optimizer steps: linear warm-up, then cosine to MIN_LR_RATIO."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    decay_steps = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
-    return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def lr_scale(scaling: str, world_size: int) -> float:
-    return {"linear": float(world_size), "sqrt": math.sqrt(world_size), "none": 1.0}[scaling]
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,9 +319,11 @@ class Trainer:
     def run(self) -> TrainResult:
         checkpoint_path = self._prepare_run_dir()
         self._open_store()
-        self._build_model()  # before the long load: a bad --model or --pretrained fails fast
-        self._load_shards()
+        # Before the long load: a bad --model or --pretrained, or a checkpoint this run cannot
+        # continue, fails fast.
+        self._build_model()
         common, own = self._read_checkpoint(checkpoint_path)
+        self._load_shards()
         self._build_parallel_model(common, own)
         self._build_optimizer(common, own)
         if self.env.is_main:
@@ -349,7 +351,14 @@ class Trainer:
             self.config.store_url,
             storage_options=self.config.storage_options,
             allow_incomplete=self.config.allow_incomplete,
+            patience=self.config.patience,
         )
+        if len(store.val_ids) == 0 and self.env.is_main:
+            logger.warning(
+                "%s has no val chips: validation is skipped and model.pt is the last epoch's "
+                "model; re-tile with --val-fraction > 0 to validate",
+                store.url,
+            )
         self.steps = store.steps_per_epoch(
             world_size=self.env.world_size, batch_size=self.config.batch_size
         )
@@ -357,11 +366,12 @@ class Trainer:
         self.class_map = store.class_map
         self.num_classes = int(store.class_map.num_classes)
         self.num_train, self.num_val = len(store.train_ids), len(store.val_ids)
+        self.store = store_identity(store.url, store.summary)
 
     def _load_shards(self) -> None:
         from tiling.store import load_shard_into_memory, shard_bytes
 
-        splits = ("train", "val")
+        splits = ("train", "val") if self.num_val > 0 else ("train",)
 
         def need(workers: int) -> int:
             return sum(shard_bytes(self.summary, world_size=workers, split=s) for s in splits)
@@ -411,12 +421,13 @@ class Trainer:
                     device=storage,
                 )
             )
-        self.train_data, self.val_data = datasets
+        self.train_data = datasets[0]
+        self.val_data: ShardDataset | None = datasets[1] if len(datasets) > 1 else None
         logger.info(
             "rank %d: loaded %d train + %d val chips (%.1f MiB) in %.2f s",
             self.env.rank,
             len(self.train_data),
-            len(self.val_data),
+            len(self.val_data) if self.val_data is not None else 0,
             bytes_read / 2**20,
             load_time_s,
         )
@@ -460,24 +471,21 @@ class Trainer:
         error: str | None = None
         if self.env.is_main:
             try:
-                must_match = {key: getattr(self.config, key) for key in RESUME_MUST_MATCH}
-                payload = read_checkpoint(path, must_match=must_match)
-                per_rank = payload.pop("per_rank")
-                if len(per_rank) != self.env.world_size:
-                    logger.warning(
-                        "%s was written by %d workers, now %d: per-worker state (comm "
-                        "residuals, BMUF local models) starts fresh",
-                        path,
-                        len(per_rank),
-                        self.env.world_size,
-                    )
-                    per_rank = [{} for _ in range(self.env.world_size)]
+                payload, per_rank = read_resumable_checkpoint(
+                    path,
+                    config=self.config.to_json(),
+                    store=self.store,
+                    world_size=self.env.world_size,
+                )
             except TrainingError as exc:
                 error = str(exc)
         self.comms.raise_if_any(error)
         common = self.comms.broadcast_object(payload)
         own = self.comms.scatter_from_main(per_rank)
         assert common is not None  # rank 0 raised otherwise
+        if not self.config.block_momentum:
+            # Per-rank models and optimizers are BMUF's learners; DDP replicas share one.
+            own = {key: value for key, value in own.items() if key == "comm"}
         try:
             self.module.load_state_dict(own.get("model", common["model"]))
         except RuntimeError as exc:
@@ -515,6 +523,9 @@ class Trainer:
             if config.compression != "none" or config.block_momentum:
                 logger.warning("one worker: --compression/--block-momentum have nothing to do")
             return
+        if config.sync_bn:  # CUDA only (check_sync_bn); parameters and buffers carry over
+            convert = nn.SyncBatchNorm.convert_sync_batchnorm
+            self.module = self.model = convert(self.module)  # type: ignore[no-untyped-call]
         if config.block_momentum:
             if "model" not in own:  # fresh start: every learner from rank 0's weights
                 self.comms.broadcast_module(self.module)
@@ -534,38 +545,38 @@ class Trainer:
                 self.bmuf.load_state_dict(common.get("bmuf") or own["comm"])
             return
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.model = DistributedDataParallel(self.module, device_ids=device_ids)
+        # Each rank keeps its own BatchNorm statistics through the epoch, averaged at its end
+        # (`_end_epoch`); broadcasting rank 0's before every forward would throw the others'
+        # away. Training itself normalises with batch statistics and never reads them.
+        self.model = DistributedDataParallel(
+            self.module, device_ids=device_ids, broadcast_buffers=False
+        )
         self.meter = install_comm_hook(self.model, spec)
         if own.get("comm") is not None:
             self.meter.load_state_dict(own["comm"])
 
     def _build_optimizer(self, common: Mapping[str, Any] | None, own: Mapping[str, Any]) -> None:
         config = self.config
-        scale = 1.0 if config.block_momentum else lr_scale(config.lr_scaling, self.env.world_size)
-        self.peak_lr = config.base_lr * scale
-        params = self.module.parameters()
-        if config.optimizer == "adamw":
-            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-                params, lr=self.peak_lr, weight_decay=config.weight_decay
-            )
-        else:
-            self.optimizer = torch.optim.SGD(
-                params,
-                lr=self.peak_lr,
-                momentum=0.9,
-                nesterov=True,
-                weight_decay=config.weight_decay,
-            )
-        self.total_steps = config.epochs * self.steps
-        self.warmup_steps = min(round(config.warmup_epochs * self.steps), self.total_steps // 2)
-        warmup, total = self.warmup_steps, self.total_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: warmup_cosine(step, warmup_steps=warmup, total_steps=total),
+        self.schedule = LrSchedule.for_world(
+            base_lr=config.base_lr,
+            lr_scaling=config.lr_scaling,
+            world_size=self.env.world_size,
+            block_momentum=self.bmuf is not None,
+            epochs=config.epochs,
+            warmup_epochs=config.warmup_epochs,
+            steps_per_epoch=self.steps,
+        )
+        self.peak_lr = self.schedule.peak_lr
+        self.optimizer = build_optimizer(
+            config.optimizer,
+            self.module.parameters(),
+            lr=self.peak_lr,
+            weight_decay=config.weight_decay,
+            momentum_resets=self.bmuf is not None and config.reset_local_momentum,
         )
         if common is not None:
-            self.optimizer.load_state_dict(own.get("optimizer", common["optimizer"]))
-            self.scheduler.load_state_dict(common["scheduler"])
+            load_optimizer_state(self.optimizer, own.get("optimizer", common["optimizer"]))
+        self.scheduler = self.schedule.attach(self.optimizer, epochs_done=self.start_epoch)
 
     def _write_run_json(self) -> None:
         summary = self.summary
@@ -589,14 +600,14 @@ class Trainer:
                     "numpy": np.__version__,
                     "python": platform.python_version(),
                 },
-                "store": {"url": self.config.store_url, "summary": summary},
+                "store": {**self.store, "summary": summary},
                 "config": self.config.to_json(),
                 "train_chips": self.num_train,
                 "val_chips": self.num_val,
                 "steps_per_epoch": self.steps,
                 "peak_lr": self.peak_lr,
-                "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps,
+                "warmup_steps": self.schedule.warmup_steps,
+                "total_steps": self.schedule.total_steps,
                 "load_time_s": self.load_time_s,
                 "load_bytes": int(self.load_bytes),
                 "resumed_from_epoch": self.start_epoch or None,
@@ -625,7 +636,8 @@ class Trainer:
         )
         for epoch in range(self.start_epoch + 1, config.epochs + 1):
             record = self._record(epoch, self._train_epoch(epoch))
-            improved = record["val_miou"] > self.best_val_miou  # NaN never improves
+            # NaN never improves; without val chips every epoch is the one to keep.
+            improved = self.val_data is None or record["val_miou"] > self.best_val_miou
             if improved:
                 self.best_val_miou, self.best_epoch = record["val_miou"], epoch
                 self.epochs_without_improvement = 0
@@ -720,15 +732,12 @@ class Trainer:
             loss_sum += loss.detach()
             if self.callbacks.on_step is not None:
                 self.callbacks.on_step(epoch, step, self.module)
+        # The epoch's last model average (BMUF) or BatchNorm average (DDP) is part of its time.
+        self._end_epoch()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         epoch_time_s = time.perf_counter() - start
         epoch_cpu_s = time.process_time() - start_cpu
-        # DDP broadcasts rank 0's BatchNorm buffers before each forward, and each rank then
-        # updates them with its own batch; align them so validation and the checkpoint see one
-        # model. (BMUF keeps its own per-rank models: that is the algorithm.)
-        if self.bmuf is None:
-            self.comms.broadcast_module(self.module, buffers_only=True)
         loss_total, epoch_cpu_s = self.comms.sum_floats([float(loss_sum) / self.steps, epoch_cpu_s])
         epoch_time_s, data_time_s = self.comms.max_floats(
             [epoch_time_s, batches.data_time_s / self.steps]
@@ -739,6 +748,18 @@ class Trainer:
             data_time_s=data_time_s,
             train_loss=loss_total / self.env.world_size,
         )
+
+    def _end_epoch(self) -> None:
+        """Make the epoch's model whole before anyone looks at it: BMUF merges the partial last
+        block into the global model (a model average, BatchNorm statistics included); DDP
+        averages the BatchNorm statistics, which each rank gathered from its own shard."""
+        from landcover.bmuf import reset_local_momentum
+
+        if self.bmuf is not None:
+            if self.bmuf.end_block() and self.config.reset_local_momentum:
+                reset_local_momentum(self.optimizer)
+        else:
+            self.comms.average_float_buffers(self.module)
 
     def _progress(self, batches: Iterable[Batch], epoch: int) -> Iterator[Batch]:
         if not (self.env.is_main and sys.stderr.isatty()):
@@ -753,9 +774,12 @@ class Trainer:
     @torch.no_grad()
     def _validate(self) -> tuple[Scores, float]:
         """Scores of this rank's val shard summed with every other rank's. val_loss is the
-        unweighted cross-entropy per labelled pixel, comparable across --loss/--class-weights."""
-        self.module.eval()
+        unweighted cross-entropy per labelled pixel, comparable across --loss/--class-weights.
+        NaN scores when the store has no val chips (no rank has any: nothing to sum)."""
         k = self.num_classes
+        if self.val_data is None:
+            return Scores(float("nan"), float("nan"), [None] * k), float("nan")
+        self.module.eval()
         confusion = torch.zeros(k * k, dtype=torch.int64, device=self.device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         pixels = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -864,6 +888,7 @@ class Trainer:
                 "optimizer": to_cpu(self.optimizer.state_dict()),
                 "scheduler": self.scheduler.state_dict(),
                 "per_rank": per_rank,
+                "store": self.store,
                 "bmuf": None if self.bmuf is None else to_cpu(self.bmuf.state_dict()),
                 "best_val_miou": self.best_val_miou,
                 "best_epoch": self.best_epoch,

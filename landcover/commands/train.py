@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -98,6 +99,10 @@ def train_options(f: F) -> F:
                      help="BMUF: zero each worker's optimizer momentum after every block end."),
         click.option("--allow-incomplete", is_flag=True,
                      help="Train on a store whose tiling was interrupted (default: refuse it)."),
+        click.option("--sync-bn", is_flag=True,
+                     help="SyncBatchNorm: normalise with the whole step's batch statistics "
+                     "(CUDA only; without it, BatchNorm statistics are averaged over the "
+                     "workers after every epoch)."),
     ]  # fmt: skip
     for decorator in reversed(decorators):
         f = decorator(f)
@@ -160,10 +165,11 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
         raise TrainingError(f"--nproc {nproc} must be >= 1")
     if nproc == 1:
         result = train(config)
-        click.echo(
-            f"{result.run_dir}: {result.epochs_completed} epochs, best val mIoU "
-            f"{result.best_val_miou:.4f} at epoch {result.best_epoch}"
-        )
+        if math.isnan(result.best_val_miou):  # a store without val chips
+            scores = "no validation (the store has no val chips); model.pt is the last epoch"
+        else:
+            scores = f"best val mIoU {result.best_val_miou:.4f} at epoch {result.best_epoch}"
+        click.echo(f"{result.run_dir}: {result.epochs_completed} epochs, {scores}")
         return
     # Fail here, with one clean line, rather than in N workers.
     check_local_training(config, world_sizes=(nproc,))

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from landcover.bmuf import BlockMomentum, reset_local_momentum
+from landcover.bmuf import BlockMomentum, ResettableAdamW, reset_local_momentum
 from landcover.comm import (
     CommMeter,
     CompressionSpec,
@@ -260,6 +260,24 @@ def run_block_momentum(rank: int) -> dict[str, Any]:
         toy_step(model, optimizer, rank, step)
         bmuf.after_optimizer_step()
     out["resumed"] = flat_state(model)
+    # 4. A partial block (step 4 of blocks of 3) closed by end_block(), as at an epoch end.
+    model = toy_model()
+    optimizer = sgd(model)
+    bmuf = BlockMomentum(model, block_size=3, momentum=0.0)
+    for step in range(4):
+        toy_step(model, optimizer, rank, step)
+        bmuf.after_optimizer_step()
+    local = flat_state(model)
+    merged = bmuf.end_block()
+    out["partial"] = {
+        "local": local,
+        "merged": merged,
+        "again": bmuf.end_block(),
+        "model": flat_state(model),
+        "global": torch.cat([bmuf.global_params, bmuf.global_buffers]),
+        "bytes_sent": bmuf.meter.bytes_sent,
+        "block_steps": bmuf.block_steps,
+    }
     return out
 
 
@@ -489,6 +507,22 @@ def test_bmuf_global_model_mid_block_is_the_same_on_every_rank(
         assert rank["local_restored"]
 
 
+@pytest.mark.slow
+def test_bmuf_end_block_merges_a_partial_block(ranks: list[dict[str, Any]]) -> None:
+    """4 steps in blocks of 3, then end_block(): the 4th step's local progress reaches the
+    global model (η = 0: the plain average of the learners), every rank holds it, and a second
+    end_block() with no step in between sends nothing."""
+    first, second = ranks[0]["bmuf"]["partial"], ranks[1]["bmuf"]["partial"]
+    assert not torch.equal(first["local"], second["local"])
+    average = (first["local"] + second["local"]) / 2
+    numel = ranks[0]["bmuf"]["averaging"]["numel"]
+    for rank in (first, second):
+        assert rank["merged"] and not rank["again"] and rank["block_steps"] == 0
+        torch.testing.assert_close(rank["global"], average, rtol=0, atol=1e-6)
+        assert torch.equal(rank["model"], rank["global"])
+        assert rank["bytes_sent"] == 2 * 4 * numel  # the block end at step 3, the merge
+
+
 # -- single process -----------------------------------------------------------------------------
 
 
@@ -621,13 +655,14 @@ def test_block_momentum_on_one_worker_keeps_local_training() -> None:
 
 @pytest.mark.parametrize("name", ["sgd", "adamw", "sgd-no-momentum"])
 def test_reset_local_momentum_zeroes_the_first_moment_only(name: str) -> None:
-    """SGD's momentum buffer and Adam's first moment are zeroed in place; Adam's second moment
-    (a scale, with a bias correction that assumes it was never reset) and step count stay."""
+    """SGD's momentum buffer and Adam's first moment are zeroed in place, with the first
+    moment's own bias-correction count; Adam's second moment (a scale, whose bias correction
+    assumes it was never reset) and step count stay."""
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     optimizer: torch.optim.Optimizer = {
         "sgd": lambda: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True),
-        "adamw": lambda: torch.optim.AdamW(model.parameters(), lr=0.1),
+        "adamw": lambda: ResettableAdamW(model.parameters(), lr=0.1),
         "sgd-no-momentum": lambda: torch.optim.SGD(model.parameters(), lr=0.1),
     }[name]()
     assert reset_local_momentum(optimizer) == 0  # no state before the first step
@@ -651,3 +686,79 @@ def test_reset_local_momentum_zeroes_the_first_moment_only(name: str) -> None:
                 assert before[(id(p), key)].abs().sum() > 0 and not value.any(), key
             else:
                 assert torch.equal(value, before[(id(p), key)]), key
+        if name == "adamw":
+            assert (state["step"], state["exp_avg_step"]) == (2, 0)
+
+
+def constant_gradient_steps(
+    optimizer_for: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    *,
+    before: int,
+    after: int,
+    reset: Callable[[torch.optim.Optimizer], object],
+) -> list[float]:
+    """Sizes of the `after` steps that follow a momentum reset after `before` steps, on
+    w · c with a constant gradient c: Adam's nominal step is then lr in every coordinate."""
+    weight = nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    optimizer = optimizer_for([weight])
+    c = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64)
+    sizes = []
+    for step in range(before + after):
+        if step == before:
+            reset(optimizer)
+        previous = weight.detach().clone()
+        optimizer.zero_grad()
+        (weight * c).sum().backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        sizes.append(float((weight.detach() - previous).abs().max()))
+    return sizes[before:]
+
+
+def zero_first_moment(optimizer: torch.optim.Optimizer) -> None:
+    """What reset_local_momentum did to torch's AdamW before ResettableAdamW."""
+    for state in optimizer.state.values():
+        state["exp_avg"].zero_()
+
+
+def test_the_local_steps_after_a_block_end_keep_their_nominal_size() -> None:
+    """After 20 steps and a first-moment reset (a block end), every AdamW step of the next
+    block of 8 is lr, as before the reset. Zeroing torch AdamW's first moment (after 100
+    steps) made the k-th 1 - 0.9^k of it: a tenth for the first, 36 % on average over 8."""
+    lr = 0.01
+
+    def resettable(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return ResettableAdamW(params, lr=lr, weight_decay=0.0)
+
+    def torch_adamw(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+    sizes = constant_gradient_steps(resettable, before=20, after=8, reset=reset_local_momentum)
+    assert sizes == pytest.approx([lr] * 8, rel=1e-6)
+    shrunk = constant_gradient_steps(torch_adamw, before=100, after=8, reset=zero_first_moment)
+    expected = [(1 - 0.9**k) / (1 - 0.9 ** (100 + k)) * lr for k in range(1, 9)]
+    assert shrunk == pytest.approx(expected, rel=1e-6)
+    assert shrunk[0] == pytest.approx(0.1 * lr, rel=1e-3)
+    assert sum(shrunk) / 8 == pytest.approx(0.36 * lr, rel=0.01)
+    with pytest.raises(TrainingError, match="AdamW bias-corrects its first moment with the step"):
+        constant_gradient_steps(torch_adamw, before=2, after=1, reset=reset_local_momentum)
+
+
+def test_resettable_adamw_takes_torch_adamw_steps_until_a_reset() -> None:
+    models = [toy_model(), toy_model()]
+    optimizers = [
+        ResettableAdamW(models[0].parameters(), lr=0.01, weight_decay=0.05),
+        torch.optim.AdamW(models[1].parameters(), lr=0.01, weight_decay=0.05),
+    ]
+    for step in range(5):
+        for model, optimizer in zip(models, optimizers, strict=True):
+            toy_step(model, optimizer, 0, step)
+    torch.testing.assert_close(flat_params(models[0]), flat_params(models[1]))
+    # A checkpoint of torch's AdamW continues in ResettableAdamW (the first moment's count is
+    # the step count), and its own state round-trips through weights_only loading.
+    state = round_trip(optimizers[1].state_dict())
+    resumed = ResettableAdamW(models[1].parameters(), lr=0.01, weight_decay=0.05)
+    resumed.load_state_dict(state)
+    toy_step(models[1], resumed, 0, 5)
+    toy_step(models[0], optimizers[0], 0, 5)
+    torch.testing.assert_close(flat_params(models[0]), flat_params(models[1]))
+    assert round_trip(resumed.state_dict())["state"][0]["exp_avg_step"] == 6

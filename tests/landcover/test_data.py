@@ -176,3 +176,60 @@ def test_dataset_from_a_loaded_store_shard(tiny_store: str) -> None:
     # Band stats of the store normalise its own pixels to roughly zero mean, unit std.
     whole = ds.normalize(ds.images)
     assert whole.mean().abs() < 0.5 and 0.5 < whole.std() < 2.0
+
+
+def _chips_with_missing_pixels() -> tuple[np.ndarray, np.ndarray]:
+    """2 chips of 16 px; a corner without data (0 in all four bands, as the store holds it) and
+    a pixel that is 0 in three bands only (real data: it stays)."""
+    rng = np.random.default_rng(5)
+    images = rng.integers(1, 256, (2, 4, 16, 16), dtype=np.uint8)
+    images[0, :, :5, :7] = 0
+    images[1, :, 10:, 3:] = 0
+    images[1, :3, 2, 2] = 0
+    labels = np.where(images.any(axis=1), 1 + images[:, 0] % 4, 0).astype(np.uint8)
+    return images, labels
+
+
+def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> None:
+    """Training (ShardDataset batches, augmented or not) and prediction (`_WindowRunner`, which
+    gets a validity mask from the mosaic) hand the model the same tensor for the same pixels:
+    0 in every band where there is no data, never (0 - mean) / std."""
+    from landcover.blend import LogitBlender, WindowLayout
+    from landcover.modelfile import ModelMeta
+    from landcover.predict import PredictConfig, _Block, _WindowRunner
+    from tiling.classes import get_class_map
+
+    images, labels = _chips_with_missing_pixels()
+    ds = ShardDataset(images, labels, band_mean=MEAN, band_std=STD)
+    trained = ds.batch(torch.arange(2)).images
+    missing = torch.from_numpy(~images.any(axis=1))
+    assert missing.sum() == 5 * 7 + 6 * 13
+    assert torch.equal(trained.permute(1, 0, 2, 3)[:, missing], torch.zeros(4, int(missing.sum())))
+    assert trained[1, :, 2, 2].ne(0).all()  # 0 in three bands is data
+    augmented = ds.batch(torch.arange(2), generator=torch.Generator().manual_seed(0)).images
+    assert int((augmented == 0).all(dim=1).sum()) == int(missing.sum())
+
+    seen: list[torch.Tensor] = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(x.clone())
+            return torch.zeros(x.shape[0], 5, *x.shape[2:])
+
+    meta = ModelMeta(
+        architecture="recorder",
+        class_map=get_class_map("chesapeake7to5"),  # 5 codes
+        band_names=("red", "green", "blue", "nir"),
+        band_mean=MEAN,
+        band_std=STD,
+        chip_size=16,
+        resolution_m=1.0,
+    )
+    layout = WindowLayout.over(16, 16, size=16, overlap=0)
+    runner = _WindowRunner(
+        Recorder(), meta, layout, PredictConfig(model="m.pt", images=(), out="o.tif"), "cpu"
+    )
+    for chip in range(2):
+        block = _Block(images[chip], images[chip].any(axis=0), 0, 0, 0, 0, 16, 16)
+        runner.run(block, [(0, 0)], LogitBlender(layout, 5, 0, 0, 16, 16))
+    assert torch.equal(torch.cat(seen), trained)

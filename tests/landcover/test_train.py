@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
+import math
 import os
 import pickle
 import shutil
@@ -30,6 +32,8 @@ from landcover.modelfile import load_model_file
 from landcover.models import build_model
 from landcover.train import TrainCallbacks, TrainConfig, read_metrics, train, warmup_cosine
 from tiling.store import open_store
+from tiling.synth import SynthResult
+from tiling.tile import TileConfig, tile
 
 METRIC_FIELDS = [
     "epoch", "world_size", "nodes", "epoch_time_s", "load_time_s", "val_time_s", "train_loss",
@@ -130,6 +134,7 @@ def interrupt_after(epoch_to_stop: int) -> TrainCallbacks:
         ({"resume": True, "overwrite": True}, "--resume and --overwrite exclude each other"),
         ({"block_momentum": True, "compression": "fp16"}, "use one of them"),
         ({"block_momentum_value": 1.0}, "--block-momentum-value 1.0 must be in \\[0, 1\\)"),
+        ({"block_momentum": True, "sync_bn": True}, "--sync-bn all-reduces BatchNorm statistics"),
     ],
 )
 def test_bad_configs_are_named(overrides: dict[str, Any], message: str, tmp_path: Path) -> None:
@@ -292,6 +297,106 @@ def test_cli_trains_in_process_then_refuses_to_overwrite(tiny_store: str, run_di
     )
 
 
+# -- stores without val chips, resuming onto another store, --sync-bn --------------------------
+
+
+@pytest.fixture(scope="module")
+def no_val_store(tiny_scenes: SynthResult, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One tiny scene tiled without a val split: 49 train chips of 64 px, no val chips."""
+    url = str(tmp_path_factory.mktemp("no-val-store") / "chips.zarr")
+    tile(
+        TileConfig(
+            images=(str(tiny_scenes.image_paths[0]),),
+            labels=(str(tiny_scenes.label_paths[0]),),
+            out=url,
+            chip_size=64,
+            shard_size=16,
+            val_fraction=0.0,
+            workers=1,
+        )
+    )
+    return url
+
+
+@pytest.mark.slow
+def test_a_store_without_val_chips_trains_and_keeps_the_last_epoch(
+    no_val_store: str, run_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    summary = open_store(no_val_store).summary
+    assert summary.num_val == 0 and summary.num_train > 8
+    with caplog.at_level(logging.WARNING, logger="landcover.train"):
+        result = train(make_config(no_val_store, run_dir))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "landcover.train"]
+    assert warnings == [
+        f"{no_val_store} has no val chips: validation is skipped and model.pt is the last "
+        "epoch's model; re-tile with --val-fraction > 0 to validate"
+    ]
+    assert result.epochs_completed == 2 and result.best_epoch == 2
+    assert math.isnan(result.best_val_miou)
+    lines = read_metrics(run_dir)
+    assert [(m["val_miou"], m["val_loss"], m["per_class_iou"]) for m in lines] == [
+        (None, None, [None] * 5)
+    ] * 2
+    model, meta = load_model_file(run_dir / "model.pt")
+    assert meta.training["epoch"] == 2
+    assert_same_tensors(model.state_dict(), checkpoint(run_dir)["model"], "model.pt")
+
+
+def test_patience_without_val_chips_is_one_line_before_training(
+    no_val_store: str, run_dir: Path
+) -> None:
+    args = ["train", no_val_store, "--out", str(run_dir), "--patience", "2", "--epochs", "3",
+            "--threads", "1", "--device", "cpu"]  # fmt: skip
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"error: --patience 2 stops on val mIoU but {no_val_store} has no val chips; drop "
+        "--patience, or re-tile with --val-fraction > 0"
+    ]
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_resume_refuses_another_store_and_accepts_a_moved_one(
+    no_val_store: str, tiny_store: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    train(make_config(no_val_store, run, epochs=1))
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    other = open_store(tiny_store).summary
+    with pytest.raises(TrainingError) as info:
+        train(make_config(tiny_store, run, epochs=2, resume=True))
+    assert str(info.value) == (
+        f"{last}: checkpoint was trained on the store {no_val_store} (49 chips, 0 val) but "
+        f"{tiny_store} holds other chips ({other.num_chips}, {other.num_val} val); train into "
+        "a new --out, or pass --overwrite instead of --resume to start this run over"
+    )
+    assert last.read_bytes() == before and len(read_metrics(run)) == 1
+    # The same store under another URL (copied from blob storage to a local disk, say).
+    moved = tmp_path / "moved.zarr"
+    shutil.copytree(no_val_store, moved)
+    with caplog.at_level(logging.WARNING, logger="landcover.resume"):
+        result = train(make_config(str(moved), run, epochs=2, resume=True))
+    assert result.epochs_completed == 2
+    assert f"checkpoint was trained on {no_val_store}; resuming on {moved}" in caplog.text
+
+
+def test_sync_bn_on_cpu_workers_is_refused_before_joining(tiny_store: str, run_dir: Path) -> None:
+    """torch's SyncBatchNorm only runs on accelerators: the option names the way out."""
+    env = DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2,
+                  master_addr="127.0.0.1", master_port=free_ports(1)[0])  # fmt: skip
+    with pytest.raises(TrainingError) as info:
+        train(make_config(tiny_store, run_dir, sync_bn=True), dist_env=env)
+    message = str(info.value)
+    assert message.startswith("--sync-bn needs CUDA devices (torch 2.")
+    assert message.endswith(
+        "SyncBatchNorm does not run on CPU); drop --sync-bn (BatchNorm statistics are averaged "
+        "over the workers after every epoch anyway) or use --device cuda"
+    )
+    assert not run_dir.exists()
+
+
 # -- two gloo workers ---------------------------------------------------------------------------
 
 
@@ -309,6 +414,11 @@ def _check_replicas(epoch: int, step: int, model: nn.Module) -> None:
     assert torch.equal(copies[0], copies[1]), f"replicas differ after epoch {epoch} step {step}"
 
 
+def float_buffers(model: nn.Module) -> torch.Tensor:
+    """BatchNorm's running statistics, flattened in module order."""
+    return torch.cat([b.detach().reshape(-1) for b in model.buffers() if b.is_floating_point()])
+
+
 def _whole_and_resumed_worker(
     rank: int, ports: list[int], store: str, root: str, extra: dict[str, Any]
 ) -> None:
@@ -317,8 +427,15 @@ def _whole_and_resumed_worker(
     whole, broken = Path(root) / "whole", Path(root) / "broken"
     # The first run reads the launcher variables, as under torchrun; the others get a DistEnv.
     _set_launcher_env(rank, ports[0])
-    check = TrainCallbacks(on_step=None if extra.get("block_momentum") else _check_replicas)
-    train(make_config(store, whole, **extra), callbacks=check)
+    batchnorm: dict[int, torch.Tensor] = {}  # epoch -> this rank's statistics at its last step
+
+    def check(epoch: int, step: int, model: nn.Module) -> None:
+        if not extra.get("block_momentum"):
+            _check_replicas(epoch, step, model)
+        batchnorm[epoch] = float_buffers(model)
+
+    train(make_config(store, whole, **extra), callbacks=TrainCallbacks(on_step=check))
+    torch.save(batchnorm, Path(root) / f"batchnorm-rank{rank}.pt")
 
     def env(port: int) -> DistEnv:
         return DistEnv(rank=rank, world_size=2, local_rank=rank, local_world_size=2,
@@ -415,15 +532,16 @@ def flat_model_state(state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, t
 def test_bmuf_validates_and_saves_the_global_model(
     two_worker_runs: Callable[[str], Path],
 ) -> None:
-    """Epoch 1 ends mid-block (4 steps, blocks of 3): model.pt and the checkpoint's model are
-    BMUF's global model (W_global and the BatchNorm statistics of the last block end), not
-    rank 0's local model."""
+    """Epoch 1 ends mid-block (4 steps, blocks of 3) and the epoch end merges that partial
+    block: the learners then agree, and model.pt and the checkpoint's model are BMUF's global
+    model (W_global and the BatchNorm statistics of that merge), not rank 0's local model
+    (under Nesterov block momentum the learners restart from the look-ahead W_global + η·Δ)."""
     root = two_worker_runs("bmuf")
     saved = torch.load(root / "epoch1" / "last.pt", map_location="cpu", weights_only=True)
     bmuf = saved["bmuf"]
-    assert saved["epoch"] == 1 and bmuf["local_steps"] == 4
+    assert saved["epoch"] == 1 and bmuf["local_steps"] == 4 and bmuf["block_steps"] == 0
     local = [flat_model_state(own["model"]) for own in saved["per_rank"]]
-    assert not torch.equal(local[0][0], local[1][0])  # mid-block: the learners differ
+    assert torch.equal(local[0][0], local[1][0])  # the partial block was merged
     model, meta = load_model_file(root / "epoch1" / "model.pt")
     assert meta.training["epoch"] == 1
     for state in (model.state_dict(), saved["model"]):
@@ -431,6 +549,86 @@ def test_bmuf_validates_and_saves_the_global_model(
         assert torch.equal(params, bmuf["global_params"])
         assert torch.equal(buffers, bmuf["global_buffers"])
         assert not torch.equal(params, local[0][0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(TWO_WORKER_MODES))
+def test_saved_batchnorm_statistics_are_the_mean_over_ranks(
+    mode: str, two_worker_runs: Callable[[str], Path]
+) -> None:
+    """Each rank's BatchNorm statistics follow its own shard; what validation, model.pt and the
+    checkpoint use is their mean over the ranks, not rank 0's (DDP broadcast rank 0's: the
+    statistics of 1/N of the data)."""
+    root = two_worker_runs(mode)
+    ranks = [torch.load(root / f"batchnorm-rank{rank}.pt", weights_only=True) for rank in range(2)]
+    means = {epoch: (ranks[0][epoch] + ranks[1][epoch]) / 2 for epoch in (1, 2)}
+    for epoch in (1, 2):
+        assert not torch.equal(ranks[0][epoch], ranks[1][epoch])
+    last = checkpoint(root / "whole")
+    assert last["epoch"] == 2
+    torch.testing.assert_close(flat_model_state(last["model"])[1], means[2], rtol=1e-6, atol=0)
+    model, meta = load_model_file(root / "whole" / "model.pt")
+    epoch = meta.training["epoch"]
+    torch.testing.assert_close(float_buffers(model), means[epoch], rtol=1e-6, atol=0)
+
+
+def resumable_copy(root: Path, tmp_path: Path) -> Path:
+    """A run dir holding only the epoch-1 checkpoint of a two-worker run (killed there)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(root / "epoch1" / "last.pt", run / "checkpoints" / "last.pt")
+    return run
+
+
+@pytest.mark.slow
+def test_resume_on_fewer_workers_derives_lr_and_schedule_for_them(
+    two_worker_runs: Callable[[str], Path], tiny_store: str, tmp_path: Path
+) -> None:
+    """A 2-worker run of 2 epochs killed after epoch 1 and resumed on 1 worker (an elastic
+    restart) trains at the 1-worker peak lr (base x 1, not the saved base x 2), continues the
+    schedule at epoch 2 in its own steps, and its last step's lr is an uninterrupted 1-worker
+    run's: 4 % of the peak after 9 decay steps (~1 % in longer runs). It was 0.75 x the
+    2-worker peak, 1.5 x base: the schedule went on in 2-worker steps from the 2-worker peak."""
+    run = resumable_copy(two_worker_runs("ddp"), tmp_path)
+    result = train(make_config(tiny_store, run, resume=True))
+    assert result.epochs_completed == 2
+    lines = read_metrics(run)
+    assert [m["world_size"] for m in lines] == [2, 1]
+    base_lr = 2e-3  # AdamW's default
+    steps = lines[1]["steps"]
+    assert steps == 73 // 8
+    last = warmup_cosine(2 * steps - 1, warmup_steps=steps, total_steps=2 * steps)
+    assert last == pytest.approx(0.0398, abs=1e-4)
+    assert lines[1]["lr"] == pytest.approx(base_lr * last, rel=1e-12)
+    info = json.loads((run / "run.json").read_text())
+    assert info["world_size"] == 1 and info["peak_lr"] == base_lr
+    assert info["total_steps"] == 2 * steps and info["warmup_steps"] == steps
+    assert checkpoint(run)["scheduler"]["last_epoch"] == 2 * steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(TWO_WORKER_MODES))
+def test_resume_refuses_a_change_of_sync_mode(
+    mode: str, two_worker_runs: Callable[[str], Path], tiny_store: str, tmp_path: Path
+) -> None:
+    """A BMUF checkpoint holds one learner per rank; DDP would load them into replicas that
+    then drift apart. Either change is refused in one line, before the shards load."""
+    run = resumable_copy(two_worker_runs(mode), tmp_path)
+    before = (run / "checkpoints" / "last.pt").read_bytes()
+    flipped = make_config(tiny_store, run, resume=True, block_momentum=mode == "ddp")
+    with pytest.raises(TrainingError) as info:
+        train(flipped)
+    saved, fix = {
+        "ddp": ("DDP (no --block-momentum)", "drop --block-momentum"),
+        "bmuf": ("BMUF (--block-momentum)", "pass --block-momentum"),
+    }[mode]
+    assert str(info.value) == (
+        f"{run / 'checkpoints' / 'last.pt'}: checkpoint was trained with {saved}; a resumed "
+        f"run cannot change the sync mode: {fix}, or train into a new --out, or pass "
+        "--overwrite instead of --resume to start this run over"
+    )
+    assert (run / "checkpoints" / "last.pt").read_bytes() == before
+    assert not (run / "run.json").exists()
 
 
 @pytest.mark.slow
@@ -453,13 +651,13 @@ def test_worker_options_round_trip_through_the_command_line() -> None:
     args = ["s.zarr", "--out", "r", "--epochs", "3", "--no-augment", "--amp", "--resume",
             "--storage-options", '{"account_name": "x"}', "--compression", "powersgd:4",
             "--block-size", "5", "--no-nesterov", "--keep-local-momentum", "--patience", "2",
-            "--lr", "0.01"]  # fmt: skip
+            "--lr", "0.01", "--sync-bn"]  # fmt: skip
     parsed = worker_command.make_context("worker", list(args)).params
     again = worker_command.make_context("worker", params_to_argv(worker_command, parsed)).params
     assert again == parsed
     assert parsed["storage_options"] == {"account_name": "x"} and parsed["amp"] is True
     assert parsed["augment"] is False and parsed["nesterov"] is False
-    assert parsed["reset_local_momentum"] is False
+    assert parsed["reset_local_momentum"] is False and parsed["sync_bn"] is True
 
 
 def test_worker_entry_point_reports_bad_options_in_one_line(
