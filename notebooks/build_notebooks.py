@@ -412,11 +412,13 @@ fig.tight_layout()""",
         """\
 ## A real NAIP file
 
-The repository ships six real NAIP GeoTIFFs in `tests/data/naip-real` (test files
-of stactools-packages/naip, Apache-2.0). Two of them tag their 4th band, NIR, as **alpha**. GDAL then offers that band as
-the dataset's validity mask, and anything that displays RGBA uses it as transparency, although
-it is a measurement like the other three. The tiler reads validity only from a nodata value or
-an internal mask, never from alpha.""",
+The repository ships six real NAIP GeoTIFFs in `tests/data/naip-real` (test files of
+stactools-packages/naip, Apache-2.0). Two of them tag their 4th band, NIR, as **alpha**. GDAL
+then offers that band as the dataset's validity mask, and anything that displays RGBA uses it
+as transparency, although it is a measurement like the other three. The tiler reads validity
+from a nodata value or an internal mask, never from alpha; a file that declares neither, like
+this one, gets the zero rule (`'zero'`): pixels that are 0 in all four bands, the black collar
+of reprojected tiles, are nodata.""",
     ),
     code(
         "real-find",

@@ -126,11 +126,11 @@ def test_tile_naip_notebook_runs(work: Path) -> None:
     notebook = execute("01_tile_naip.ipynb", cwd=NOTEBOOK_DIR)
 
     assert_figures(notebook, "01_tile_naip.ipynb")
-    assert "(format version 1, complete)" in stdout(notebook, "info")
+    assert "(format version 2, complete)" in stdout(notebook, "info")
     real = stdout(notebook, "real-find")
     assert "['red', 'green', 'blue', 'alpha']" in real
     assert "is the NIR band itself: True" in real
-    assert "validity as the tiler reads it: 'none'" in real
+    assert "validity as the tiler reads it: 'zero'" in real
     assert "in all four bands: True" in stdout(notebook, "real-tile")
     assert (work / "01-tile-naip" / "chips.zarr").is_dir()
 
