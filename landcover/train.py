@@ -46,6 +46,7 @@ import re
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
@@ -548,9 +549,16 @@ class Trainer:
         # Each rank keeps its own BatchNorm statistics through the epoch, averaged at its end
         # (`_end_epoch`); broadcasting rank 0's before every forward would throw the others'
         # away. Training itself normalises with batch statistics and never reads them.
-        self.model = DistributedDataParallel(
-            self.module, device_ids=device_ids, broadcast_buffers=False
-        )
+        with warnings.catch_warnings():
+            # torch 2.15 deprecates broadcast_buffers but its replacement still syncs buffers
+            # at init, and its own warning says to keep broadcast_buffers=False until
+            # init_sync_buffers exists.
+            warnings.filterwarnings(
+                "ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning
+            )
+            self.model = DistributedDataParallel(
+                self.module, device_ids=device_ids, broadcast_buffers=False
+            )
         self.meter = install_comm_hook(self.model, spec)
         if own.get("comm") is not None:
             self.meter.load_state_dict(own["comm"])

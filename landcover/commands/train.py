@@ -193,11 +193,12 @@ def worker_command(verbose: int, quiet: bool, **params: Any) -> None:
 
     Reads RANK, WORLD_SIZE, LOCAL_RANK, ... from the launcher (torchrun, Azure ML, Kubeflow).
     """
-    from landcover.cli import USER_ERRORS, UserFacingError
+    from landcover.cli import USER_ERRORS, UserFacingError, log_warnings, terminate_on_sigterm
     from landcover.distributed import read_dist_env
     from landcover.train import train
 
     rank: int | None = None
+    log_warnings(verbose=verbose > 0)  # as `landcover` does: one log line per warning
     try:
         env = read_dist_env()
         rank = env.rank
@@ -212,7 +213,8 @@ def worker_command(verbose: int, quiet: bool, **params: Any) -> None:
             format=f"%(asctime)s rank {env.rank} %(levelname)s %(name)s: %(message)s",
             stream=sys.stderr,
         )
-        train(config_from_params(params), dist_env=env)
+        with terminate_on_sigterm():  # a launcher's stop: checkpoints and temp files close
+            train(config_from_params(params), dist_env=env)
     except USER_ERRORS as exc:
         _leave_error(str(exc), rank, params)
         raise UserFacingError(str(exc), exit_code=2) from exc

@@ -638,6 +638,8 @@ def test_cli_nproc_2_runs_torchrun(tiny_store: str, run_dir: Path) -> None:
     result = CliRunner().invoke(cli.main, args)
     assert result.exit_code == 0, result.output
     assert "trained with 2 workers" in result.output
+    # No library warning reaches the terminal raw (torch's DDP deprecation notice was one).
+    assert "Warning:" not in result.output and "warnings.warn" not in result.output
     (line,) = assert_metric_lines(run_dir, epochs=1, world_size=2)
     assert line["threads_per_worker"] == 1
     run = json.loads((run_dir / "run.json").read_text())
