@@ -14,13 +14,15 @@ the metre, so the block edge is block_chips × chip_size × resolution in metres
 stretched away from ±30° latitude (a block is about 1.2 times taller than wide at 45°),
 which a split does not mind.
 
-Membership: block (bx, by) is a validation block when a fixed 64-bit hash of (bx, by),
-read as a number in [0, 1), is below the val fraction: independent of input order, of the
-other sources and of the worker count. A small run can draw no val block (or only val
-blocks); then, if it has at least two blocks, the block whose hash is closest to the
-threshold changes side. That choice depends on the run's block set, which is known before
-anything is written; it is recorded in the store (`forced_val` / `forced_train`) and a
-resume must arrive at the same one.
+Membership: each block gets a fixed 64-bit hash of (bx, by), read as a number in [0, 1);
+the run's k blocks of lowest hash are validation blocks, k = round(val_fraction × blocks),
+at least one and at most all but one when the run has two blocks or more. Stored as the
+hash threshold (val when hash < threshold), so membership is independent of input order,
+of the worker count and of which file a chip came from. Ranking instead of comparing each
+hash with the fraction keeps the share of val blocks at the requested fraction on small
+runs: a dozen blocks drawn independently at 0.2 gave a third of the chips to val. The rule
+depends on the run's block set, which is known before anything is written; a resume must
+arrive at the same threshold.
 """
 
 from __future__ import annotations
@@ -93,21 +95,16 @@ def block_hash(blocks: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
 
 @dataclass(frozen=True, slots=True)
 class SplitRule:
-    """Which ground blocks are validation blocks; stored in the store's attrs."""
+    """Which ground blocks are validation blocks (hash < threshold); stored in the attrs."""
 
     val_fraction: float
     edge_m: float
-    forced_val: tuple[Block, ...] = ()
-    forced_train: tuple[Block, ...] = ()
+    threshold: float = 0.0  # 0: no val block
     crs: str = SPLIT_CRS
 
     def is_val(self, blocks: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Validation membership of each block in `blocks` (..., 2)."""
-        val = block_hash(blocks) < self.val_fraction
-        for forced, side in ((self.forced_val, True), (self.forced_train, False)):
-            for bx, by in forced:
-                val[(blocks[..., 0] == bx) & (blocks[..., 1] == by)] = side
-        return np.asarray(val)
+        return np.asarray(block_hash(blocks) < self.threshold)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,8 +112,7 @@ class SplitRule:
             "block_m": self.edge_m,
             "hash": SPLIT_HASH,
             "val_fraction": self.val_fraction,
-            "forced_val": [list(b) for b in self.forced_val],
-            "forced_train": [list(b) for b in self.forced_train],
+            "threshold": self.threshold,
         }
 
     @classmethod
@@ -124,32 +120,23 @@ class SplitRule:
         return cls(
             val_fraction=float(obj["val_fraction"]),
             edge_m=float(obj["block_m"]),
-            forced_val=tuple((int(b[0]), int(b[1])) for b in obj.get("forced_val", ())),
-            forced_train=tuple((int(b[0]), int(b[1])) for b in obj.get("forced_train", ())),
+            threshold=float(obj["threshold"]),
             crs=str(obj.get("crs", SPLIT_CRS)),
         )
 
 
 def choose_split(blocks: npt.NDArray[np.int64], *, val_fraction: float, edge_m: float) -> SplitRule:
-    """The rule for a run whose chips fall in `blocks` (n, 2), possibly repeated.
-
-    Hash membership, then: with val_fraction > 0 and at least two distinct blocks, at least
-    one val block and at least one train block (the block nearest the threshold moves).
-    """
+    """The rule for a run whose chips fall in `blocks` (n, 2), possibly repeated: the
+    round(val_fraction × distinct blocks) blocks of lowest hash are val, at least one and at
+    most all but one when there are two distinct blocks or more."""
     if not 0.0 <= val_fraction < 1.0 or math.isnan(val_fraction):
         raise TilingError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    rule = SplitRule(val_fraction=val_fraction, edge_m=edge_m)
     distinct = np.unique(np.asarray(blocks, dtype=np.int64).reshape(-1, 2), axis=0)
-    if val_fraction == 0.0 or len(distinct) < 2:
-        return rule
-    u = block_hash(distinct)
-    # ties of the hash are broken by the block coordinates, so the choice is total
-    order = np.lexsort((distinct[:, 1], distinct[:, 0], u))
-    val = u < val_fraction
-    if not val.any():
-        bx, by = distinct[order[0]]
-        return SplitRule(val_fraction, edge_m, forced_val=((int(bx), int(by)),))
-    if val.all():
-        bx, by = distinct[order[-1]]
-        return SplitRule(val_fraction, edge_m, forced_train=((int(bx), int(by)),))
-    return rule
+    n = len(distinct)
+    if val_fraction == 0.0 or n < 2:
+        return SplitRule(val_fraction=val_fraction, edge_m=edge_m)
+    k = min(n - 1, max(1, round(val_fraction * n)))
+    ranked = np.sort(block_hash(distinct))
+    # Val is hash < threshold: the k lowest. (Two blocks with one 53-bit hash would both
+    # stay train; at 2**-53 per pair, no store meets it.)
+    return SplitRule(val_fraction=val_fraction, edge_m=edge_m, threshold=float(ranked[k]))
