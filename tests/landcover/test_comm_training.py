@@ -17,7 +17,7 @@ killed after epoch 1, bitwise equal to the uninterrupted run, per-rank state inc
 the merge of that partial block is `test_bmuf_validates_and_saves_the_global_model`.
 
 The quality comparison, and why it looks the way it does:
-- A store of 4 synthetic scenes of 450 px (180 train / 72 val chips of 64 px). The 2-scene
+- A store of 4 synthetic scenes of 450 px (200 train / 52 val chips of 64 px). The 2-scene
   `tiny_store` is too small to compare modes: its 28 val chips make the val mIoU jump by 0.05
   between epochs, and even fp16 (gradients rounded, nothing else changed) lands 0.03 from none.
 - SGD with Nesterov momentum (the trainer's `--optimizer sgd`), the same for every mode: it is
@@ -47,10 +47,10 @@ The quality comparison, and why it looks the way it does:
 - BMUF's learners use the base lr (the trainer never scales it by the world size); the
   default block momentum 1 - 1/N makes the steady-state block step N times the averaged
   local progress, which plays the part of the linear lr scaling that DDP gets. No mode gets
-  its own settings: BMUF runs as `--block-momentum --block-size 4` ships. `bmuf-keep`
+  its own settings: BMUF runs as `--block-momentum --block-size 5` ships. `bmuf-keep`
   (`--keep-local-momentum`) is only there to see the option reach the learners.
 
-Cost: one spawned pair of processes trains the 7 runs (12 epochs of 11 steps of 8 chips per
+Cost: one spawned pair of processes trains the 7 runs (12 epochs of 12 steps of 8 chips per
 worker), so torch's import is paid once: about 3 minutes on 2 cores (165-176 s measured with
 nothing else running; 275 s for 6 runs while other jobs held the machine at load 4).
 """
@@ -82,7 +82,7 @@ from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
 
 WORLD_SIZE = 2
-BLOCK_SIZE = 4  # 11 steps per epoch: blocks of 4, 4 and 3 (the partial one merged at the end)
+BLOCK_SIZE = 5  # 12 steps per epoch: blocks of 5, 5 and 2 (the partial one merged at the end)
 POWERSGD = parse_compression("powersgd:2")  # rank 2, plain all-reduce for start_iter steps
 MODES: dict[str, dict[str, Any]] = {
     "none": {},
@@ -180,9 +180,7 @@ def free_ports(n: int) -> list[int]:
 @pytest.fixture(scope="module")
 def parity_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """4 synthetic 450 px scenes (not a multiple of the 64 px chips, so edge chips overlap their
-    neighbours): 180 train and 72 val chips. Split blocks of 2 x 2 chips (128 m): the default
-    4 x 4 gives this small store only a few blocks, and 36 val chips, too few to resolve the
-    parity tolerance."""
+    neighbours): 200 train and 52 val chips."""
     root = tmp_path_factory.mktemp("comm-store")
     scenes = synthesize_scenes(
         SynthConfig(out_dir=root / "scenes", scenes=4, size_px=SCENE_PX, seed=0)
@@ -196,7 +194,6 @@ def parity_store(tmp_path_factory: pytest.TempPathFactory) -> str:
             chip_size=64,
             shard_size=16,
             val_fraction=0.25,
-            split_block_chips=2,
             workers=1,
         )
     )
@@ -338,7 +335,7 @@ def test_bmuf_sends_one_model_average_per_block(runs: Path) -> None:
     numel += sum(b.numel() for b in model.buffers() if b.is_floating_point())  # BatchNorm stats
     lines = metrics(runs, "bmuf")
     steps = lines[0]["steps"]
-    # Full blocks, then the epoch's partial last block, merged at its end: 4 + 4 + 3 steps.
+    # Full blocks, then the epoch's partial last block, merged at its end: 5 + 5 + 2 steps.
     averages = -(-steps // BLOCK_SIZE)
     assert averages == 3
     for line in lines:
