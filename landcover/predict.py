@@ -67,6 +67,7 @@ from landcover.predict_setup import (
 )
 from landcover.region import Region, parse_crs
 from tiling.sources import RasterReader
+from tiling.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ def predict_region(config: PredictConfig) -> PredictResult:
     started = time.perf_counter()
     with warnings_to_log():
         outputs = check_outputs(config.out, config.probabilities, overwrite=config.overwrite)
+        check_storage_options([config.model, *config.images], config.storage_options)
         if config.batch_size < 1:
             raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
         if config.block_px < 16:

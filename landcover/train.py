@@ -98,6 +98,8 @@ from landcover.rundir import (
     utc_now,
     write_run_json,
 )
+from tiling.errors import StorageAccessError
+from tiling.urls import check_storage_options
 
 if TYPE_CHECKING:
     from landcover.bmuf import BlockMomentum
@@ -354,6 +356,14 @@ class Trainer:
             allow_incomplete=self.config.allow_incomplete,
             patience=self.config.patience,
         )
+        if self.env.is_main:
+            try:
+                check_storage_options(
+                    [self.config.store_url, self.config.out_dir], self.config.storage_options
+                )
+            except StorageAccessError as exc:
+                # A warning, not tile's error: launchers hand one set of options to every job.
+                logger.warning("%s (ignored)", exc)
         if len(store.val_ids) == 0 and self.env.is_main:
             logger.warning(
                 "%s has no val chips: validation is skipped and model.pt is the last epoch's "

@@ -229,6 +229,22 @@ def test_unwritable_output_fails_before_any_work(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
 
 
+def test_storage_options_for_local_paths_only_are_refused(
+    scene: Path, constant_model: Path, tmp_path: Path
+) -> None:
+    """Local files take no storage options: a key given there was dropped without a word."""
+    result = run_cli(
+        str(constant_model), str(scene), "--out", str(tmp_path / "lc.tif"),
+        "--storage-options", '{"account_key": "k"}',
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: --storage-options (account_key) do not apply to local paths such as "
+        f"{constant_model}; drop --storage-options, or use a URL such as az://container/path\n"
+    )
+    assert not (tmp_path / "lc.tif").exists()
+
+
 def test_unwritable_probabilities_fail_too(
     scene: Path, constant_model: Path, tmp_path: Path
 ) -> None:
