@@ -27,12 +27,13 @@ import threading
 import warnings
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
 import click
 
 from cluster.errors import ClusterError
 from landcover.errors import LandcoverError
+from landcover.warnlog import warning_logger
 from tiling.errors import TilingError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (TilingError, LandcoverError, ClusterError)
@@ -98,26 +99,10 @@ def terminate_on_sigterm() -> Iterator[None]:
 
 
 def log_warnings(*, verbose: bool) -> None:
-    """Send `warnings.warn` through the `py.warnings` logger as one line: the category and
-    the message's first line, plus the file and line with `verbose`. The default handler
-    prints the message and the offending source line raw on stderr, bypassing -q and the
-    log format. Like logging.captureWarnings, lasts until the interpreter exits (or a
-    warnings.catch_warnings block ends)."""
-    log = logging.getLogger("py.warnings")
-
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        text = next((part for part in str(message).splitlines() if part.strip()), "")
-        where = f" ({filename}:{lineno})" if verbose else ""
-        log.warning("%s: %s%s", category.__name__, text.strip(), where)
-
-    warnings.showwarning = show
+    """Send `warnings.warn` through the `py.warnings` logger as one line each (the file and
+    line too with `verbose`). Like logging.captureWarnings, lasts until the interpreter exits
+    (or a warnings.catch_warnings block ends)."""
+    warnings.showwarning = warning_logger(logging.getLogger("py.warnings"), verbose=verbose)
 
 
 def _stdout_reader_gone() -> bool:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import logging
 import sys
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, TextIO
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from rasterio.errors import NotGeoreferencedWarning
 
 from landcover.errors import PredictionError
 from landcover.modelfile import ModelMeta
+from landcover.warnlog import warnings_logged
 from tiling.sources import RasterInfo, expand_inputs, open_image
 
 logger = logging.getLogger(__name__)
@@ -26,27 +26,11 @@ logger = logging.getLogger(__name__)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 
-@contextmanager
-def warnings_to_log() -> Iterator[None]:
-    """Python warnings raised while predicting become one log line each (WARNING), not raw
-    text with a source line on stderr; a known benign one is dropped."""
-    with warnings.catch_warnings():
-        # rasterio warns on opening an image without a geotransform; open_image then raises
-        # its own error naming the file and the fix, so the warning only adds noise.
-        warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        warnings.showwarning = _log_warning
-        yield
-
-
-def _log_warning(
-    message: Warning | str,
-    category: type[Warning],
-    filename: str,
-    lineno: int,
-    file: TextIO | None = None,
-    line: str | None = None,
-) -> None:
-    logger.warning("%s: %s", category.__name__, " ".join(str(message).split()))
+def warnings_to_log() -> AbstractContextManager[None]:
+    """Python warnings raised while predicting become one log line each (WARNING). rasterio's
+    warning on an image without a geotransform is dropped: open_image then raises its own
+    error naming the file and the fix."""
+    return warnings_logged(logger, ignore=(NotGeoreferencedWarning,))
 
 
 def keep_large_buffers_off_the_heap() -> None:
