@@ -30,13 +30,13 @@ test: $(STAMP) $(AZURITE)
 	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tiling landcover cluster tests benchmarks
-	$(VENV)/bin/ruff format --check tiling landcover cluster tests benchmarks
+	$(VENV)/bin/ruff check tiling landcover cluster tests benchmarks notebooks
+	$(VENV)/bin/ruff format --check tiling landcover cluster tests benchmarks notebooks
 	$(VENV)/bin/mypy
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format tiling landcover cluster tests benchmarks
-	$(VENV)/bin/ruff check --fix tiling landcover cluster tests benchmarks
+	$(VENV)/bin/ruff format tiling landcover cluster tests benchmarks notebooks
+	$(VENV)/bin/ruff check --fix tiling landcover cluster tests benchmarks notebooks
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_tile.py
