@@ -45,6 +45,20 @@ def config(images: list[Path] | tuple[Path, ...], out: Path, **kw: Any) -> TileC
     return TileConfig(**base)
 
 
+def interrupt_after_first_source(cfg: TileConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run `tile(cfg)` as a process killed right after its first source was committed."""
+    real_commit = ChipStoreWriter.commit_source
+
+    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
+        record = real_commit(self, **kwargs)
+        raise RuntimeError(f"killed after source {record.id}")
+
+    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
+    with pytest.raises(RuntimeError, match="killed after source 0"):
+        tile(cfg)
+    monkeypatch.undo()
+
+
 def reassemble(store: ChipStore, source_id: int) -> np.ndarray:
     """Paste every chip of a source at its index offsets; -1 where no chip landed."""
     record = next(s for s in store.summary.sources if s.id == source_id)
@@ -224,16 +238,7 @@ def test_rerun_after_a_crash_between_sources_equals_an_uninterrupted_run(
     images = [scenes.images[1], scenes.images[0], scenes.images[1].parent / "b.tif"]
     kw = {"labels": (str(scenes.nlcd),), "class_map": "nlcd", "shard_size": 3}
     tile(config(images[:2], tmp_path / "whole.zarr", **kw))
-    real_commit = ChipStoreWriter.commit_source
-
-    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
-        record = real_commit(self, **kwargs)
-        raise RuntimeError(f"killed after source {record.id}")
-
-    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
-    with pytest.raises(RuntimeError, match="killed after source 0"):
-        tile(config(images[:2], tmp_path / "resumed.zarr", **kw))
-    monkeypatch.undo()
+    interrupt_after_first_source(config(images[:2], tmp_path / "resumed.zarr", **kw), monkeypatch)
     partial = open_store(str(tmp_path / "resumed.zarr")).summary
     assert [s.id for s in partial.sources] == [0] and not partial.complete
     result = tile(config(images[:2], tmp_path / "resumed.zarr", **kw))
@@ -491,16 +496,7 @@ def test_resume_refuses_a_source_that_changed_since_it_was_tiled(
         shutil.copy(src, dst)
     kw: dict[str, Any] = {"labels": (str(scenes.nlcd),), "class_map": "nlcd"}
     out = tmp_path / "stale.zarr"
-    real_commit = ChipStoreWriter.commit_source
-
-    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
-        record = real_commit(self, **kwargs)
-        raise RuntimeError(f"killed after source {record.id}")
-
-    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
-    with pytest.raises(RuntimeError, match="killed after source 0"):
-        tile(config(images, out, **kw))
-    monkeypatch.undo()
+    interrupt_after_first_source(config(images, out, **kw), monkeypatch)
     # a touch alone (same bytes, new mtime) is a change: nothing tells it from a rewrite
     stat = os.stat(images[0])
     os.utime(images[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
@@ -529,16 +525,7 @@ def test_resume_refuses_a_label_raster_that_changed(
     shutil.copy(scenes.nlcd, nlcd)
     kw: dict[str, Any] = {"labels": (str(nlcd),), "class_map": "nlcd"}
     out = tmp_path / "stale-labels.zarr"
-    interrupt = ChipStoreWriter.commit_source
-
-    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
-        interrupt(self, **kwargs)
-        raise RuntimeError("killed")
-
-    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
-    with pytest.raises(RuntimeError, match="killed"):
-        tile(config(scenes.images, out, **kw))
-    monkeypatch.undo()
+    interrupt_after_first_source(config(scenes.images, out, **kw), monkeypatch)
     write_nlcd_cover(nlcd, scenes.images, seed=99)  # new labels under the same name
     with pytest.raises(SourceChangedError, match=rf"{nlcd} changed since it was tiled"):
         tile(config(scenes.images, out, **kw))
@@ -601,16 +588,7 @@ def test_resume_refuses_an_az_source_that_changed(
         config([], tmp_path / "az.zarr", storage_options=azurite.storage_options),
         images=(f"az://{prefix}/naip/*.tif",),
     )
-    real_commit = ChipStoreWriter.commit_source
-
-    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
-        real_commit(self, **kwargs)
-        raise RuntimeError("killed")
-
-    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
-    with pytest.raises(RuntimeError, match="killed"):
-        tile(remote)
-    monkeypatch.undo()
+    interrupt_after_first_source(remote, monkeypatch)
     fs.put(str(scenes.images[1]), f"{prefix}/naip/a.tif")  # a.tif (done) replaced by b.tif
     with pytest.raises(
         SourceChangedError,
