@@ -15,7 +15,7 @@ per worker), same seed and settings, one run after another. From each run's metr
 - CPU s/epoch: CPU seconds of those steps summed over both workers (`epoch_cpu_s`), median as
   above: unlike wall time, barely moved by other jobs on a shared machine;
 - val mIoU: of the last epoch, and the best over the run (12 epochs on a small store, one
-  seed: an indication of quality; tests/landcover/test_comm_training.py is the parity test);
+  seed: an indication of quality; tests/landcover/comm/test_parity.py is the parity test);
 - run s: the whole launch, torch's import, load, validation and checkpoints included.
 
 Ratios are this mode / `none` (below 1 is less). SGD with Nesterov momentum for every mode,
@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from landcover.distributed import cpu_model_name, usable_cores
-from landcover.models import build_model
+from landcover.models.registry import build_model
+from landcover.training.distributed import cpu_model_name, usable_cores
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
 
@@ -152,7 +152,7 @@ def run_mode(
 ) -> RunResult:
     run = work / f"{model}-{mode.replace(':', '-')}"
     command = [
-        sys.executable, "-m", "landcover.cli", "-q", "train", store, "--out", str(run),
+        sys.executable, "-m", "landcover.cli.app", "-q", "train", store, "--out", str(run),
         "--nproc", "2", "--threads", "1", "--device", "cpu", "--model", model,
         "--epochs", str(epochs), "--batch-size", str(BATCH), "--optimizer", optimizer,
         "--seed", "0", *MODES[mode],

@@ -32,10 +32,10 @@ import rasterio
 import torch
 from affine import Affine
 
-from landcover.blend import window_starts
-from landcover.modelfile import ModelMeta, save_model_file
-from landcover.models import build_model
-from landcover.predict import PredictConfig, predict_region
+from landcover.models.modelfile import ModelMeta, save_model_file
+from landcover.models.registry import build_model
+from landcover.prediction.blend import window_starts
+from landcover.prediction.runner import PredictConfig, predict_region
 from tiling.classes import get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
 
@@ -136,8 +136,8 @@ def _forward_seconds(net: torch.nn.Module, device: str, side_px: int) -> float:
 _CHILD = r"""
 import json, sys, threading, time
 import psutil
-from landcover.predict import PredictConfig, predict_region
-from landcover.modelfile import load_model_file
+from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.models.modelfile import load_model_file
 model, image, out = sys.argv[1], sys.argv[2], sys.argv[3]
 block, batch = int(sys.argv[4]), int(sys.argv[5])
 load_model_file(model)  # imports and one model: what every run holds before predicting

@@ -6,7 +6,7 @@ loader vs random windowed reads, and 1 vs 2 worker processes.
    (counted with torch.utils.flop_counter.FlopCounterMode), achieved GFLOP/s divided by the
    machine's measured fp32 matmul peak (a large matmul on every thread) = model-FLOPs
    utilisation (MFU). On CUDA: bf16 autocast + channels_last, peak = measured bf16 matmul.
-2. Data path: the time `landcover.data` takes to produce a batch (index into the in-RAM uint8
+2. Data path: the time `landcover.data.shards` takes to produce a batch (index into the in-RAM uint8
    shard, random flip/rot90, normalise) as a fraction of the step. Goal: < 2 %.
 3. Loader: samples/s of the in-RAM shard (after its one-time load, reported too) vs reading
    random 256 px windows from the GeoTIFFs every step, as TorchGeo does (RasterDataset +
@@ -44,9 +44,9 @@ import rasterio.windows
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from landcover.data import ShardDataset, gather_chips, normalise, random_ops
-from landcover.models import build_model
-from landcover.train import cpu_model_name, segmentation_loss, usable_cores
+from landcover.data.shards import ShardDataset, gather_chips, normalise, random_ops
+from landcover.models.registry import build_model
+from landcover.training import cpu_model_name, segmentation_loss, usable_cores
 from tiling.store import load_shard_into_memory, open_store
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
@@ -443,7 +443,7 @@ def scaling(store: str, work: Path, batch: int, *, epochs: int) -> None:
     for nproc in (1, 2):
         run = work / f"run-{nproc}"
         command = [
-            sys.executable, "-m", "landcover.cli", "-q", "train", store, "--out", str(run),
+            sys.executable, "-m", "landcover.cli.app", "-q", "train", store, "--out", str(run),
             "--nproc", str(nproc), "--threads", "1", "--epochs", str(epochs),
             "--batch-size", str(batch), "--device", "cpu", "--overwrite",
         ]  # fmt: skip

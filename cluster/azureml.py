@@ -9,7 +9,7 @@ create -f`) accept:
 - `job.yaml`: a command job on that compute, `instance_count = targetNodeCount`,
   `distribution: pytorch` with `process_count_per_instance = processesPerNode`, the chip store
   as input `store` (`uri_folder`, mode `ro_mount` or `direct` from data.mode), the run dir as
-  output `run`, and the command `python -m landcover.train ${{inputs.store}} --out
+  output `run`, and the command `python -m landcover.training ${{inputs.store}} --out
   ${{outputs.run}} ...`.
 
 `launch` needs the SDK and credentials. Credentials are checked before anything else, and
@@ -167,7 +167,7 @@ class AzureMLEngine:
         if environment:
             document["environment_variables"] = environment
         if aml.code is not None:
-            # the uploaded snapshot is the working directory: `-m landcover.train` finds it
+            # the uploaded snapshot is the working directory: `-m landcover.training` finds it
             document["code"] = str(Path(aml.code).resolve())
         compute = {
             "$schema": COMPUTE_SCHEMA,

@@ -37,7 +37,7 @@ from cluster.errors import ClusterError
 from cluster.redact import Redactor, collect_secret_values
 from cluster.spec import ClusterSpec, local_cpu_count
 
-DEFAULT_ENTRY_MODULE = "landcover.train"
+DEFAULT_ENTRY_MODULE = "landcover.training"
 
 
 @dataclass(frozen=True, slots=True)

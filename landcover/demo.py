@@ -29,14 +29,14 @@ from shapely.geometry import Polygon, mapping
 from shapely.ops import transform as shapely_transform
 
 from cluster.spec import ClusterSpec, load_cluster_spec, local_spec
-from cluster.sweep import SweepConfig, SweepResult, run_sweep, spec_for_workers
 from landcover.atomic import write_text_atomic
 from landcover.errors import LandcoverError
-from landcover.evaluate import EvaluateConfig, Evaluation, evaluate_prediction, write_report
-from landcover.predict import PredictConfig, PredictResult, predict_region
-from landcover.region import parse_region
-from landcover.report import ReportPaths, write_scaling_report
-from landcover.runs import load_runs
+from landcover.evaluation import EvaluateConfig, Evaluation, evaluate_prediction, write_report
+from landcover.prediction.region import parse_region
+from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
+from landcover.scaling.report import ReportPaths, write_scaling_report
+from landcover.scaling.runs import load_runs
+from landcover.scaling.sweep import SweepConfig, SweepResult, run_sweep, spec_for_workers
 from tiling.synth import SynthConfig, SynthResult, synthesize_scenes
 from tiling.tile import TileConfig, TileResult, tile
 

@@ -1,4 +1,4 @@
-"""A tiny stand-in for `python -m landcover.train`, so the engines are tested without a model.
+"""A tiny stand-in for `python -m landcover.training`, so the engines are tested without a model.
 
 `python -m tests.cluster.fake_worker STORE --out RUN_DIR [--epochs E] [--resume] [--threads K]
 [--die-at-epoch K [--die-rank R]] [--fail]`

@@ -79,7 +79,7 @@ def test_planned_yaml_loads_with_azure_ai_ml(tmp_path: Path) -> None:
     assert loaded.outputs["run"].type == "uri_folder"
     command = loaded.command
     assert command.startswith(
-        "python -m landcover.train ${{inputs.store}} --out ${{outputs.run}} --epochs 3"
+        "python -m landcover.training ${{inputs.store}} --out ${{outputs.run}} --epochs 3"
     )
     assert command.endswith("--resume --threads 6")  # 24 vCPUs / 4 processes
     assert loaded.environment_variables == {"OMP_NUM_THREADS": "6"}

@@ -84,7 +84,7 @@ def test_plan_files_are_not_overwritten_silently(tmp_path: Path) -> None:
 def test_cluster_imports_neither_landcover_nor_torch_nor_the_azure_sdk() -> None:
     code = (
         "import sys\n"
-        "import cluster.spec, cluster.engine, cluster.local, cluster.sweep\n"
+        "import cluster.spec, cluster.engine, cluster.local\n"
         "import cluster.azureml, cluster.kubernetes, cluster.redact\n"
         "print(sorted(m for m in ('torch', 'landcover', 'azure.ai.ml', 'azure.identity')"
         " if m in sys.modules))\n"

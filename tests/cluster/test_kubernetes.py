@@ -97,7 +97,7 @@ def test_manifest_has_the_structure_kubeflow_requires() -> None:
     assert command[:2] == ["/bin/sh", "-c"]
     assert "python -m torch.distributed.run" in command[2]
     assert (
-        "--nproc-per-node 4 --max-restarts 2 -m landcover.train az://chips/naip.zarr"
+        "--nproc-per-node 4 --max-restarts 2 -m landcover.training az://chips/naip.zarr"
         in (command[2])
     )
     assert command[2].endswith("--out /shared/runs/a --resume --threads 6")

@@ -3,7 +3,7 @@
 The mechanics (streaming, redaction, stopping the other agents, timeouts) are tested with plain
 Python commands standing in for torchrun agents, which start in milliseconds; one real torchrun
 launch checks that a failing worker comes back as a LaunchError naming its log. The elastic
-restart with real agents is tested through the CLI (tests/landcover/test_cli_cluster.py).
+restart with real agents is tested through the CLI (tests/landcover/cli/test_cluster.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_plan_is_one_torchrun_agent_per_simulated_node(tmp_path: Path) -> None:
         assert command[:3] == (sys.executable, "-m", "torch.distributed.run")
         assert f"--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {host}" in text
         assert f"--rdzv-conf is_host={1 - min(node, 1)},last_call_timeout=1" in text
-        assert "--max-restarts 2 -m landcover.train chips.zarr --out" in text
+        assert "--max-restarts 2 -m landcover.training chips.zarr --out" in text
         assert text.endswith(f"--epochs 2 --resume --threads {threads}")
     assert plan.env["OMP_NUM_THREADS"] == str(threads)
     assert plan.log_dir == str(tmp_path / "run" / "logs")

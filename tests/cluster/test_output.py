@@ -27,7 +27,7 @@ Traceback (most recent call last):
     raise ChildFailedError(
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n\
 ============================================================
-landcover.train FAILED
+landcover.training FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>
@@ -38,7 +38,7 @@ Root Cause (first observed failure):
   exitcode  : 2 (pid: 7673)
 ============================================================
 """
-PROGRESS = "2026-11-23 16:29:05,102 rank 0 INFO landcover.train: epoch 2/2: val mIoU 0.41"
+PROGRESS = "2026-11-23 16:29:05,102 rank 0 INFO landcover.training: epoch 2/2: val mIoU 0.41"
 
 
 @pytest.mark.parametrize("stop_after_failure", [True, False])

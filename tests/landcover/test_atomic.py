@@ -13,8 +13,8 @@ from torch import nn
 
 from landcover import atomic
 from landcover.atomic import write_atomic, write_bytes_atomic
-from landcover.modelfile import ModelMeta, save_model_file
-from landcover.rundir import write_json_atomic
+from landcover.models.modelfile import ModelMeta, save_model_file
+from landcover.training.rundir import write_json_atomic
 from tiling.classes import get_class_map
 
 

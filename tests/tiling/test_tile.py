@@ -263,7 +263,7 @@ def test_a_killed_subprocess_resumes_to_the_same_store(scenes: Scenes, tmp_path:
         "    real(self, *a); calls[0] += 1\n"
         "    if calls[0] == 3: os.kill(os.getpid(), 9)\n"
         "ChipStoreWriter.append_encoded = append\n"
-        "from landcover.cli import main\n"
+        "from landcover.cli.app import main\n"
         "main(sys.argv[1:])\n"
     )
 
@@ -291,7 +291,7 @@ def test_a_killed_subprocess_resumes_to_the_same_store(scenes: Scenes, tmp_path:
     assert not open_store(str(tmp_path / "k.zarr")).summary.complete
     for out in ("k.zarr", "clean.zarr"):
         done = subprocess.run(
-            [sys.executable, "-m", "landcover.cli", *args(out)],
+            [sys.executable, "-m", "landcover.cli.app", *args(out)],
             capture_output=True,
             timeout=120,
             text=True,

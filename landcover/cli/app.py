@@ -1,0 +1,206 @@
+"""The `landcover` command. Thin: parse options, build a config, call the library.
+
+Subcommands live in `landcover.cli.*` modules and are imported only when invoked, so
+`landcover info` does not pay for importing torch. Errors of our packages (bad input) are
+printed as one line on stderr with exit code 2; anything else is a bug and still gets one
+line (exit 3) unless `-v` asks for the traceback.
+
+The process, whatever the command:
+- SIGTERM (a scheduler's cancel, `kill`, a container stop) raises `Terminated` in the main
+  thread, so every `finally` and context manager removes its temp files; exit 143, one line.
+- A reader that closes the pipe (`landcover info store | head -1`) ends the command quietly
+  with exit 141, as if SIGPIPE had killed it, instead of a BrokenPipeError.
+- Warnings of the libraries (rasterio's NotGeoreferencedWarning, torch's UserWarning) go
+  through logging as one line each; `-v` adds where they were raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import click
+
+from cluster.errors import ClusterError
+from landcover.errors import LandcoverError
+from landcover.warnlog import warning_logger
+from tiling.errors import TilingError
+
+USER_ERRORS: tuple[type[BaseException], ...] = (TilingError, LandcoverError, ClusterError)
+
+# name → "module:attribute" of a click command or group
+COMMANDS: dict[str, str] = {
+    "synth": "landcover.cli.tiling:synth_command",
+    "tile": "landcover.cli.tiling:tile_command",
+    "info": "landcover.cli.tiling:info_command",
+    "train": "landcover.cli.train:train_command",
+    "cluster": "landcover.cli.cluster:cluster_group",
+    "scale": "landcover.cli.cluster:scale_command",
+    "report": "landcover.cli.report:report_group",
+    "predict": "landcover.cli.predict:predict_command",
+    "evaluate": "landcover.cli.predict:evaluate_command",
+    "demo": "landcover.cli.demo:demo_command",
+}
+
+SHORT_HELP: dict[str, str] = {
+    "synth": "Write synthetic NAIP-like scenes and Chesapeake labels.",
+    "tile": "Cut GeoTIFFs into a sharded Zarr v3 chip store.",
+    "info": "Describe a chip store.",
+    "train": "Train a segmentation model on a chip store (DDP).",
+    "cluster": "Plan or launch training on the cluster in cluster.json.",
+    "scale": "Train at several worker counts for a scaling curve.",
+    "report": "Reports from training runs (scaling curves).",
+    "predict": "Predict a land-cover COG for a region.",
+    "evaluate": "Score a land-cover raster against truth.",
+    "demo": "Run the whole pipeline on generated data.",
+}
+
+
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143, what a shell reports for a process SIGTERM killed
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived. A SystemExit, not an Exception: `except Exception` blocks let it pass
+    and only cleanup (`finally`, `with`) runs on its way out."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_SIGTERM)
+
+
+@contextlib.contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Terminated` in the main thread. A second SIGTERM is
+    ignored while the first one's cleanup runs (SIGKILL still ends the process). Does nothing
+    outside the main thread, where Python cannot install signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def log_warnings(*, verbose: bool) -> None:
+    """Send `warnings.warn` through the `py.warnings` logger as one line each (the file and
+    line too with `verbose`). Like logging.captureWarnings, lasts until the interpreter exits
+    (or a warnings.catch_warnings block ends)."""
+    warnings.showwarning = warning_logger(logging.getLogger("py.warnings"), verbose=verbose)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reading end is closed: a BrokenPipeError
+    from anything else (a socket to storage, a child process) is a real error."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):
+        return False
+    return any(mask & select.POLLERR for _, mask in events)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again (the
+    recipe of the Python docs for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, SHORT_HELP.get(name, "")) for name in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as exc:
+            raise UserFacingError(str(exc), exit_code=2) from exc
+        except KeyboardInterrupt:
+            raise UserFacingError("interrupted", exit_code=130) from None
+        except Terminated:
+            raise UserFacingError("terminated (SIGTERM)", exit_code=EXIT_SIGTERM) from None
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+                _silence_stdout()
+                raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+            if ctx.obj and ctx.obj.get("verbose", 0) > 0:
+                raise
+            raise UserFacingError(
+                f"internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
+                exit_code=3,
+            ) from exc
+
+
+class UserFacingError(click.ClickException):
+    """One line on stderr, no traceback."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        super().__init__(message.splitlines()[0] if message else "error")
+        self.exit_code = exit_code  # type: ignore[misc]
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
+@click.version_option(package_name="landcover")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """landcover: aerial imagery to land-cover maps at scale."""
+    ctx.ensure_object(dict)
+    ctx.obj["verbose"] = verbose
+    ctx.obj["quiet"] = quiet
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    log_warnings(verbose=verbose > 0)
+    # Installed here, in the group's callback, so that it covers every subcommand and a
+    # Terminated raised by it passes through LazyGroup.invoke's one-line mapping.
+    ctx.with_resource(terminate_on_sigterm())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,194 @@
+"""`landcover predict` and `landcover evaluate`: thin wrappers that build a config."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import click
+
+from landcover.cli.options import overwrite_option, storage_options_option
+from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
+
+logger = logging.getLogger(__name__)
+
+
+@click.command("predict")
+@click.argument("model")
+@click.argument("images", nargs=-1, required=True)
+@click.option("--out", required=True, help="Output land-cover COG (local path).")
+@click.option(
+    "--region",
+    default=None,
+    help="GeoJSON file (Feature, FeatureCollection or geometry) or WKT polygon. "
+    "Default: the union of the images.",
+)
+@click.option("--bbox", default=None, help="Region as W,S,E,N in --region-crs.")
+@click.option(
+    "--region-crs",
+    default=None,
+    help="CRS of --region / --bbox coordinates [default: EPSG:4326, or the GeoJSON's crs].",
+)
+@click.option("--dst-crs", default=None, help="Output CRS [default: the first image's].")
+@click.option(
+    "--resolution",
+    type=float,
+    default=None,
+    help="Output pixel size in --dst-crs units [default: the model's resolution]. "
+    "Grids above --max-pixels are refused.",
+)
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_PIXELS,
+    show_default=True,
+    help=f"Refuse an output grid with more pixels than this ({DEFAULT_MAX_PIXELS / 1e9:g} "
+    f"gigapixels: {DEFAULT_MAX_PIXELS**0.5 / 1000:g} x {DEFAULT_MAX_PIXELS**0.5 / 1000:g} km "
+    "at 1 m), before any work: a --resolution typo would otherwise fill the disk. Raise it "
+    "for larger regions.",
+)
+@click.option(
+    "--overlap",
+    type=int,
+    default=None,
+    help="Window overlap in px, blended smoothly [default: a quarter of the model's chip].",
+)
+@click.option("--batch-size", type=int, default=16, show_default=True, help="Windows per batch.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option(
+    "--probabilities",
+    default=None,
+    help="Also write per-class probabilities (uint8, scale 1/254, 255 = nodata) as a COG.",
+)
+@click.option(
+    "--block-size",
+    "block_px",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="Output block edge in px; memory grows with its square, not with the region.",
+)
+@click.option(
+    "--zero-nodata/--no-zero-nodata",
+    "zero_is_nodata",
+    default=True,
+    show_default=True,
+    help="In images that declare no nodata and have no mask, pixels 0 in all bands are "
+    "nodata (the black collar of reprojected NAIP). --no-zero-nodata keeps them as data.",
+)
+@overwrite_option
+@storage_options_option
+def predict_command(
+    model: str,
+    images: tuple[str, ...],
+    out: str,
+    region: str | None,
+    bbox: str | None,
+    region_crs: str | None,
+    dst_crs: str | None,
+    resolution: float | None,
+    max_pixels: int,
+    overlap: int | None,
+    batch_size: int,
+    device: str,
+    probabilities: str | None,
+    block_px: int,
+    zero_is_nodata: bool,
+    overwrite: bool,
+    storage_options: dict[str, Any],
+) -> None:
+    """Predict a land-cover map of a region from MODEL and IMAGES (paths, globs, az:// URLs)."""
+    from landcover.errors import RegionError
+    from landcover.prediction.region import DEFAULT_REGION_CRS, parse_bbox, parse_region
+    from landcover.prediction.runner import PredictConfig, predict_region
+
+    if region is not None and bbox is not None:
+        raise RegionError("give either --region or --bbox, not both")
+    parsed = None
+    if region is not None:
+        parsed = parse_region(region, crs=region_crs)
+    elif bbox is not None:
+        parsed = parse_bbox(bbox, crs=region_crs or DEFAULT_REGION_CRS)
+    config = PredictConfig(
+        model=model,
+        images=images,
+        out=out,
+        region=parsed,
+        dst_crs=dst_crs,
+        resolution=resolution,
+        overlap_px=overlap,
+        batch_size=batch_size,
+        device=device,
+        probabilities=probabilities,
+        overwrite=overwrite,
+        block_px=block_px,
+        storage_options=storage_options,
+        max_pixels=max_pixels,
+        zero_is_nodata=zero_is_nodata,
+    )
+    result = predict_region(config)  # SIGTERM: cli.main's handler lets cleanup run
+    grid = result.grid
+    epsg = grid.crs.to_epsg()
+    crs_name = f"EPSG:{epsg}" if epsg else grid.crs.to_string()
+    click.echo(
+        f"wrote {result.out}: {grid.width} x {grid.height} px at {grid.resolution:g} "
+        f"({crs_name}), {result.valid_pixels:,} px predicted from {len(result.sources)} "
+        f"image(s) in {result.elapsed_s:.1f} s"
+    )
+    if result.probabilities:
+        click.echo(f"wrote {result.probabilities}")
+
+
+@click.command("evaluate")
+@click.argument("prediction")
+@click.option(
+    "--truth",
+    multiple=True,
+    required=True,
+    help="Truth raster(s): paths, globs or URLs; repeat the option for several.",
+)
+@click.option(
+    "--class-map",
+    default=None,
+    help="Remap of the truth's raw codes [default: the prediction's class map].",
+)
+@click.option(
+    "--out", "out_dir", default=None, help="Write metrics.json, metrics.md and confusion.png here."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@overwrite_option
+@storage_options_option
+def evaluate_command(
+    prediction: str,
+    truth: tuple[str, ...],
+    class_map: str | None,
+    out_dir: str | None,
+    as_json: bool,
+    overwrite: bool,
+    storage_options: dict[str, Any],
+) -> None:
+    """Score PREDICTION (a land-cover raster) against truth rasters."""
+    from landcover.evaluation import (
+        EvaluateConfig,
+        check_report_target,
+        evaluate_prediction,
+        write_report,
+    )
+
+    config = EvaluateConfig(
+        prediction=prediction,
+        truth=truth,
+        class_map=class_map,
+        storage_options=storage_options,
+    )
+    if out_dir is not None:  # fail before the work, not after it
+        check_report_target(out_dir, overwrite=overwrite)
+    evaluation = evaluate_prediction(config)
+    if out_dir is not None:
+        for path in write_report(evaluation, out_dir, overwrite=overwrite):
+            logger.info("wrote %s", path)
+    if as_json:
+        click.echo(json.dumps(evaluation.to_json(), indent=2))
+    else:
+        click.echo(evaluation.to_markdown(), nl=False)

@@ -1,0 +1,354 @@
+"""`landcover synth`, `landcover tile` and `landcover info`: thin wrappers over `tiling`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from landcover.cli.options import overwrite_option, storage_options_option
+from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
+from tiling.errors import StoreCorruptError
+from tiling.store import StoreSummary, open_store
+from tiling.tile import TileConfig, TilePlan, available_cores, plan_tiling, tile
+from tiling.urls import check_storage_options
+
+DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
+
+
+def _mb(n_bytes: int) -> str:
+    if n_bytes >= 10**9:
+        return f"{n_bytes / 1e9:.2f} GB"
+    return f"{n_bytes / 1e6:.1f} MB"
+
+
+@contextmanager
+def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A tqdm bar on stderr when it is a terminal, else nothing."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="chip", desc="tile", file=sys.stderr) as bar:
+        yield bar.update
+
+
+@click.command("synth")
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--scenes", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--size",
+    "size_px",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="Scene width and height in pixels.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
+    """Write synthetic NAIP-like scenes and Chesapeake labels to OUT_DIR."""
+    from tiling.synth import SynthConfig, synthesize_scenes
+
+    result = synthesize_scenes(
+        SynthConfig(out_dir=out_dir, scenes=scenes, size_px=size_px, seed=seed)
+    )
+    images = Path(result.image_paths[0]).parent if result.image_paths else out_dir
+    labels = Path(result.label_paths[0]).parent if result.label_paths else out_dir
+    click.echo(
+        f"wrote {len(result.image_paths)} scenes of {size_px} x {size_px} px: "
+        f"images in {images}, labels in {labels}"
+    )
+    click.echo(f"next: landcover tile '{images}/*.tif' --labels '{labels}' --out chips.zarr")
+
+
+@click.command("tile")
+@click.argument("images", nargs=-1, required=True)
+@click.option(
+    "--labels",
+    multiple=True,
+    help="Label rasters: a file, directory or quoted glob (repeatable). Matched to "
+    "images by footprint, warped onto the image grid. Omit for an images-only store.",
+)
+@click.option("--out", required=True, help="Store URL: path, NFS path, az://container/x.zarr.")
+@click.option("--chip-size", type=int, default=256, show_default=True, help="Chip side in px.")
+@click.option("--stride", type=int, default=None, help="Step between chips in px [chip size].")
+@click.option(
+    "--shard-size", type=int, default=64, show_default=True, help="Chips per shard object."
+)
+@click.option(
+    "--min-valid",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Skip chips whose valid fraction (image or label) is below this.",
+)
+@click.option(
+    "--class-map",
+    type=click.Choice(available_class_maps()),
+    default=DEFAULT_CLASS_MAP,
+    show_default=True,
+    help="Remap of raw label values onto the class table.",
+)
+@click.option(
+    "--num-classes",
+    type=int,
+    default=None,
+    help="Classes incl. nodata 0, for --class-map identity.",
+)
+@click.option(
+    "--val-fraction",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Share of ground blocks (4 x 4 chips on one grid for all images) held out for "
+    "validation; a place is in one split whatever image it came from, and any run with two "
+    "or more blocks gets at least one val block.",
+)
+@click.option(
+    "--no-zero-nodata",
+    "zero_nodata",
+    flag_value=False,
+    default=True,
+    help="Keep pixels that are 0 in all four bands as imagery. By default they are nodata "
+    "when a file declares no nodata value and no mask (black collars of NAIP quads).",
+)
+@click.option(
+    "--workers", type=int, default=None, help=f"Reader threads [all cores: {available_cores()}]."
+)
+@storage_options_option
+@overwrite_option
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Check the inputs, print chips, bytes and RAM per worker; write nothing.",
+)
+@click.pass_context
+def tile_command(
+    ctx: click.Context,
+    images: tuple[str, ...],
+    labels: tuple[str, ...],
+    out: str,
+    chip_size: int,
+    stride: int | None,
+    shard_size: int,
+    min_valid: float,
+    class_map: str,
+    num_classes: int | None,
+    val_fraction: float,
+    zero_nodata: bool,
+    workers: int | None,
+    storage_options: Mapping[str, Any],
+    overwrite: bool,
+    dry_run: bool,
+) -> None:
+    """Cut IMAGES (paths, quoted globs or URLs) into a sharded Zarr v3 chip store at --out.
+
+    Rerunning the same command resumes an interrupted store; a complete store or one written
+    with other options is refused unless --overwrite.
+    """
+    config = TileConfig(
+        images=images,
+        out=out,
+        labels=labels,
+        chip_size=chip_size,
+        stride=stride,
+        shard_size=shard_size,
+        min_valid=min_valid,
+        class_map=class_map,
+        num_classes=num_classes,
+        val_fraction=val_fraction,
+        workers=workers,
+        storage_options=dict(storage_options),
+        overwrite=overwrite,
+        zero_is_nodata=zero_nodata,
+    )
+    plan = plan_tiling(config)
+    if dry_run:
+        for line in describe_plan(plan):
+            click.echo(line)
+        return
+    quiet = bool(ctx.obj and ctx.obj.get("quiet"))
+    with _progress_bar(plan.max_chips, enabled=not quiet) as progress:
+        result = tile(config, plan=plan, progress=progress)
+    s = result.summary
+    resumed = f", {result.sources_resumed} resumed" if result.sources_resumed else ""
+    skipped = _skipped_note(plan)
+    click.echo(
+        f"wrote {out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) from "
+        f"{len(s.sources)} sources{resumed}{skipped} in {result.elapsed_s:.1f} s "
+        f"with {result.workers} workers"
+    )
+
+
+def _skipped_note(plan: TilePlan) -> str:
+    n = len(plan.skipped)
+    if not n:
+        return ""
+    return f" ({n} image{'s' if n > 1 else ''} smaller than --chip-size skipped)"
+
+
+def describe_plan(plan: TilePlan) -> list[str]:
+    """The --dry-run report."""
+    p = plan.params
+    labels = f"{len(p.labels)} label rasters ({p.class_map.name})" if p.class_map else "no labels"
+    blocks, val_blocks = plan.num_blocks
+    lines = [
+        f"sources: {len(plan.sources)} images, {labels}{_skipped_note(plan)}",
+        f"chips: up to {plan.max_chips} (train {plan.max_train}, val {plan.max_val}) of "
+        f"{p.chip_size} px, stride {p.stride}, {p.shard_size} per shard; --min-valid "
+        f"{p.min_valid} drops some",
+        f"split: {val_blocks} of {blocks} ground blocks of {plan.split.edge_m:g} m "
+        f"({plan.split.crs}) are val",
+        f"bytes: up to {_mb(plan.raw_bytes)} uncompressed (images + labels), "
+        f"{plan.chip_bytes} bytes per chip",
+        "RAM per training worker (train split in memory):",
+    ]
+    for n in DRY_RUN_WORLD_SIZES:
+        lines.append(f"  {n} worker{'s' if n > 1 else ' '}: {_mb(plan.ram_per_worker_bytes(n))}")
+    return lines
+
+
+@click.command("info")
+@click.argument("store")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also read every chip and check every checksum (reads the whole store). Without "
+    "it, info lists the store's objects to find missing ones.",
+)
+@storage_options_option
+def info_command(
+    store: str, as_json: bool, verify: bool, storage_options: Mapping[str, Any]
+) -> None:
+    """Describe the chip store at STORE (chips, splits, classes, band stats, sources).
+
+    Exits with status 2 when the store is damaged (shard objects missing, or with --verify
+    any checksum failing), after describing it.
+    """
+    check_storage_options([store], storage_options)
+    chip_store = open_store(store, storage_options=dict(storage_options))
+    summary = chip_store.summary
+    stored = chip_store.stored_bytes()
+    damage = chip_store.missing_objects()
+    corrupt: StoreCorruptError | None = None
+    if verify and not damage:
+        try:
+            chip_store.verify()
+        except StoreCorruptError as exc:
+            corrupt = exc
+            damage = [str(exc).split(": ", 1)[1].split(";", 1)[0]]
+    if as_json:
+        click.echo(json.dumps(summary_json(store, summary, stored, damage=damage), indent=2))
+    else:
+        for line in describe_summary(store, summary, stored, damage=damage):
+            click.echo(line)
+    if corrupt is not None:
+        raise corrupt
+    if damage:
+        raise StoreCorruptError(
+            f"{store}: {len(damage)} shard object{'s' if len(damage) > 1 else ''} missing "
+            f"({damage[0]}{', ...' if len(damage) > 1 else ''}); the store is damaged, "
+            f"re-tile with: landcover tile <the same inputs and options> --out {store} "
+            "--overwrite"
+        )
+
+
+def _state(s: StoreSummary, damage: list[str]) -> str:
+    if damage:
+        return "DAMAGED"
+    state = "complete" if s.complete else "incomplete (rerun the tile command to resume)"
+    if not s.integrity_checked:
+        state += "; integrity not checkable (older format: re-tile with --overwrite)"
+    return state
+
+
+def summary_json(
+    url: str, s: StoreSummary, stored_bytes: int, *, damage: list[str] | None = None
+) -> dict[str, Any]:
+    return {
+        "url": url,
+        "format_version": s.format_version,
+        "complete": s.complete,
+        "damaged": list(damage or []),
+        "integrity_checked": s.integrity_checked,
+        "split_block_m": s.split_block_m,
+        "chip_size": s.chip_size,
+        "stride": s.stride,
+        "shard_size": s.shard_size,
+        "bands": list(s.bands),
+        "chips": s.num_chips,
+        "train": s.num_train,
+        "val": s.num_val,
+        "val_fraction": s.val_fraction,
+        "has_labels": s.has_labels,
+        "class_map": s.class_map.name if s.class_map else None,
+        "classes": (
+            [
+                {"code": c.code, "name": c.name, "pixels": s.class_counts[c.code]}
+                for c in s.class_map.classes
+            ]
+            if s.class_map
+            else []
+        ),
+        "band_mean": list(s.band_mean),
+        "band_std": list(s.band_std),
+        "resolution_m": s.resolution_m,
+        "bytes_on_disk": stored_bytes,
+        "sources": [
+            {
+                "id": r.id,
+                "path": r.path,
+                "shape": list(r.shape),
+                "chips": r.chips,
+                "train": r.train_chips,
+                "val": r.val_chips,
+                "resolution_m": r.resolution_m,
+            }
+            for r in s.sources
+        ],
+    }
+
+
+def describe_summary(
+    url: str, s: StoreSummary, stored_bytes: int, *, damage: list[str] | None = None
+) -> list[str]:
+    damage = list(damage or [])
+    lines = [
+        f"store: {url} (format version {s.format_version}, {_state(s, damage)})",
+        f"chips: {s.num_chips} of {s.chip_size} x {s.chip_size} px "
+        f"(train {s.num_train}, val {s.num_val}), stride {s.stride}, {s.shard_size} per shard",
+        f"bytes on disk: {_mb(stored_bytes)} ({_mb(s.num_chips * s.chip_bytes)} uncompressed)",
+        "bands:  " + "  ".join(f"{b:>7}" for b in s.bands),
+        "  mean: " + "  ".join(f"{m:7.2f}" for m in s.band_mean),
+        "  std:  " + "  ".join(f"{d:7.2f}" for d in s.band_std),
+    ]
+    if s.class_map:
+        total = sum(s.class_counts) or 1
+        lines.append(f"classes ({s.class_map.name}):")
+        for c in s.class_map.classes:
+            n = s.class_counts[c.code]
+            lines.append(f"  {c.code:3d} {c.name:<22} {n:>14,d} px {100 * n / total:6.2f} %")
+    else:
+        lines.append("labels: none (images-only store)")
+    if damage:
+        lines.append(f"damaged: {len(damage)} shard objects missing or corrupt:")
+        lines.extend(f"  {d}" for d in damage[:10])
+        if len(damage) > 10:
+            lines.append(f"  ... and {len(damage) - 10} more")
+    if s.split_block_m:
+        lines.append(
+            f"split: ground blocks of {s.split_block_m:g} m, val fraction {s.val_fraction}"
+        )
+    lines.append(f"sources: {len(s.sources)}")
+    for r in s.sources[:20]:
+        lines.append(f"  {r.id:4d} {r.path}  {r.shape[0]} x {r.shape[1]} px, {r.chips} chips")
+    if len(s.sources) > 20:
+        lines.append(f"  ... and {len(s.sources) - 20} more (--json lists all)")
+    return lines

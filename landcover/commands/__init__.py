@@ -1,1 +1,0 @@
-"""Click commands of the `landcover` CLI, one module per stage; `landcover.cli` assembles them."""

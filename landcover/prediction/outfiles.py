@@ -1,0 +1,208 @@
+"""The files a prediction writes: checked before the run, written beside the output under
+temporary names, turned into COGs and renamed into place only when everything succeeded.
+
+`check_outputs` runs before the model is loaded: an output that cannot be written fails in a
+second, not after an hour of inference. `TempOutputs` is a context manager: its temporary
+files go on every way out of the `with` block (an error, Ctrl-C, or SIGTERM once the CLI turns
+it into an exception), so a rerun never finds a half-written file, and only `commit` puts the
+finished COGs at the output names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import rasterio
+import rasterio.shutil
+
+from landcover.classes import NODATA_CODE, colormap
+from landcover.errors import LandcoverError, OutputExistsError, PredictionError
+from landcover.models.modelfile import ModelMeta
+from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, TAG_MODEL, OutputGrid
+
+# Probabilities are stored as round(p * 254); 255 marks pixels outside the region.
+PROBABILITY_SCALE = 254
+PROBABILITY_NODATA = 255
+COG_BLOCK_PX = 512
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPaths:
+    """The class map and, optionally, the probabilities raster (local paths)."""
+
+    out: str
+    probabilities: str | None = None
+
+
+def check_outputs(out: str, probabilities: str | None, *, overwrite: bool) -> OutputPaths:
+    """Fail now if an output cannot be written: remote, a directory, existing without
+    `overwrite`, or where no file can be created (missing directories are fine: they are
+    created when writing starts)."""
+    out = _local(out, "--out")
+    probabilities = None if not probabilities else _local(probabilities, "--probabilities")
+    paths = [("--out", out)] + ([("--probabilities", probabilities)] if probabilities else [])
+    for option, path in paths:
+        if Path(path).is_dir():
+            raise PredictionError(
+                f"{option} {path} is a directory; give a file name like {Path(path) / 'lc.tif'}"
+            )
+        if Path(path).exists() and not overwrite:
+            raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")
+        _check_directory_writable(option, path)
+    if probabilities and Path(probabilities).resolve() == Path(out).resolve():
+        raise PredictionError("--probabilities must name a different file than --out")
+    return OutputPaths(out, probabilities)
+
+
+def _local(path: str, option: str) -> str:
+    if path.startswith("file://"):
+        return path.removeprefix("file://")
+    if "://" in path:
+        raise PredictionError(
+            f"{option} {path}: outputs are written to a local path; write locally, then upload"
+        )
+    return path
+
+
+def _check_directory_writable(option: str, path: str) -> None:
+    # Missing directories are created when writing starts; the nearest existing one must
+    # take new entries now.
+    parent = Path(path).absolute().parent
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise PredictionError(f"{option} {path}: {existing} is not a directory")
+    # Permissions alone do not tell (root, read-only mounts, /proc): create a file to know.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{Path(path).name}.", suffix=".probe", dir=existing)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PredictionError(
+            f"{option} {path}: cannot create files in {existing} ({reason}); choose a "
+            "writable directory"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+class TempOutputs:
+    """Temporary names beside each output: the tiled GeoTIFFs written block by block, then
+    their COGs. Use as a context manager; leaving it removes whatever was not committed."""
+
+    def __init__(self, outputs: OutputPaths) -> None:
+        token = uuid.uuid4().hex[:8]
+        out, prob = outputs.out, outputs.probabilities
+        self.out, self.prob = out, prob
+        self.tiles_out = _temp_name(out, token, "tiles")
+        self.cog_out = _temp_name(out, token, "cog")
+        self.tiles_prob = None if prob is None else _temp_name(prob, token, "tiles")
+        self.cog_prob = None if prob is None else _temp_name(prob, token, "cog")
+
+    def __enter__(self) -> TempOutputs:
+        for path in (self.out, self.prob):
+            if path is not None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove_all()
+
+    def commit(self) -> None:
+        """Rename the COGs into place."""
+        # The probabilities first: the class map appearing is the sign that the run finished.
+        if self.prob is not None and self.cog_prob is not None:
+            os.replace(self.cog_prob, self.prob)
+        os.replace(self.cog_out, self.out)
+
+    def remove_all(self) -> None:
+        """Delete every temporary file (and GDAL's .aux.xml side files) that exists."""
+        for path in (self.tiles_out, self.cog_out, self.tiles_prob, self.cog_prob):
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
+                Path(path + ".aux.xml").unlink(missing_ok=True)
+
+
+def _temp_name(path: str, token: str, kind: str) -> str:
+    target = Path(path)
+    return str(target.parent / f".{target.name}.{token}.{kind}.part.tif")
+
+
+def class_profile(grid: OutputGrid) -> dict[str, Any]:
+    """Creation options of the tiled class GeoTIFF written block by block."""
+    return {
+        "driver": "GTiff",
+        "width": grid.width,
+        "height": grid.height,
+        "count": 1,
+        "dtype": "uint8",
+        "crs": grid.crs,
+        "transform": grid.transform,
+        "nodata": NODATA_CODE,
+        "tiled": True,
+        "blockxsize": COG_BLOCK_PX,
+        "blockysize": COG_BLOCK_PX,
+        "compress": "deflate",
+        "zlevel": 1,  # an intermediate file: speed over size
+        "bigtiff": "if_safer",
+        "sparse_ok": True,  # blocks outside the region are never written: they read as nodata
+    }
+
+
+def probability_profile(grid: OutputGrid, meta: ModelMeta) -> dict[str, Any]:
+    """Creation options of the tiled probabilities GeoTIFF (one band per class but nodata)."""
+    profile = class_profile(grid)
+    profile.update(count=meta.num_classes - 1, nodata=PROBABILITY_NODATA, interleave="pixel")
+    return profile
+
+
+def describe_class_raster(dst: Any, meta: ModelMeta) -> None:
+    """Colour table, band description and class tags of the class raster."""
+    dst.write_colormap(1, colormap(meta.class_map))
+    dst.set_band_description(1, "land cover class")
+    dst.update_tags(**_class_tags(meta))
+
+
+def describe_probability_raster(dst: Any, meta: ModelMeta) -> None:
+    """Band names p(class), the 1/254 scale and the class tags of the probabilities raster."""
+    for code, name in enumerate(meta.class_map.class_names[1:], start=1):
+        dst.set_band_description(code, f"p({name})")
+    dst.scales = tuple(1 / PROBABILITY_SCALE for _ in range(meta.num_classes - 1))
+    dst.offsets = tuple(0.0 for _ in range(meta.num_classes - 1))
+    dst.update_tags(**_class_tags(meta))
+
+
+def _class_tags(meta: ModelMeta) -> dict[str, str]:
+    return {
+        TAG_CLASS_MAP: json.dumps(meta.class_map.to_json(), separators=(",", ":")),
+        TAG_CLASS_NAMES: json.dumps(meta.class_map.class_names),
+        TAG_MODEL: meta.architecture,
+    }
+
+
+def to_cog(src: str, dst: str, *, resampling: str) -> None:
+    """Copy a tiled GeoTIFF to a Cloud-Optimized GeoTIFF with overviews by `resampling`."""
+    try:
+        rasterio.shutil.copy(
+            src,
+            dst,
+            driver="COG",
+            COMPRESS="DEFLATE",
+            BLOCKSIZE=COG_BLOCK_PX,
+            OVERVIEW_RESAMPLING=resampling,
+            BIGTIFF="IF_SAFER",
+            NUM_THREADS="ALL_CPUS",
+            SPARSE_OK="TRUE",
+        )
+    except rasterio.errors.RasterioIOError as exc:
+        raise LandcoverError(f"{dst}: could not write the COG ({exc})".splitlines()[0]) from None

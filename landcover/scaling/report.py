@@ -1,0 +1,413 @@
+"""Scaling report: the curves of `landcover.scaling.curves` written as PNG plots, a Markdown
+page and a
+self-contained HTML page (one document model rendered both ways).
+
+`build_scaling_report` and the curve types are re-exported from `landcover.scaling.curves`, which
+decides which runs are comparable and computes speed-up, fits and projections.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.vmsizes import Network
+from landcover.atomic import write_bytes_atomic
+from landcover.errors import OutputExistsError, ReportError
+from landcover.scaling.curves import (
+    DEFAULT_PROJECT_TO,
+    CurveKey,
+    CurveProjection,
+    ScalingCurve,
+    ScalingReport,
+    ScalingRow,
+    build_scaling_report,
+    curve_key,
+    scaling_table,
+)
+from landcover.scaling.projection import describe_network
+from landcover.scaling.runs import RunSummary
+
+__all__ = [
+    "DEFAULT_PROJECT_TO",
+    "HTML_FILE",
+    "MARKDOWN_FILE",
+    "CurveKey",
+    "CurveProjection",
+    "ReportPaths",
+    "ScalingCurve",
+    "ScalingReport",
+    "ScalingRow",
+    "build_scaling_report",
+    "curve_key",
+    "format_seconds",
+    "report_markdown",
+    "scaling_table",
+    "write_report_files",
+    "write_scaling_report",
+]
+
+logger = logging.getLogger(__name__)
+
+MARKDOWN_FILE = "report.md"
+HTML_FILE = "report.html"
+TUTORIAL_EXPONENT = -0.80  # the exponent of the original Batch AI tutorial's scaling figure
+
+
+@dataclass(frozen=True, slots=True)
+class ReportPaths:
+    """Where write_report_files put the report."""
+
+    out_dir: Path
+    markdown: Path
+    html: Path
+    images: tuple[Path, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: one document model rendered to Markdown and to self-contained HTML
+
+
+@dataclass(frozen=True, slots=True)
+class _Heading:
+    level: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Paragraph:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Image:
+    filename: str
+    alt: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Bullets:
+    items: tuple[str, ...]
+
+
+_Block = _Heading | _Paragraph | _Table | _Image | _Bullets
+
+_RUN_HEADERS = (
+    *("device", "mode", "workers", "nodes", "epoch time (s)", "epochs run", "epochs used"),
+    *("step time (s)", "samples/s", "speed-up", "efficiency", "load time (s)", "comm/step"),
+    *("oversubscribed", "run"),
+)
+_PROJECTION_HEADERS = (
+    *("workers", "steps/epoch", "compute (s)", "comm (s)", "PROJECTED epoch time (s)"),
+    *("speed-up", "efficiency", "measured (s)", "error"),
+)
+_CURVE_NOTE = (
+    "Runs share a curve only when they differ in the worker count alone: same device, chip "
+    "store, model, per-worker batch and communication mode. Epoch time is the median of a "
+    "run's per-epoch training times over every epoch but the first (warm-up) when the run has "
+    "two or more epochs; it excludes validation and the one-time shard load, which has its own "
+    "column. Speed-up and efficiency compare samples per second (an epoch trains full batches "
+    "only, so epochs at different worker counts can train different sample counts) with the "
+    "smallest worker count among the curve's finished runs. A run marked incomplete recorded "
+    "fewer epochs than it planned without stopping early: it is shown but never fitted. The "
+    "per-worker batch is fixed and the dataset is split across workers, so the epoch scales "
+    "strongly while step time (epoch time / steps) is the weak-scaling view: ideally flat, "
+    "its growth with workers is communication and contention."
+)
+
+
+def write_scaling_report(
+    runs: Sequence[RunSummary],
+    out_dir: str | os.PathLike[str],
+    *,
+    project_to: Sequence[int] = DEFAULT_PROJECT_TO,
+    network: Network | None = None,
+    overwrite: bool = False,
+) -> ReportPaths:
+    """Build the report of `runs` and write it to `out_dir`: PNG plots per device,
+    report.md (linking the PNGs) and report.html (PNGs embedded, no external references)."""
+    report = build_scaling_report(runs, project_to=project_to, network=network)
+    return write_report_files(report, out_dir, overwrite=overwrite)
+
+
+def write_report_files(
+    report: ScalingReport, out_dir: str | os.PathLike[str], *, overwrite: bool = False
+) -> ReportPaths:
+    """Write `report` to `out_dir` (see write_scaling_report); refuses to replace an
+    existing report unless `overwrite`."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out}: exists and is not a directory; choose another --out")
+    pages = (out / MARKDOWN_FILE, out / HTML_FILE)
+    if not overwrite and any(page.exists() for page in pages):
+        raise OutputExistsError(
+            f"--out {out}: already holds a scaling report; pass --overwrite to replace it "
+            "or choose another --out"
+        )
+    # matplotlib takes about a second to import: only writing the figures pays for it
+    from landcover.scaling.plots import projection_png, scaling_png
+
+    figures = _figure_names(report.devices)
+    images: dict[str, bytes] = {}
+    for device, (scaling_name, projection_name) in figures.items():
+        curves = report.curves_of(device)
+        images[scaling_name] = scaling_png(curves, device)
+        images[projection_name] = projection_png(curves, device, report.project_to)
+    out.mkdir(parents=True, exist_ok=True)
+    # pages first out, last in: a report.md/report.html on disk means its images are complete
+    for stale in [*pages, *out.glob("scaling-*.png"), *out.glob("projection-*.png")]:
+        if stale.name not in images:
+            stale.unlink(missing_ok=True)
+    for name, data in images.items():
+        write_bytes_atomic(out / name, data)
+    blocks = _document(report, figures)
+    write_bytes_atomic(out / MARKDOWN_FILE, _render_markdown(blocks).encode())
+    write_bytes_atomic(out / HTML_FILE, _render_html(blocks, images).encode())
+    logger.info("wrote the scaling report to %s", out)
+    return ReportPaths(
+        out_dir=out,
+        markdown=out / MARKDOWN_FILE,
+        html=out / HTML_FILE,
+        images=tuple(out / name for name in images),
+    )
+
+
+def report_markdown(report: ScalingReport) -> str:
+    """The report as Markdown text without image links, for printing."""
+    return _render_markdown(_document(report, figures={}))
+
+
+def _figure_names(devices: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """device → (scaling PNG, projection PNG) file names, from a slug unique per device."""
+    slugs: dict[str, str] = {}
+    for device in devices:
+        slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")[:60] or "device"
+        candidate, i = slug, 2
+        while candidate in slugs.values():
+            candidate, i = f"{slug}-{i}", i + 1
+        slugs[device] = candidate
+    return {d: (f"scaling-{s}.png", f"projection-{s}.png") for d, s in slugs.items()}
+
+
+def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> list[_Block]:
+    runs = [row.run for curve in report.curves for row in curve.rows]
+    blocks: list[_Block] = [
+        _Heading(1, "Scaling report"),
+        _Paragraph(
+            f"{len(runs)} runs on {len(report.devices)} device(s): "
+            + "; ".join(report.devices)
+            + ". Each device has its own curves and figures; devices are never mixed."
+        ),
+        _Heading(2, "Measured runs"),
+        _Table(
+            _RUN_HEADERS,
+            tuple(_run_row(curve, row) for curve in report.curves for row in curve.rows),
+        ),
+        _Paragraph(_CURVE_NOTE),
+        _Heading(2, "Power-law fits"),
+        _Table(
+            ("device", "curve", "runs fitted", "worker counts", "exponent b (t ∝ N^b)", "R²"),
+            tuple(_fit_row(curve) for curve in report.curves),
+        ),
+        _Paragraph(
+            "Least squares of log(epoch time) = a + b·log(workers). Ideal strong scaling is "
+            f"b = -1; the original tutorial's figure reported b = {TUTORIAL_EXPONENT:.2f}. "
+            "Oversubscribed runs (more worker threads than cores on a host) are shown hollow "
+            "and incomplete runs as crosses; both are left out of fits and projections."
+        ),
+    ]
+    for device in report.devices:
+        if device in figures:
+            blocks.append(_Image(figures[device][0], f"Measured scaling on {device}"))
+    blocks += [
+        _Heading(2, "PROJECTED epoch times (ring model, not measurements)"),
+        _Paragraph(
+            "Model: epoch_time(N) = steps(N) · (B · compute_per_sample + comm(N)) with a fixed "
+            "per-worker batch B and the epoch's S samples split over N workers (strong scaling "
+            "of the epoch): steps(N) = floor(floor(S / N) / B), full batches of the smallest "
+            "shard as the trainer runs them. comm(N) is one ring all-reduce per step, "
+            "2(N-1)·latency + 2(N-1)/N · bytes / bandwidth (reduce-scatter plus all-gather: "
+            "2(N-1) messages of bytes/N), with bytes = the mode's measured comm bytes per step "
+            "and the bandwidth per node. compute_per_sample is fitted to the measured epoch "
+            "times (least squares of the relative error). Not modelled: overlap of "
+            "communication with backward, stragglers, input stalls, and block momentum's "
+            "once-per-block (not per-step) latency. The error column is (projected - measured) "
+            "/ measured at each measured worker count."
+        ),
+    ]
+    for curve in report.curves:
+        if curve.projection is not None:
+            blocks += _projection_blocks(curve, curve.projection)
+    for device in report.devices:
+        if device in figures:
+            blocks.append(_Image(figures[device][1], f"PROJECTED epoch time on {device}"))
+    if report.notes:
+        blocks += [_Heading(2, "Notes"), _Bullets(report.notes)]
+    return blocks
+
+
+def _run_row(curve: ScalingCurve, row: ScalingRow) -> tuple[str, ...]:
+    run = row.run
+    if run.oversubscribed is None:
+        oversubscribed = "unknown"
+    else:
+        oversubscribed = f"{'YES' if run.oversubscribed else 'no'} ({run.oversubscribed_source})"
+    return (
+        run.device,
+        curve.label,
+        str(run.workers),
+        str(run.nodes),
+        format_seconds(run.epoch_time_s),
+        run.progress,
+        _format_epochs(run.epochs_used, len(run.epochs)),
+        format_seconds(run.step_time_s),
+        f"{run.samples_per_s:.1f}",
+        # an unfinished run's few epochs are not a measurement to compare
+        "-" if run.complete is False else f"{row.speedup:.2f} (ideal {row.ideal_speedup:g})",
+        "-" if run.complete is False else f"{row.efficiency:.0%}",
+        format_seconds(run.load_time_s),
+        _format_bytes(run.comm_bytes_per_step),
+        oversubscribed,
+        run.label,
+    )
+
+
+def _fit_row(curve: ScalingCurve) -> tuple[str, ...]:
+    counts = ", ".join(str(n) for n in sorted({r.run.workers for r in curve.fit_rows}))
+    if curve.fit is None:
+        return (curve.key.device, curve.label, str(len(curve.fit_rows)), counts, "n/a", "n/a")
+    return (
+        curve.key.device,
+        curve.label,
+        str(curve.fit.points),
+        counts,
+        f"{curve.fit.exponent:.3f}",
+        f"{curve.fit.r_squared:.3f}",
+    )
+
+
+def _projection_blocks(curve: ScalingCurve, projection: CurveProjection) -> list[_Block]:
+    model = projection.model
+    worst = projection.max_abs_error
+    summary = (
+        f"Network {describe_network(model.network)} [{projection.network_source}]; "
+        f"compute per sample {model.compute_per_sample_s * 1e3:.4g} ms (fitted"
+        f"{', clamped at 0' if projection.compute_fit.clamped else ''}); all-reduce payload "
+        f"{_format_bytes(model.payload_bytes)} per step; S = {model.samples_per_epoch} samples per "
+        f"epoch; B = {model.batch_size}. Largest error on the measured points: "
+        + (f"{worst:.1%}." if worst is not None else "n/a.")
+    )
+    rows = tuple(
+        (
+            str(p.workers) + ("" if p.measured_epoch_time_s is not None else " (projected)"),
+            str(p.steps),
+            format_seconds(p.compute_s),
+            format_seconds(p.comm_s),
+            format_seconds(p.epoch_time_s),
+            f"{p.speedup:.2f}",
+            f"{p.efficiency:.0%}",
+            format_seconds(p.measured_epoch_time_s) if p.measured_epoch_time_s is not None else "-",
+            f"{err:+.1%}" if (err := p.relative_error) is not None else "-",
+        )
+        for p in projection.points
+    )
+    return [
+        _Heading(3, f"PROJECTED: {curve.key.device} · {curve.label}"),
+        _Paragraph(summary),
+        _Table(_PROJECTION_HEADERS, rows),
+    ]
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds for a table or a label: whole above 100, 2 decimals above 1, else 3 digits."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    if seconds >= 100:
+        return f"{seconds:.0f}"
+    if seconds >= 1:
+        return f"{seconds:.2f}"
+    return f"{seconds:.3g}"
+
+
+def _format_bytes(count: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count:.0f} B"
+
+
+def _format_epochs(used: Sequence[int], total: int) -> str:
+    if len(used) == total:
+        return f"{total} of {total}"
+    return f"{len(used)} of {total} (first left out)"
+
+
+def _render_markdown(blocks: Sequence[_Block]) -> str:
+    parts: list[str] = []
+    for block in blocks:
+        if isinstance(block, _Heading):
+            parts.append(f"{'#' * block.level} {block.text}")
+        elif isinstance(block, _Paragraph):
+            parts.append(block.text)
+        elif isinstance(block, _Table):
+            lines = [_md_row(block.headers), "|" + "---|" * len(block.headers)]
+            lines += [_md_row(row) for row in block.rows]
+            parts.append("\n".join(lines))
+        elif isinstance(block, _Image):
+            parts.append(f"![{block.alt}]({block.filename})")
+        else:
+            parts.append("\n".join(f"- {item}" for item in block.items))
+    return "\n\n".join(parts) + "\n"
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+_HTML_STYLE = (
+    "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+    "table{border-collapse:collapse;margin:1em 0;font-size:90%}"
+    "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right}"
+    "th{background:#eee}td:first-child,td:nth-child(2){text-align:left}"
+    "img{max-width:100%}"
+)
+
+
+def _render_html(blocks: Sequence[_Block], images: Mapping[str, bytes]) -> str:
+    esc = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>Scaling report</title>',
+        f"<style>{_HTML_STYLE}</style></head><body>",
+    ]
+    for block in blocks:
+        if isinstance(block, _Heading):
+            parts.append(f"<h{block.level}>{esc(block.text)}</h{block.level}>")
+        elif isinstance(block, _Paragraph):
+            parts.append(f"<p>{esc(block.text)}</p>")
+        elif isinstance(block, _Table):
+            head = "".join(f"<th>{esc(h)}</th>" for h in block.headers)
+            body = "".join(
+                "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in block.rows
+            )
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif isinstance(block, _Image):
+            data = base64.b64encode(images[block.filename]).decode("ascii")
+            parts.append(f'<p><img alt="{esc(block.alt)}" src="data:image/png;base64,{data}"></p>')
+        else:
+            parts.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in block.items) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

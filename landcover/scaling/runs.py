@@ -1,0 +1,381 @@
+"""Training runs as the scaling report sees them: read run directories (and the sweep
+directories holding them) into `RunSummary` values.
+
+A run's epoch time is robust to warm-up: the median of its per-epoch training times over every
+epoch but the first when it has two or more (the first pays for allocator, cuDNN autotuning
+and page-cache warm-up). The one-time shard load is kept apart, never in epoch time.
+A run is oversubscribed when its workers on one host ask for more threads than the host has
+cores; the sweep that launched it says so, else run.json's `cores` decides, else it is unknown.
+A run is incomplete when it recorded fewer epochs than it was configured for (run.json, else
+the sweep's `epochs`) and did not stop early by its --patience: it was killed or is still
+running, and its numbers are not a finished measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from landcover.errors import ReportError
+from landcover.scaling.metricsfile import is_int, read_epoch_records
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"
+SWEEP_FILE = "sweep.json"
+
+# sweep.json is not pinned in docs/CONTRACTS.md yet: accept the names a sweep may give its runs
+_SWEEP_PATH_KEYS = ("run_dir", "dir", "path", "out", "name")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One run directory reduced to the numbers a scaling curve needs."""
+
+    run_dir: Path
+    device: str
+    compression: str
+    block_momentum: bool
+    model: str | None
+    batch_size: int
+    workers: int
+    nodes: int
+    threads_per_worker: int | None
+    epochs: tuple[int, ...]
+    epochs_used: tuple[int, ...]
+    epoch_times_s: tuple[float, ...]
+    epoch_time_s: float  # median over epochs_used
+    load_time_s: float
+    steps: int
+    samples_per_epoch: int
+    samples_per_s: float  # median over epochs_used: samples trained (full batches) per second
+    comm_bytes_per_step: float
+    vm_size: str | None
+    cores: int | None
+    oversubscribed: bool | None  # None: unknown (no sweep.json and no core count)
+    oversubscribed_source: str | None
+    store: str | None  # the chip store's URL (run.json); None: not recorded
+    epochs_planned: int | None  # --epochs of the run; None: not recorded
+    stopped_early: bool  # by --patience, before epochs_planned
+
+    @property
+    def label(self) -> str:
+        return str(self.run_dir)
+
+    @property
+    def complete(self) -> bool | None:
+        """Whether the run finished: every planned epoch, or an early stop by --patience;
+        None when nothing says how many epochs it planned."""
+        if self.stopped_early:
+            return True
+        if self.epochs_planned is None:
+            return None
+        return max(self.epochs) >= self.epochs_planned
+
+    @property
+    def progress(self) -> str:
+        """`6 of 6`, `2 of 30 (incomplete)`, `4 of 10 (early stop)` or `3 of ?`."""
+        done = max(self.epochs)
+        if self.epochs_planned is None:
+            return f"{done} of ?"
+        text = f"{done} of {self.epochs_planned}"
+        if self.stopped_early:
+            return f"{text} (early stop)"
+        return text if self.complete else f"{text} (incomplete)"
+
+    @property
+    def step_time_s(self) -> float:
+        return self.epoch_time_s / self.steps
+
+
+_Entry = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sweep:
+    """What a sweep.json says about the run directories beside it (nothing without one)."""
+
+    file: Path
+    named: dict[Path, tuple[Path, _Entry]]  # resolved run dir → (run dir, entry)
+    unnamed: tuple[_Entry, ...]  # entries naming no directory: matched by worker count
+    failed: dict[Path, _Entry]  # resolved run dir → entry, for runs the sweep marks failed
+    epochs: int | None  # the --epochs the sweep gave every run
+
+    def entry_for(self, run_dir: Path, workers: int) -> _Entry | None:
+        """The entry naming `run_dir`, else the one unnamed entry with `workers` workers."""
+        named = self.named.get(run_dir.resolve())
+        if named is not None:
+            return named[1]
+        matches = [e for e in self.unnamed if e.get("workers") == workers]
+        return matches[0] if len(matches) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    run_dir: Path
+    sweep: _Sweep
+
+
+def load_runs(paths: Iterable[str | os.PathLike[str]]) -> list[RunSummary]:
+    """Read run directories (written by `landcover train --out`) and sweep directories (a
+    `sweep.json` and/or subdirectories that are runs). Raises ReportError on bad input."""
+    sources: dict[Path, _Source] = {}
+    for raw in paths:
+        for source in _expand(Path(raw)):
+            sources.setdefault(source.run_dir.resolve(), source)
+    if not sources:
+        raise ReportError("no run directories given; pass the --out of `landcover train` runs")
+    runs = [_summarise(source) for source in sources.values()]
+    logger.info("read %d runs", len(runs))
+    return runs
+
+
+def _expand(path: Path) -> list[_Source]:
+    if path.name == METRICS_FILE and path.is_file():
+        path = path.parent
+    if not path.is_dir():
+        raise ReportError(
+            f"{path}: no such directory; pass run directories written by `landcover train --out` "
+            "or a sweep directory"
+        )
+    if (path / METRICS_FILE).exists():
+        return [_Source(path, _load_sweep(path.parent))]
+    sweep = _load_sweep(path)
+    for run_dir, _ in sweep.named.values():
+        if not (run_dir / METRICS_FILE).is_file():
+            raise ReportError(
+                f"{run_dir}: listed in {sweep.file} but has no {METRICS_FILE}; the run did not "
+                "finish an epoch: rerun it, or pass the other run directories one by one"
+            )
+    for entry in sweep.failed.values():
+        logger.warning(
+            "%s: skipping a run the sweep marks as failed: %s", sweep.file, describe_entry(entry)
+        )
+    run_dirs = {resolved: run_dir for resolved, (run_dir, _) in sweep.named.items()}
+    for child in sorted(path.iterdir()):
+        resolved = child.resolve()
+        if (child / METRICS_FILE).is_file() and resolved not in sweep.failed:
+            run_dirs.setdefault(resolved, child)
+    if not run_dirs:
+        raise ReportError(
+            f"{path}: no {METRICS_FILE} in it nor in any subdirectory; pass run directories "
+            "written by `landcover train --out` (or a sweep directory holding them)"
+        )
+    return [_Source(run_dir, sweep) for run_dir in run_dirs.values()]
+
+
+def _load_sweep(sweep_dir: Path) -> _Sweep:
+    sweep_file = sweep_dir / SWEEP_FILE
+    named: dict[Path, tuple[Path, _Entry]] = {}
+    unnamed: list[_Entry] = []
+    failed: dict[Path, _Entry] = {}
+    data = _read_json(sweep_file) if sweep_file.is_file() else []
+    for entry in _sweep_entries(sweep_file, data):
+        run_dir = _entry_dir(sweep_dir, entry)
+        if _entry_failed(entry):
+            if run_dir is not None:
+                failed[run_dir.resolve()] = entry
+        elif run_dir is None:
+            unnamed.append(entry)
+        else:
+            named.setdefault(run_dir.resolve(), (run_dir, entry))
+    epochs = _positive_int(data.get("epochs")) if isinstance(data, dict) else None
+    return _Sweep(sweep_file, named, tuple(unnamed), failed, epochs)
+
+
+def _sweep_entries(sweep_file: Path, data: Any) -> tuple[_Entry, ...]:
+    entries = data.get("runs") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ReportError(
+            f"{sweep_file}: expected a list of run objects (or {{'runs': [...]}}); rerun "
+            "`landcover scale` or delete the file to read the run subdirectories alone"
+        )
+    return tuple(entries)
+
+
+def describe_entry(entry: _Entry) -> str:
+    """A sweep.json run entry as a phrase for a log line: `workers-4 (4 workers, status
+    failed, exit code 1): out of memory`."""
+    where = next(
+        (str(entry[k]) for k in _SWEEP_PATH_KEYS if isinstance(entry.get(k), str) and entry[k]),
+        "a run",
+    )
+    facts = []
+    if is_int(entry.get("workers")):
+        facts.append(f"{entry['workers']} workers")
+    if entry.get("status"):
+        facts.append(f"status {entry['status']}")
+    if entry.get("returncode") not in (None, 0):
+        facts.append(f"exit code {entry['returncode']}")
+    text = f"{where} ({', '.join(facts)})" if facts else where
+    error = str(entry.get("error") or "").strip()
+    return f"{text}: {error.splitlines()[0]}" if error else text
+
+
+def _entry_failed(entry: _Entry) -> bool:
+    status = str(entry.get("status", "")).lower()
+    return status in {"failed", "error", "crashed"} or entry.get("returncode") not in (None, 0)
+
+
+def _entry_dir(sweep_dir: Path, entry: _Entry) -> Path | None:
+    for key in _SWEEP_PATH_KEYS:
+        value = entry.get(key)
+        if isinstance(value, str) and value:
+            candidate = Path(value)
+            if candidate.is_absolute():
+                return candidate
+            # the sweep may have recorded paths relative to its own cwd, not to the sweep dir
+            if (sweep_dir / candidate).exists() or not (sweep_dir / candidate.name).exists():
+                return sweep_dir / candidate
+            return sweep_dir / candidate.name
+    return None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); restore it or delete it"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc})") from None
+
+
+def _summarise(source: _Source) -> RunSummary:
+    records = read_epoch_records(source.run_dir / METRICS_FILE)
+    first = records[0]
+    # the first epoch pays for warm-up (allocator, autotuning, page cache): leave it out
+    used = records[1:] if len(records) >= 2 else records
+    workers = int(first["world_size"])
+    batch_size = int(first["batch_size"])
+    nodes = int(first.get("nodes") or 1)
+    threads: int | None = first.get("threads_per_worker")
+    samples = [
+        r["samples_per_s"] * r["epoch_time_s"]
+        if r.get("samples_per_s")
+        else r["steps"] * workers * batch_size
+        for r in used
+    ]
+    # what an epoch trained (full batches only: 1 and 8 workers can train different counts)
+    # per second; a record without samples_per_s has it from its steps
+    samples_per_s = [
+        float(r["samples_per_s"] or r["steps"] * workers * batch_size / r["epoch_time_s"])
+        for r in used
+    ]
+    entry = source.sweep.entry_for(source.run_dir, workers)
+    run_file = source.run_dir / RUN_FILE
+    run_info = _read_json(run_file) if run_file.is_file() else {}
+    if not isinstance(run_info, dict):
+        run_info = {}
+    config = run_info.get("config")
+    config = config if isinstance(config, dict) else {}
+    epochs_planned = _positive_int(config.get("epochs")) or source.sweep.epochs
+    cores = _positive_int((entry or {}).get("cores")) or _positive_int(run_info.get("cores"))
+    oversubscribed, oversubscribed_source = _oversubscription(
+        entry, cores=cores, workers=workers, nodes=nodes, threads_per_worker=threads
+    )
+    return RunSummary(
+        run_dir=source.run_dir,
+        device=str(first["device"]),
+        compression=str(first["compression"]),
+        block_momentum=bool(first["block_momentum"]),
+        model=first.get("model"),
+        batch_size=batch_size,
+        workers=workers,
+        nodes=nodes,
+        threads_per_worker=threads,
+        epochs=tuple(int(r["epoch"]) for r in records),
+        epochs_used=tuple(int(r["epoch"]) for r in used),
+        epoch_times_s=tuple(float(r["epoch_time_s"]) for r in records),
+        epoch_time_s=statistics.median(float(r["epoch_time_s"]) for r in used),
+        load_time_s=max(float(r["load_time_s"]) for r in records),
+        steps=round(statistics.median(int(r["steps"]) for r in used)),
+        samples_per_epoch=_train_chips(run_info) or max(1, round(statistics.median(samples))),
+        samples_per_s=statistics.median(samples_per_s),
+        comm_bytes_per_step=statistics.median(float(r["comm_bytes_per_step"]) for r in used),
+        vm_size=_vm_size(run_info),
+        cores=cores,
+        oversubscribed=oversubscribed,
+        oversubscribed_source=oversubscribed_source,
+        store=_store_url(run_info, config),
+        epochs_planned=epochs_planned,
+        stopped_early=_stopped_early(
+            records, _positive_int(config.get("patience")), epochs_planned
+        ),
+    )
+
+
+def _oversubscription(
+    entry: _Entry | None,
+    *,
+    cores: int | None,
+    workers: int,
+    nodes: int,
+    threads_per_worker: int | None,
+) -> tuple[bool | None, str | None]:
+    """Whether a run's workers asked for more threads than a host has cores, and who says so:
+    the sweep's own mark first, else workers per host × threads against the core count."""
+    if entry is not None and isinstance(entry.get("oversubscribed"), bool):
+        return entry["oversubscribed"], SWEEP_FILE
+    if cores is None or threads_per_worker is None:
+        return None, None
+    workers_per_host = math.ceil(workers / nodes)
+    return (
+        workers_per_host * threads_per_worker > cores,
+        f"workers×threads {workers_per_host}×{threads_per_worker} vs {cores} cores",
+    )
+
+
+def _stopped_early(
+    records: list[dict[str, Any]], patience: int | None, epochs_planned: int | None
+) -> bool:
+    """Whether the trainer's --patience rule ended the run after its last recorded epoch:
+    `patience` epochs in a row without a val mIoU above the best so far (a NaN, recorded as
+    null, never improves), before the planned last epoch. The rule is replayed, not read,
+    because metrics.jsonl does not record the stop."""
+    if patience is None or epochs_planned is None:
+        return False
+    best, without_gain = -math.inf, 0
+    for record in records:
+        miou = record.get("val_miou")
+        if isinstance(miou, int | float) and not isinstance(miou, bool) and miou > best:
+            best, without_gain = float(miou), 0
+        else:
+            without_gain += 1
+    last = int(records[-1]["epoch"])
+    return without_gain >= patience and last < epochs_planned
+
+
+def _store_url(run_info: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """The chip store a run trained on: run.json's store.url, else its config's store_url."""
+    store = run_info.get("store")
+    url = store.get("url") if isinstance(store, dict) else None
+    if not (isinstance(url, str) and url):
+        url = config.get("store_url")
+    return url if isinstance(url, str) and url else None
+
+
+def _train_chips(run_info: dict[str, Any]) -> int | None:
+    # The store's training chips (run.json) are the epoch's S; the samples a run trained
+    # (steps × workers × batch) undercount it by the dropped remainder.
+    return _positive_int(run_info.get("train_chips"))
+
+
+def _vm_size(run_info: dict[str, Any]) -> str | None:
+    """`cluster.vmSize` of run.json, which only the cluster launcher writes."""
+    cluster = run_info.get("cluster")
+    vm_size = cluster.get("vmSize") if isinstance(cluster, dict) else None
+    return vm_size if isinstance(vm_size, str) and vm_size else None
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if is_int(value) and value > 0 else None

@@ -1,0 +1,7 @@
+"""`python -m landcover.training STORE --out RUN_DIR [options]`: one training worker, as every
+launcher (torchrun, SLURM, Azure ML, Kubeflow) starts it."""
+
+from landcover.cli.train import WORKER_PROG, worker_command
+
+if __name__ == "__main__":
+    worker_command.main(prog_name=WORKER_PROG)

@@ -1,0 +1,191 @@
+"""The run directory of `landcover train` (docs/CONTRACTS.md) and how rank 0 writes it.
+
+```
+RUN_DIR/run.json          the run: world, machine, versions, store, config (written once)
+RUN_DIR/metrics.jsonl     one JSON object per epoch
+RUN_DIR/checkpoints/      last.pt: everything a resume needs
+RUN_DIR/model.pt          the self-describing model file (landcover.models.modelfile)
+```
+
+Nothing half-written is ever trusted: run.json, checkpoints and model.pt are written under a
+temp name and renamed. metrics.jsonl grows by one line per epoch, written before that epoch's
+checkpoint, so a worker killed between the two leaves a line the checkpoint does not know; a
+resume therefore rewrites metrics.jsonl from the checkpoint's own copy of the records.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from landcover import atomic
+from landcover.errors import TrainingError
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"
+MODEL_FILE = "model.pt"
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.pt"
+RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR)
+CHECKPOINT_FORMAT = "landcover-checkpoint"
+# 2: records the chip store (`landcover.training.resume.store_identity`); BMUF blocks end
+# with epochs.
+CHECKPOINT_VERSION = 2
+# Top-level keys of run.json that readers (landcover.scaling.runs, the scaling report) rely on.
+RUN_KEYS = (
+    "world_size", "nodes", "threads_per_worker", "cores", "device", "host", "versions", "store",
+    "config",
+)  # fmt: skip
+
+
+def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
+    """Refuse a run dir that already holds results unless told to resume or overwrite."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TrainingError(f"{out}: exists and is not a directory; choose another --out")
+    found = [name for name in RESULT_NAMES if (out / name).exists()]
+    if found and not (resume or overwrite):
+        raise TrainingError(
+            f"{out}: already holds a training run ({', '.join(found)}); pass --resume to "
+            "continue it or --overwrite to replace it"
+        )
+
+
+def prepare_run_dir(
+    out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool
+) -> Path | None:
+    """Check the run dir, then return the checkpoint to resume from, or clear old results
+    (and return None) when there is none to resume or `overwrite` is set."""
+    out = Path(out_dir)
+    check_run_dir(out, resume=resume, overwrite=overwrite)
+    last = out / CHECKPOINT_DIR / LAST_CHECKPOINT
+    if resume and last.exists():
+        return last
+    if resume:
+        logger.info("%s: no checkpoint to resume from; starting fresh", out)
+    for name in RESULT_NAMES:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def write_atomic(path: Path, write: Callable[[str], object]) -> None:
+    """Write through a temp file in the same directory, then rename: never a half file
+    (`landcover.atomic.write_atomic`: fsynced, with the umask's permissions)."""
+    atomic.write_atomic(path, write)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(jsonable(obj), indent=2) + "\n"))
+
+
+def write_run_json(run_dir: str | os.PathLike[str], info: Mapping[str, Any]) -> None:
+    missing = [key for key in RUN_KEYS if key not in info]
+    if missing:
+        raise ValueError(f"run.json needs the keys {missing}")  # a bug, not a user error
+    write_json_atomic(Path(run_dir) / RUN_FILE, info)
+
+
+def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl, in epoch order ([] when there is none yet)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_metrics(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
+    with (Path(run_dir) / METRICS_FILE).open("a") as f:
+        f.write(json.dumps(jsonable(record)) + "\n")
+
+
+def rewrite_metrics(run_dir: str | os.PathLike[str], records: Sequence[Mapping[str, Any]]) -> None:
+    """Replace metrics.jsonl by `records` (a checkpoint's: drops the epochs it has not seen)."""
+    text = "".join(json.dumps(jsonable(record)) + "\n" for record in records)
+    write_atomic(Path(run_dir) / METRICS_FILE, lambda tmp: Path(tmp).write_text(text))
+
+
+def save_checkpoint(run_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
+    """checkpoints/last.pt from plain values and CPU tensors (loads with weights_only=True)."""
+    content = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **payload}
+    path = Path(run_dir) / CHECKPOINT_DIR / LAST_CHECKPOINT
+    write_atomic(path, lambda tmp: torch.save(content, tmp))
+
+
+def read_checkpoint(path: Path, *, must_match: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint written by `save_checkpoint`, refused unless its config has the values of
+    `must_match` (options a resumed run cannot change)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise TrainingError(
+            f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or pass --overwrite"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise TrainingError(f"{path}: not a landcover checkpoint; pass --overwrite to start over")
+    if int(payload.get("version", 0)) > CHECKPOINT_VERSION:
+        raise TrainingError(f"{path}: checkpoint from a newer landcover; upgrade landcover")
+    saved = payload["config"]
+    for key, value in must_match.items():
+        if saved.get(key) != value:
+            raise TrainingError(
+                f"{path}: checkpoint was trained with --{key.replace('_', '-')} "
+                f"{saved.get(key)}, not {value}; pass the same value or --overwrite"
+            )
+    return dict(payload)
+
+
+def to_cpu(obj: Any) -> Any:
+    """A copy of nested dicts/lists/tuples with every tensor detached onto the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, Mapping):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values from configs, store summaries, numpy scalars; NaN becomes null."""
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "to_json"):
+        return jsonable(obj.to_json())
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in fields(obj) if f.init}
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, np.ndarray | torch.Tensor):
+        return jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return jsonable(obj.item())
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    return str(obj)
+
+
+def utc_now() -> str:
+    """ISO 8601 UTC, to the second, as metrics.jsonl's `time`."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -1,0 +1,100 @@
+"""The CLI shell: lazy subcommands, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from landcover import cli
+from landcover.errors import LandcoverError
+from tiling.store import ATTRS_KEY
+
+
+def test_help_lists_every_stage() -> None:
+    result = CliRunner().invoke(cli.main, ["--help"])
+    assert result.exit_code == 0
+    for name in ("synth", "tile", "info", "train", "cluster", "scale", "report", "predict"):
+        assert name in result.output
+
+
+def test_every_registered_command_imports() -> None:
+    ctx = click.Context(cli.main)
+    for name in cli.COMMANDS:
+        assert isinstance(cli.main.get_command(ctx, name), click.Command), name
+
+
+def test_help_does_not_import_torch() -> None:
+    code = "import sys; from landcover.cli.app import main; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.fixture
+def failing_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    @click.command()
+    @click.option("--kind", default="user")
+    def boom(kind: str) -> None:
+        if kind == "user":
+            raise LandcoverError("thing.tif: expected 4 bands, found 3\nsecond line")
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setitem(cli.COMMANDS, "boom", "tests.landcover.cli.test_main:_BOOM")
+    globals()["_BOOM"] = boom
+
+
+@pytest.mark.usefixtures("failing_command")
+def test_user_error_is_one_line_exit_2() -> None:
+    result = CliRunner().invoke(cli.main, ["boom"])
+    assert result.exit_code == 2
+    assert result.output == "error: thing.tif: expected 4 bands, found 3\n"
+
+
+@pytest.mark.usefixtures("failing_command")
+def test_internal_error_is_one_line_exit_3_unless_verbose() -> None:
+    result = CliRunner().invoke(cli.main, ["boom", "--kind", "bug"])
+    assert result.exit_code == 3
+    assert result.output.startswith("error: internal error: RuntimeError: unexpected")
+    assert "Traceback" not in result.output
+    verbose = CliRunner().invoke(cli.main, ["-v", "boom", "--kind", "bug"])
+    assert isinstance(verbose.exception, RuntimeError)
+
+
+def incomplete_copy(store: str, dest: Path) -> str:
+    """A copy of `store` as an interrupted tile command leaves it: its last source not done,
+    the store not complete."""
+    shutil.copytree(store, dest)
+    meta_path = dest / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    chips = meta["attributes"][ATTRS_KEY]
+    chips["complete"] = False
+    chips["sources"][-1]["state"] = "writing"
+    meta_path.write_text(json.dumps(meta))
+    return str(dest)
+
+
+def incomplete_store_error(url: str) -> str:
+    return (
+        f"error: {url}: the store is incomplete (tiling stopped after 1 source(s), 49 chips); "
+        "rerun the same `landcover tile` command to finish it, or pass --allow-incomplete to "
+        "train on the chips written so far\n"
+    )
+
+
+def test_train_refuses_an_incomplete_store_unless_allowed(tiny_store: str, tmp_path: Path) -> None:
+    url = incomplete_copy(tiny_store, tmp_path / "interrupted.zarr")
+    args = ["train", url, "--out", str(tmp_path / "run"), "--epochs", "1", "--batch-size", "8",
+            "--threads", "1", "--device", "cpu"]  # fmt: skip
+    refused = CliRunner().invoke(cli.main, args)
+    assert refused.exit_code == 2
+    assert refused.stderr == incomplete_store_error(url)
+    allowed = CliRunner().invoke(cli.main, [*args, "--allow-incomplete"])
+    assert allowed.exit_code == 0, allowed.output
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["config"]["allow_incomplete"] is True

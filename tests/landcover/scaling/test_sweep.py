@@ -1,0 +1,241 @@
+"""Scaling sweeps: worker counts, specs per point, sweep.json, reuse and the table.
+
+Launches are replaced by a stand-in that writes metrics.jsonl the way a run would, so the
+sweep's bookkeeping is tested in milliseconds; a real sweep runs in
+tests/landcover/cli/test_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.engine import LaunchOptions, LaunchResult, Plan, TrainJob
+from cluster.errors import ClusterError, LaunchError
+from cluster.spec import parse_cluster_spec
+from landcover.scaling import sweep
+from landcover.scaling.sweep import (
+    SweepConfig,
+    SweepResult,
+    SweepRun,
+    format_sweep_table,
+    parse_worker_counts,
+    run_sweep,
+    spec_for_workers,
+    summarize_metrics,
+)
+
+
+def test_worker_counts() -> None:
+    assert parse_worker_counts("4, 1,2,2") == (1, 2, 4)
+    with pytest.raises(ClusterError, match=r"'x' is not a whole number; give e.g. 1,2,4"):
+        parse_worker_counts("1,x")
+    with pytest.raises(ClusterError, match="worker counts must be >= 1, got 0"):
+        parse_worker_counts("0,1")
+    with pytest.raises(ClusterError, match="--workers is empty"):
+        parse_worker_counts(" , ")
+
+
+def test_spec_per_worker_count() -> None:
+    assert spec_for_workers(None, 3).node_count == 1
+    assert spec_for_workers(None, 3).processes_per_node == 3
+    gpu = parse_cluster_spec(
+        {
+            "targetNodeCount": 2,
+            "vmSize": "Standard_NC24s_v3",
+            "engine": "kubernetes",
+            "kubernetes": {"image": "i"},
+            "elastic": {"minNodes": 1, "maxNodes": 4, "maxRestarts": 2},
+        }
+    )
+    eight = spec_for_workers(gpu, 8)
+    assert (eight.node_count, eight.processes_per_node, eight.elastic) == (2, 4, eight.elastic)
+    assert eight.elastic is not None and (eight.elastic.min_nodes, eight.elastic.max_nodes) == (
+        2,
+        2,
+    )
+    assert eight.elastic.max_restarts == 2
+    assert spec_for_workers(gpu, 2).node_count == 1  # fewer than one node's GPUs
+    with pytest.raises(
+        ClusterError, match=r"6 workers is not a multiple of processesPerNode \(4\)"
+    ):
+        spec_for_workers(gpu, 6)
+
+
+def test_metrics_summary(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"epoch": e, "epoch_time_s": t, "samples_per_s": 10 / t}
+        for e, t in [(1, 3.0), (2, 1.0), (3, 2.0)]
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"epoch": 4, "epo')
+    assert summarize_metrics(path) == (3, 2.0, 5.0)
+    assert summarize_metrics(tmp_path / "none.jsonl") == (0, None, None)
+
+
+class FakeLaunch:
+    """Writes metrics.jsonl as a run of `workers` workers would, with ideal scaling."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.calls: list[int] = []
+
+    def __call__(self, plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
+        assert options is not None and options.wait  # sweeps wait for every run
+        workers = plan.spec.workers
+        self.calls.append(workers)
+        out = Path(plan.job.out)
+        out.mkdir(parents=True)
+        (out / "logs").mkdir()
+        if workers == self.fail_at:
+            raise LaunchError(f"training failed on simulated node 0 (exit code 1); logs: {out}")
+        epochs = int(plan.job.args[plan.job.args.index("--epochs") + 1])
+        with (out / "metrics.jsonl").open("w") as f:
+            for epoch in range(1, epochs + 1):
+                f.write(
+                    json.dumps(
+                        {
+                            "epoch": epoch,
+                            "epoch_time_s": 8.0 / workers,
+                            "samples_per_s": 10.0 * workers,
+                        }
+                    )
+                    + "\n"
+                )
+        return LaunchResult(
+            "local", f"job-{workers}", "succeeded", str(out), str(out / "logs"), 1.0
+        )
+
+
+def test_sweep_records_runs_reuses_them_and_marks_oversubscription(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
+    fake = FakeLaunch(fail_at=8)
+    monkeypatch.setattr(sweep, "launch_plan", fake)
+    config = SweepConfig(
+        store="chips.zarr",
+        workers=(1, 2, 4, 8),
+        epochs=2,
+        out_dir=str(tmp_path / "sweep"),
+        extra_args=("--model", "small_unet"),
+    )
+    seen: list[int] = []
+    result = run_sweep(config, on_run=lambda run: seen.append(run.workers))
+    assert seen == fake.calls == [1, 2, 4, 8]
+    document = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert document["format"] == "landcover-sweep" and document["version"] == 1
+    assert (document["engine"], document["cores"], document["epochs"]) == ("local", 2, 2)
+    assert document["train_args"] == ["--model", "small_unet"]
+    runs = {r["workers"]: r for r in document["runs"]}
+    assert [runs[w]["oversubscribed"] for w in (1, 2, 4, 8)] == [False, False, True, True]
+    assert runs[2] == {
+        "workers": 2,
+        "nodes": 1,
+        "processes_per_node": 2,
+        "threads_per_worker": runs[2]["threads_per_worker"],
+        "cores": 2,
+        "oversubscribed": False,
+        "run_dir": "workers-2",
+        "status": "done",
+        "error": None,
+        "job_id": "job-2",
+        "log_dir": "workers-2/logs",
+        "wall_time_s": runs[2]["wall_time_s"],
+        "epochs_done": 2,
+        "epoch_time_s": 4.0,
+        "samples_per_s": 20.0,
+    }
+    assert runs[8]["status"] == "failed" and "exit code 1" in runs[8]["error"]
+    assert runs[8]["epoch_time_s"] is None
+    assert json.loads((tmp_path / "sweep" / "workers-4" / "launch.json").read_text()) == runs[4]
+    assert [r.workers for r in result.failed] == [8]
+
+    # a rerun redoes only what did not finish, after clearing its half-written dir
+    (tmp_path / "sweep" / "workers-8" / "stale").write_text("x")
+    fake.fail_at = None
+    run_sweep(config)
+    assert fake.calls == [1, 2, 4, 8, 8]
+    assert not (tmp_path / "sweep" / "workers-8" / "stale").exists()
+    # other settings in the same directory are refused, unless overwriting
+    with pytest.raises(ClusterError, match=r"holds a sweep with other settings \(epochs differ\)"):
+        run_sweep(replace(config, epochs=3))
+    run_sweep(
+        replace(config, epochs=3, overwrite=True, workers=(1,), extra_args=("--threads", "3"))
+    )
+    assert fake.calls[-1] == 1
+    rerun = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [(r["workers"], r["threads_per_worker"]) for r in rerun["runs"]] == [(1, 3)]
+
+
+def test_reserved_training_args_are_refused(tmp_path: Path) -> None:
+    config = SweepConfig("s", (1,), 1, str(tmp_path), extra_args=("--out", "x"))
+    with pytest.raises(ClusterError, match="--out is set by the sweep"):
+        run_sweep(config)
+
+
+def run(workers: int, epoch_time_s: float | None, **fields: Any) -> SweepRun:
+    values: dict[str, Any] = {
+        "workers": workers,
+        "nodes": 1,
+        "processes_per_node": workers,
+        "threads_per_worker": max(1, 2 // workers),
+        "cores": 2,
+        "oversubscribed": workers > 2,
+        "run_dir": f"workers-{workers}",
+        "status": "done",
+        "error": None,
+        "job_id": None,
+        "log_dir": None,
+        "wall_time_s": 1.0,
+        "epochs_done": 1,
+        "epoch_time_s": epoch_time_s,
+        "samples_per_s": None if epoch_time_s is None else 100 / epoch_time_s,
+    }
+    values.update(fields)
+    return SweepRun(**values)
+
+
+def test_table_of_epoch_time_against_workers(tmp_path: Path) -> None:
+    result = SweepResult(
+        tmp_path / "sweep.json",
+        2,
+        (run(1, 10.0), run(2, 6.25), run(4, 5.0), run(8, None, status="failed")),
+    )
+    assert format_sweep_table(result).splitlines() == [
+        "workers  nodes x procs  threads  epoch time (s)  samples/s  speedup  efficiency  note",
+        "      1          1 x 1        2          10.000       10.0     1.00        100%",
+        "      2          1 x 2        1           6.250       16.0     1.60         80%",
+        "      4          1 x 4        1           5.000       20.0     2.00         50%  "
+        "oversubscribed (4 workers > 2 cores)",
+        "      8          1 x 8        1               -          -        -           -  "
+        "failed; oversubscribed (8 workers > 2 cores)",
+    ]
+
+
+def test_secret_environment_reaches_every_run_and_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "c3dlZXAtc2VjcmV0LWtleQ=="
+    secret_env = {"LANDCOVER_STORAGE_OPTIONS": json.dumps({"account_key": key})}
+    jobs: list[TrainJob] = []
+    fake = FakeLaunch()
+
+    def launch(plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
+        jobs.append(plan.job)
+        return fake(plan, options)
+
+    monkeypatch.setattr(sweep, "launch_plan", launch)
+    config = SweepConfig(
+        "chips.zarr", (1, 2), 1, str(tmp_path / "sweep"), ("--lr", "0.01"), secret_env=secret_env
+    )
+    assert key not in repr(config)
+    run_sweep(config)
+    assert [dict(job.secret_env) for job in jobs] == [secret_env, secret_env]
+    assert all(key not in " ".join(job.args) for job in jobs)
+    for path in (tmp_path / "sweep").rglob("*"):
+        assert path.is_dir() or key not in path.read_text()
