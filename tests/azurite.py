@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO_ROOT
+
 TOOLS_DIR = REPO_ROOT / ".tools"
 ACCOUNT = "devstoreaccount1"
 # The well-known development key every Azurite instance accepts (not a secret).

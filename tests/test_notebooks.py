@@ -14,7 +14,8 @@ import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO_ROOT
+
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = ("01_tile_naip.ipynb", "02_train_and_scale.ipynb", "03_predict_region.ipynb")
 KERNEL = "python3"

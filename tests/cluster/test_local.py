@@ -23,8 +23,8 @@ from cluster.engine import LaunchOptions, TrainJob, launch_plan, plan_job
 from cluster.errors import ClusterError, LaunchError
 from cluster.local import LocalPlan
 from cluster.spec import local_cpu_count, local_spec, parse_cluster_spec
+from tests.conftest import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_WORKER = "tests.cluster.fake_worker"
 
 

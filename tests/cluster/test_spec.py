@@ -18,8 +18,9 @@ from cluster.spec import (
     local_spec,
     parse_cluster_spec,
 )
+from tests.conftest import REPO_ROOT
 
-REPO_CLUSTER_JSON = Path(__file__).resolve().parents[2] / "cluster.json"
+REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 ACCOUNT_KEY = "c2VjcmV0LWFjY291bnQta2V5LWZvci10ZXN0cw=="
 
 # The shape of the original Batch AI tutorial's cluster.json.

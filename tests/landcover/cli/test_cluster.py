@@ -26,9 +26,9 @@ from landcover.cli.app import main
 from landcover.cli.train import worker_command
 from landcover.scaling import sweep
 from tests.cluster.test_spec import ACCOUNT_KEY, LEGACY_TUTORIAL
+from tests.conftest import REPO_ROOT
 from tests.landcover.cli.test_main import incomplete_copy, incomplete_store_error
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 FAKE_WORKER = "tests.cluster.fake_worker"
 SAS_SIG = "c2lnbmF0dXJlLW9mLXRoZS1zYXMtdG9rZW4"
