@@ -1,0 +1,146 @@
+"""The Python API: the pipeline's three steps as three calls, for notebooks and scripts.
+
+```python
+import landcover
+
+landcover.tile(["naip/*.tif"], "chips.zarr", labels=["lc/*.tif"])
+run = landcover.train("chips.zarr", "runs/r1", epochs=5)
+landcover.predict(run.run_dir / "model.pt", ["naip/*.tif"], "map.tif", bbox=(-76.6, 38.9, -76.5, 39))
+```
+
+Each call takes the options of its command (`landcover tile`, `landcover train`,
+`landcover predict`) as keyword arguments named like the config fields (`chip_size=`,
+`batch_size=`, `block_px=`), builds the same frozen config the CLI builds and runs the same
+library function, so a script and a command line give the same store, run and map. Bad input
+raises the package's error (`tiling.errors.TilingError`, `landcover.errors.LandcoverError`)
+with the one-line message the CLI would print.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from landcover.errors import LandcoverError
+
+if TYPE_CHECKING:
+    from shapely.geometry.base import BaseGeometry
+
+    from landcover.prediction.runner import PredictResult
+    from landcover.training.trainer import TrainResult
+    from tiling.tile import TileResult
+
+PathLike = str | os.PathLike[str]
+Sources = PathLike | Iterable[PathLike]
+Bbox = tuple[float, float, float, float]
+
+
+def tile(images: Sources, out: PathLike, *, labels: Sources = (), **options: Any) -> TileResult:
+    """Cut `images` (paths, globs or URLs) and their `labels` into a chip store at `out`.
+
+    `options` are `tiling.plan.TileConfig` fields: `chip_size=256`, `stride`, `shard_size`,
+    `min_valid`, `class_map`, `val_fraction`, `workers`, `storage_options`, `overwrite`, ...
+    Rerunning the same call resumes an interrupted store, as `landcover tile` does.
+    """
+    from tiling.plan import TileConfig
+    from tiling.tile import tile as write_store
+
+    config = _config(
+        TileConfig, images=_strings(images), out=os.fspath(out), labels=_strings(labels), **options
+    )
+    return write_store(config)
+
+
+def train(store: PathLike, out: PathLike, **options: Any) -> TrainResult:
+    """Train a model on chip store `store` into run directory `out` (in this process).
+
+    `options` are `landcover.training.config.TrainConfig` fields: `model="small_unet"`,
+    `epochs=10`, `batch_size=16`, `lr`, `compression`, `block_momentum`, `resume`,
+    `overwrite`, ... The run directory holds `model.pt`, `metrics.jsonl` and `run.json`, as
+    after `landcover train`; for several workers use `landcover train --nproc N` or
+    `landcover cluster launch`.
+    """
+    from landcover.training.config import TrainConfig
+    from landcover.training.trainer import train as run_training
+
+    config = _config(TrainConfig, store_url=os.fspath(store), out_dir=os.fspath(out), **options)
+    return run_training(config)
+
+
+def predict(
+    model: PathLike,
+    images: Sources,
+    out: PathLike,
+    *,
+    region: PathLike | Mapping[str, Any] | BaseGeometry | None = None,
+    bbox: Bbox | None = None,
+    region_crs: str | None = None,
+    **options: Any,
+) -> PredictResult:
+    """Predict a land-cover COG at `out` from the model file `model` and `images`.
+
+    The region is a GeoJSON or WKT file, a parsed GeoJSON mapping, a shapely geometry, or a
+    `bbox` (W, S, E, N); coordinates in `region_crs` (default EPSG:4326). Without either, the
+    union of the images. `options` are `landcover.prediction.runner.PredictConfig` fields:
+    `resolution`, `overlap_px`, `batch_size`, `device`, `probabilities`, `block_px`,
+    `overwrite`, `storage_options`, `max_pixels`, ...
+    """
+    from landcover.prediction.runner import PredictConfig, predict_region
+
+    config = _config(
+        PredictConfig,
+        model=os.fspath(model),
+        images=_strings(images),
+        out=os.fspath(out),
+        region=_region(region, bbox, region_crs),
+        **options,
+    )
+    return predict_region(config)
+
+
+def _strings(sources: Sources) -> tuple[str, ...]:
+    """One path, glob or URL, or several, as the tuple of strings the configs take."""
+    if isinstance(sources, str | os.PathLike):
+        return (os.fspath(sources),)
+    return tuple(os.fspath(s) for s in sources)
+
+
+def _config(kind: type[Any], **values: Any) -> Any:
+    """`kind(**values)`, with an unknown option named as a one-line error."""
+    names = {f.name for f in dataclasses.fields(kind) if f.init}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise LandcoverError(
+            f"unknown option {unknown[0]!r} for {kind.__name__}; use one of: "
+            + ", ".join(sorted(names))
+        )
+    return kind(**values)
+
+
+def _region(
+    region: PathLike | Mapping[str, Any] | BaseGeometry | None,
+    bbox: Bbox | None,
+    crs: str | None,
+) -> Any:
+    """The `Region` the CLI's --region/--bbox would give, from Python values."""
+    from shapely.geometry import mapping
+
+    from landcover.prediction.region import (
+        DEFAULT_REGION_CRS,
+        parse_bbox,
+        parse_region,
+        region_from_geojson,
+    )
+
+    if region is not None and bbox is not None:
+        raise LandcoverError("give either region= or bbox=, not both")
+    if bbox is not None:
+        return parse_bbox(",".join(repr(float(v)) for v in bbox), crs=crs or DEFAULT_REGION_CRS)
+    if region is None:
+        return None
+    if isinstance(region, str | os.PathLike):
+        return parse_region(region, crs=crs)
+    geojson = region if isinstance(region, Mapping) else mapping(region)
+    return region_from_geojson(geojson, crs=crs)
