@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, ScalarFormatter
 
 from landcover.scaling.curves import ScalingCurve, ScalingRow
-from landcover.scaling.report import format_seconds
+from landcover.scaling.document import format_seconds
 
 
 def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
