@@ -41,6 +41,13 @@ class Paragraph:
 
 
 @dataclass(frozen=True, slots=True)
+class Bullets:
+    """A bulleted list."""
+
+    items: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Table:
     """A table of text cells, one tuple per row."""
 
@@ -54,13 +61,6 @@ class Image:
 
     filename: str
     alt: str
-
-
-@dataclass(frozen=True, slots=True)
-class Bullets:
-    """A bulleted list."""
-
-    items: tuple[str, ...]
 
 
 Block = Heading | Paragraph | Table | Image | Bullets

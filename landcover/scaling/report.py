@@ -1,6 +1,6 @@
 """Scaling report: the curves of `landcover.scaling.curves` written as PNG plots, a Markdown
-page and a
-self-contained HTML page (one document model rendered both ways).
+page and a self-contained HTML page (one document of `landcover.scaling.document` rendered
+both ways).
 
 `build_scaling_report` and the curve types are re-exported from `landcover.scaling.curves`, which
 decides which runs are comparable and computes speed-up, fits and projections.
@@ -71,12 +71,18 @@ TUTORIAL_EXPONENT = -0.80  # the exponent of the original Batch AI tutorial's sc
 
 @dataclass(frozen=True, slots=True)
 class ReportPaths:
-    """Where write_report_files put the report."""
+    """Where write_report_files put the report: the pages and the PNGs in `out_dir`."""
 
     out_dir: Path
-    markdown: Path
-    html: Path
     images: tuple[Path, ...]
+
+    @property
+    def markdown(self) -> Path:
+        return self.out_dir / MARKDOWN_FILE
+
+    @property
+    def html(self) -> Path:
+        return self.out_dir / HTML_FILE
 
 
 _RUN_HEADERS = (
@@ -151,12 +157,7 @@ def write_report_files(
     write_bytes_atomic(out / MARKDOWN_FILE, render_markdown(blocks).encode())
     write_bytes_atomic(out / HTML_FILE, render_html(blocks, images).encode())
     logger.info("wrote the scaling report to %s", out)
-    return ReportPaths(
-        out_dir=out,
-        markdown=out / MARKDOWN_FILE,
-        html=out / HTML_FILE,
-        images=tuple(out / name for name in images),
-    )
+    return ReportPaths(out_dir=out, images=tuple(out / name for name in images))
 
 
 def report_markdown(report: ScalingReport) -> str:
