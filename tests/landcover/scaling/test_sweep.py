@@ -172,7 +172,11 @@ def test_the_report_reads_what_the_sweep_writes(
 ) -> None:
     monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
     monkeypatch.setattr(sweep, "launch_plan", FakeLaunch(fail_at=8))
-    run_sweep(SweepConfig("chips.zarr", (1, 2, 4, 8), 3, str(tmp_path / "sweep")))
+    result = run_sweep(SweepConfig("chips.zarr", (1, 2, 4, 8), 3, str(tmp_path / "sweep")))
+    assert [result.run_path(r) for r in result.runs[:2]] == [
+        tmp_path / "sweep" / "workers-1",
+        tmp_path / "sweep" / "workers-2",
+    ]
     runs = sorted(load_runs([tmp_path / "sweep"]), key=lambda r: r.workers)
     # the failed 8-worker run is left out; cores, oversubscription and planned epochs are
     # the sweep's (the runs have no run.json)
