@@ -152,7 +152,7 @@ def run_demo(config: DemoConfig, *, on_stage: Stage | None = None) -> DemoResult
     report = write_scaling_report(load_runs([out / "scaling"]), out / "report")
 
     stage("predict a region spanning two scenes")
-    model_path = sweep.path.parent / sweep.runs[-1].run_dir / "model.pt"  # run_dir is relative
+    model_path = sweep.run_path(sweep.runs[-1]) / "model.pt"
     region_path = out / "region.geojson"
     _write_geojson(_polygon_across_scenes(synth, config), region_path)
     prediction = predict_region(

@@ -16,9 +16,10 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, ScalarFormatter
+from numpy.typing import ArrayLike
 
 from landcover.scaling.curves import ScalingCurve, ScalingRow
-from landcover.scaling.report import format_seconds
+from landcover.scaling.document import format_seconds
 
 
 def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
@@ -51,13 +52,9 @@ def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
                 span, base_s * base_n / span, ":", color=color, label=f"{curve.label}: ideal"
             )
             if curve.fit is not None:
-                ax_time.plot(
-                    span,
-                    [curve.fit.predict(n) for n in span],
-                    "--",
-                    color=color,
-                    label=f"{curve.label}: fit N^{curve.fit.exponent:.2f}",
-                )
+                fitted = [curve.fit.predict(n) for n in span]
+                label = f"{curve.label}: fit N^{curve.fit.exponent:.2f}"
+                _model_line(ax_time, span, fitted, color, label)
         ax_time.plot(
             workers, epoch_s, "-", color=color, alpha=0.4, label=f"{curve.label}: measured"
         )
@@ -119,13 +116,9 @@ def projection_png(curves: Sequence[ScalingCurve], device: str, project_to: Sequ
         low = min(p.workers for p in projection.points)
         top = max(p.workers for p in projection.points)
         span = sorted({round(n) for n in np.geomspace(low, top, 80)} | {low, top})
-        ax.plot(
-            span,
-            [projection.model.epoch_time_s(n) for n in span],
-            "--",
-            color=color,
-            label=f"{curve.label}: PROJECTED over {projection.model.network.name}",
-        )
+        projected = [projection.model.epoch_time_s(n) for n in span]
+        label = f"{curve.label}: PROJECTED over {projection.model.network.name}"
+        _model_line(ax, span, projected, color, label)
         targets = [p for p in projection.points if p.measured_epoch_time_s is None]
         ax.scatter(
             [p.workers for p in targets],
@@ -173,6 +166,13 @@ def _medians(
         by_workers.setdefault(row.run.workers, []).append(value(row))
     workers = sorted(by_workers)
     return workers, [statistics.median(by_workers[n]) for n in workers]
+
+
+def _model_line(
+    ax: Axes, workers: ArrayLike, epoch_s: Sequence[float], color: str, label: str
+) -> None:
+    """A model's epoch times (a fit or a projection, not measurements) as a dashed line."""
+    ax.plot(workers, epoch_s, "--", color=color, label=label)
 
 
 def _worker_axis(ax: Axes, workers: Iterable[int]) -> None:

@@ -1,6 +1,6 @@
 """Scaling report: the curves of `landcover.scaling.curves` written as PNG plots, a Markdown
-page and a
-self-contained HTML page (one document model rendered both ways).
+page and a self-contained HTML page (one document of `landcover.scaling.document` rendered
+both ways).
 
 `build_scaling_report` and the curve types are re-exported from `landcover.scaling.curves`, which
 decides which runs are comparable and computes speed-up, fits and projections.
@@ -8,10 +8,7 @@ decides which runs are comparable and computes speed-up, fits and projections.
 
 from __future__ import annotations
 
-import base64
-import html
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -32,6 +29,18 @@ from landcover.scaling.curves import (
     curve_key,
     scaling_table,
 )
+from landcover.scaling.document import (
+    Block,
+    Bullets,
+    Heading,
+    Image,
+    Paragraph,
+    Table,
+    format_bytes,
+    format_seconds,
+    render_html,
+    render_markdown,
+)
 from landcover.scaling.projection import describe_network
 from landcover.scaling.runs import RunSummary
 
@@ -47,7 +56,6 @@ __all__ = [
     "ScalingRow",
     "build_scaling_report",
     "curve_key",
-    "format_seconds",
     "report_markdown",
     "scaling_table",
     "write_report_files",
@@ -63,47 +71,19 @@ TUTORIAL_EXPONENT = -0.80  # the exponent of the original Batch AI tutorial's sc
 
 @dataclass(frozen=True, slots=True)
 class ReportPaths:
-    """Where write_report_files put the report."""
+    """Where write_report_files put the report: the pages and the PNGs in `out_dir`."""
 
     out_dir: Path
-    markdown: Path
-    html: Path
     images: tuple[Path, ...]
 
+    @property
+    def markdown(self) -> Path:
+        return self.out_dir / MARKDOWN_FILE
 
-# ---------------------------------------------------------------------------------------------
-# Writing: one document model rendered to Markdown and to self-contained HTML
+    @property
+    def html(self) -> Path:
+        return self.out_dir / HTML_FILE
 
-
-@dataclass(frozen=True, slots=True)
-class _Heading:
-    level: int
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Paragraph:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Table:
-    headers: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Image:
-    filename: str
-    alt: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Bullets:
-    items: tuple[str, ...]
-
-
-_Block = _Heading | _Paragraph | _Table | _Image | _Bullets
 
 _RUN_HEADERS = (
     *("device", "mode", "workers", "nodes", "epoch time (s)", "epochs run", "epochs used"),
@@ -174,20 +154,15 @@ def write_report_files(
     for name, data in images.items():
         write_bytes_atomic(out / name, data)
     blocks = _document(report, figures)
-    write_bytes_atomic(out / MARKDOWN_FILE, _render_markdown(blocks).encode())
-    write_bytes_atomic(out / HTML_FILE, _render_html(blocks, images).encode())
+    write_bytes_atomic(out / MARKDOWN_FILE, render_markdown(blocks).encode())
+    write_bytes_atomic(out / HTML_FILE, render_html(blocks, images).encode())
     logger.info("wrote the scaling report to %s", out)
-    return ReportPaths(
-        out_dir=out,
-        markdown=out / MARKDOWN_FILE,
-        html=out / HTML_FILE,
-        images=tuple(out / name for name in images),
-    )
+    return ReportPaths(out_dir=out, images=tuple(out / name for name in images))
 
 
 def report_markdown(report: ScalingReport) -> str:
     """The report as Markdown text without image links, for printing."""
-    return _render_markdown(_document(report, figures={}))
+    return render_markdown(_document(report, figures={}))
 
 
 def _figure_names(devices: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -202,27 +177,27 @@ def _figure_names(devices: Sequence[str]) -> dict[str, tuple[str, str]]:
     return {d: (f"scaling-{s}.png", f"projection-{s}.png") for d, s in slugs.items()}
 
 
-def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> list[_Block]:
+def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> list[Block]:
     runs = [row.run for curve in report.curves for row in curve.rows]
-    blocks: list[_Block] = [
-        _Heading(1, "Scaling report"),
-        _Paragraph(
+    blocks: list[Block] = [
+        Heading(1, "Scaling report"),
+        Paragraph(
             f"{len(runs)} runs on {len(report.devices)} device(s): "
             + "; ".join(report.devices)
             + ". Each device has its own curves and figures; devices are never mixed."
         ),
-        _Heading(2, "Measured runs"),
-        _Table(
+        Heading(2, "Measured runs"),
+        Table(
             _RUN_HEADERS,
             tuple(_run_row(curve, row) for curve in report.curves for row in curve.rows),
         ),
-        _Paragraph(_CURVE_NOTE),
-        _Heading(2, "Power-law fits"),
-        _Table(
+        Paragraph(_CURVE_NOTE),
+        Heading(2, "Power-law fits"),
+        Table(
             ("device", "curve", "runs fitted", "worker counts", "exponent b (t ∝ N^b)", "R²"),
             tuple(_fit_row(curve) for curve in report.curves),
         ),
-        _Paragraph(
+        Paragraph(
             "Least squares of log(epoch time) = a + b·log(workers). Ideal strong scaling is "
             f"b = -1; the original tutorial's figure reported b = {TUTORIAL_EXPONENT:.2f}. "
             "Oversubscribed runs (more worker threads than cores on a host) are shown hollow "
@@ -231,10 +206,10 @@ def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> 
     ]
     for device in report.devices:
         if device in figures:
-            blocks.append(_Image(figures[device][0], f"Measured scaling on {device}"))
+            blocks.append(Image(figures[device][0], f"Measured scaling on {device}"))
     blocks += [
-        _Heading(2, "PROJECTED epoch times (ring model, not measurements)"),
-        _Paragraph(
+        Heading(2, "PROJECTED epoch times (ring model, not measurements)"),
+        Paragraph(
             "Model: epoch_time(N) = steps(N) · (B · compute_per_sample + comm(N)) with a fixed "
             "per-worker batch B and the epoch's S samples split over N workers (strong scaling "
             "of the epoch): steps(N) = floor(floor(S / N) / B), full batches of the smallest "
@@ -253,9 +228,9 @@ def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> 
             blocks += _projection_blocks(curve, curve.projection)
     for device in report.devices:
         if device in figures:
-            blocks.append(_Image(figures[device][1], f"PROJECTED epoch time on {device}"))
+            blocks.append(Image(figures[device][1], f"PROJECTED epoch time on {device}"))
     if report.notes:
-        blocks += [_Heading(2, "Notes"), _Bullets(report.notes)]
+        blocks += [Heading(2, "Notes"), Bullets(report.notes)]
     return blocks
 
 
@@ -279,7 +254,7 @@ def _run_row(curve: ScalingCurve, row: ScalingRow) -> tuple[str, ...]:
         "-" if run.complete is False else f"{row.speedup:.2f} (ideal {row.ideal_speedup:g})",
         "-" if run.complete is False else f"{row.efficiency:.0%}",
         format_seconds(run.load_time_s),
-        _format_bytes(run.comm_bytes_per_step),
+        format_bytes(run.comm_bytes_per_step),
         oversubscribed,
         run.label,
     )
@@ -299,14 +274,14 @@ def _fit_row(curve: ScalingCurve) -> tuple[str, ...]:
     )
 
 
-def _projection_blocks(curve: ScalingCurve, projection: CurveProjection) -> list[_Block]:
+def _projection_blocks(curve: ScalingCurve, projection: CurveProjection) -> list[Block]:
     model = projection.model
     worst = projection.max_abs_error
     summary = (
         f"Network {describe_network(model.network)} [{projection.network_source}]; "
         f"compute per sample {model.compute_per_sample_s * 1e3:.4g} ms (fitted"
         f"{', clamped at 0' if projection.compute_fit.clamped else ''}); all-reduce payload "
-        f"{_format_bytes(model.payload_bytes)} per step; S = {model.samples_per_epoch} samples per "
+        f"{format_bytes(model.payload_bytes)} per step; S = {model.samples_per_epoch} samples per "
         f"epoch; B = {model.batch_size}. Largest error on the measured points: "
         + (f"{worst:.1%}." if worst is not None else "n/a.")
     )
@@ -325,89 +300,13 @@ def _projection_blocks(curve: ScalingCurve, projection: CurveProjection) -> list
         for p in projection.points
     )
     return [
-        _Heading(3, f"PROJECTED: {curve.key.device} · {curve.label}"),
-        _Paragraph(summary),
-        _Table(_PROJECTION_HEADERS, rows),
+        Heading(3, f"PROJECTED: {curve.key.device} · {curve.label}"),
+        Paragraph(summary),
+        Table(_PROJECTION_HEADERS, rows),
     ]
-
-
-def format_seconds(seconds: float) -> str:
-    """Seconds for a table or a label: whole above 100, 2 decimals above 1, else 3 digits."""
-    if not math.isfinite(seconds):
-        return "n/a"
-    if seconds >= 100:
-        return f"{seconds:.0f}"
-    if seconds >= 1:
-        return f"{seconds:.2f}"
-    return f"{seconds:.3g}"
-
-
-def _format_bytes(count: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= size:
-            return f"{count / size:.2f} {unit}"
-    return f"{count:.0f} B"
 
 
 def _format_epochs(used: Sequence[int], total: int) -> str:
     if len(used) == total:
         return f"{total} of {total}"
     return f"{len(used)} of {total} (first left out)"
-
-
-def _render_markdown(blocks: Sequence[_Block]) -> str:
-    parts: list[str] = []
-    for block in blocks:
-        if isinstance(block, _Heading):
-            parts.append(f"{'#' * block.level} {block.text}")
-        elif isinstance(block, _Paragraph):
-            parts.append(block.text)
-        elif isinstance(block, _Table):
-            lines = [_md_row(block.headers), "|" + "---|" * len(block.headers)]
-            lines += [_md_row(row) for row in block.rows]
-            parts.append("\n".join(lines))
-        elif isinstance(block, _Image):
-            parts.append(f"![{block.alt}]({block.filename})")
-        else:
-            parts.append("\n".join(f"- {item}" for item in block.items))
-    return "\n\n".join(parts) + "\n"
-
-
-def _md_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-
-_HTML_STYLE = (
-    "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
-    "table{border-collapse:collapse;margin:1em 0;font-size:90%}"
-    "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right}"
-    "th{background:#eee}td:first-child,td:nth-child(2){text-align:left}"
-    "img{max-width:100%}"
-)
-
-
-def _render_html(blocks: Sequence[_Block], images: Mapping[str, bytes]) -> str:
-    esc = html.escape
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8"><title>Scaling report</title>',
-        f"<style>{_HTML_STYLE}</style></head><body>",
-    ]
-    for block in blocks:
-        if isinstance(block, _Heading):
-            parts.append(f"<h{block.level}>{esc(block.text)}</h{block.level}>")
-        elif isinstance(block, _Paragraph):
-            parts.append(f"<p>{esc(block.text)}</p>")
-        elif isinstance(block, _Table):
-            head = "".join(f"<th>{esc(h)}</th>" for h in block.headers)
-            body = "".join(
-                "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in block.rows
-            )
-            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-        elif isinstance(block, _Image):
-            data = base64.b64encode(images[block.filename]).decode("ascii")
-            parts.append(f'<p><img alt="{esc(block.alt)}" src="data:image/png;base64,{data}"></p>')
-        else:
-            parts.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in block.items) + "</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"

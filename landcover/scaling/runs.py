@@ -18,22 +18,17 @@ import logging
 import math
 import os
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from landcover.errors import ReportError
 from landcover.scaling.metricsfile import is_int, read_epoch_records
+from landcover.scaling.sweepfile import SWEEP_FILE, SweepRun, read_sweep
+from landcover.training.rundir import METRICS_FILE, RUN_FILE
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-RUN_FILE = "run.json"
-SWEEP_FILE = "sweep.json"
-
-# sweep.json is not pinned in docs/CONTRACTS.md yet: accept the names a sweep may give its runs
-_SWEEP_PATH_KEYS = ("run_dir", "dir", "path", "out", "name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,25 +91,22 @@ class RunSummary:
         return self.epoch_time_s / self.steps
 
 
-_Entry = Mapping[str, Any]
-
-
 @dataclass(frozen=True, slots=True)
 class _Sweep:
     """What a sweep.json says about the run directories beside it (nothing without one)."""
 
     file: Path
-    named: dict[Path, tuple[Path, _Entry]]  # resolved run dir → (run dir, entry)
-    unnamed: tuple[_Entry, ...]  # entries naming no directory: matched by worker count
-    failed: dict[Path, _Entry]  # resolved run dir → entry, for runs the sweep marks failed
+    named: dict[Path, tuple[Path, SweepRun]]  # resolved run dir → (run dir, its run)
+    unnamed: tuple[SweepRun, ...]  # runs naming no directory: matched by worker count
+    failed: dict[Path, SweepRun]  # resolved run dir → a run the sweep marks failed
     epochs: int | None  # the --epochs the sweep gave every run
 
-    def entry_for(self, run_dir: Path, workers: int) -> _Entry | None:
-        """The entry naming `run_dir`, else the one unnamed entry with `workers` workers."""
+    def entry_for(self, run_dir: Path, workers: int) -> SweepRun | None:
+        """The run naming `run_dir`, else the one unnamed run with `workers` workers."""
         named = self.named.get(run_dir.resolve())
         if named is not None:
             return named[1]
-        matches = [e for e in self.unnamed if e.get("workers") == workers]
+        matches = [run for run in self.unnamed if run.workers == workers]
         return matches[0] if len(matches) == 1 else None
 
 
@@ -157,7 +149,7 @@ def _expand(path: Path) -> list[_Source]:
             )
     for entry in sweep.failed.values():
         logger.warning(
-            "%s: skipping a run the sweep marks as failed: %s", sweep.file, describe_entry(entry)
+            "%s: skipping a run the sweep marks as failed: %s", sweep.file, entry.describe()
         )
     run_dirs = {resolved: run_dir for resolved, (run_dir, _) in sweep.named.items()}
     for child in sorted(path.iterdir()):
@@ -174,69 +166,24 @@ def _expand(path: Path) -> list[_Source]:
 
 def _load_sweep(sweep_dir: Path) -> _Sweep:
     sweep_file = sweep_dir / SWEEP_FILE
-    named: dict[Path, tuple[Path, _Entry]] = {}
-    unnamed: list[_Entry] = []
-    failed: dict[Path, _Entry] = {}
-    data = _read_json(sweep_file) if sweep_file.is_file() else []
-    for entry in _sweep_entries(sweep_file, data):
-        run_dir = _entry_dir(sweep_dir, entry)
-        if _entry_failed(entry):
-            if run_dir is not None:
-                failed[run_dir.resolve()] = entry
-        elif run_dir is None:
-            unnamed.append(entry)
+    named: dict[Path, tuple[Path, SweepRun]] = {}
+    unnamed: list[SweepRun] = []
+    failed: dict[Path, SweepRun] = {}
+    if not sweep_file.is_file():
+        return _Sweep(sweep_file, named, (), failed, None)
+    record = read_sweep(sweep_file)
+    for run in record.runs:
+        if run.run_dir is None:
+            if run.status != "failed":
+                unnamed.append(run)
+            continue
+        # relative to the sweep directory, as the sweep writes it
+        run_dir = sweep_dir / run.run_dir
+        if run.status == "failed":
+            failed[run_dir.resolve()] = run
         else:
-            named.setdefault(run_dir.resolve(), (run_dir, entry))
-    epochs = _positive_int(data.get("epochs")) if isinstance(data, dict) else None
-    return _Sweep(sweep_file, named, tuple(unnamed), failed, epochs)
-
-
-def _sweep_entries(sweep_file: Path, data: Any) -> tuple[_Entry, ...]:
-    entries = data.get("runs") if isinstance(data, dict) else data
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ReportError(
-            f"{sweep_file}: expected a list of run objects (or {{'runs': [...]}}); rerun "
-            "`landcover scale` or delete the file to read the run subdirectories alone"
-        )
-    return tuple(entries)
-
-
-def describe_entry(entry: _Entry) -> str:
-    """A sweep.json run entry as a phrase for a log line: `workers-4 (4 workers, status
-    failed, exit code 1): out of memory`."""
-    where = next(
-        (str(entry[k]) for k in _SWEEP_PATH_KEYS if isinstance(entry.get(k), str) and entry[k]),
-        "a run",
-    )
-    facts = []
-    if is_int(entry.get("workers")):
-        facts.append(f"{entry['workers']} workers")
-    if entry.get("status"):
-        facts.append(f"status {entry['status']}")
-    if entry.get("returncode") not in (None, 0):
-        facts.append(f"exit code {entry['returncode']}")
-    text = f"{where} ({', '.join(facts)})" if facts else where
-    error = str(entry.get("error") or "").strip()
-    return f"{text}: {error.splitlines()[0]}" if error else text
-
-
-def _entry_failed(entry: _Entry) -> bool:
-    status = str(entry.get("status", "")).lower()
-    return status in {"failed", "error", "crashed"} or entry.get("returncode") not in (None, 0)
-
-
-def _entry_dir(sweep_dir: Path, entry: _Entry) -> Path | None:
-    for key in _SWEEP_PATH_KEYS:
-        value = entry.get(key)
-        if isinstance(value, str) and value:
-            candidate = Path(value)
-            if candidate.is_absolute():
-                return candidate
-            # the sweep may have recorded paths relative to its own cwd, not to the sweep dir
-            if (sweep_dir / candidate).exists() or not (sweep_dir / candidate.name).exists():
-                return sweep_dir / candidate
-            return sweep_dir / candidate.name
-    return None
+            named.setdefault(run_dir.resolve(), (run_dir, run))
+    return _Sweep(sweep_file, named, tuple(unnamed), failed, record.epochs)
 
 
 def _read_json(path: Path) -> Any:
@@ -279,7 +226,7 @@ def _summarise(source: _Source) -> RunSummary:
     config = run_info.get("config")
     config = config if isinstance(config, dict) else {}
     epochs_planned = _positive_int(config.get("epochs")) or source.sweep.epochs
-    cores = _positive_int((entry or {}).get("cores")) or _positive_int(run_info.get("cores"))
+    cores = _positive_int(entry and entry.cores) or _positive_int(run_info.get("cores"))
     oversubscribed, oversubscribed_source = _oversubscription(
         entry, cores=cores, workers=workers, nodes=nodes, threads_per_worker=threads
     )
@@ -315,7 +262,7 @@ def _summarise(source: _Source) -> RunSummary:
 
 
 def _oversubscription(
-    entry: _Entry | None,
+    entry: SweepRun | None,
     *,
     cores: int | None,
     workers: int,
@@ -324,8 +271,8 @@ def _oversubscription(
 ) -> tuple[bool | None, str | None]:
     """Whether a run's workers asked for more threads than a host has cores, and who says so:
     the sweep's own mark first, else workers per host × threads against the core count."""
-    if entry is not None and isinstance(entry.get("oversubscribed"), bool):
-        return entry["oversubscribed"], SWEEP_FILE
+    if entry is not None and entry.oversubscribed is not None:
+        return entry.oversubscribed, SWEEP_FILE
     if cores is None or threads_per_worker is None:
         return None, None
     workers_per_host = math.ceil(workers / nodes)

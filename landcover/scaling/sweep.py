@@ -10,42 +10,9 @@ On the local engine, N workers are one node with N processes (or, with a cluster
 processesPerNode simulated nodes), each with max(1, cores // N) threads. More workers than
 cores is allowed but marked `oversubscribed`: such a point measures time-slicing, not scaling.
 
-Files written (atomically, after every run, so a partial sweep is readable):
-
-`DIR/sweep.json`::
-
-    {
-      "format": "landcover-sweep", "version": 1,
-      "engine": "local",                 engine of every run
-      "cluster": "local",                cluster name (spec name)
-      "vm_size": "local",
-      "host": "myhost",                  machine that ran the sweep
-      "cores": 2,                        cores usable on that machine
-      "store": "chips.zarr",             redacted
-      "epochs": 3,
-      "train_args": ["--model", "small_unet"],   extra training args, redacted
-      "entry_module": "landcover.training",
-      "created": "2026-01-01T00:00:00+00:00", "updated": "...",
-      "runs": [RUN, ...]                 in worker-count order
-    }
-
-RUN (also written alone as `DIR/workers-N/launch.json` once that run ended)::
-
-    {
-      "workers": 2, "nodes": 1, "processes_per_node": 2,
-      "threads_per_worker": 1,           --threads the workers got
-      "cores": 2,                        cores the run had (local: this machine's; remote:
-                                         nodes x vCPUs of the VM size, or null if unknown)
-      "oversubscribed": false,           workers > cores (local engine only)
-      "run_dir": "workers-2",            relative to DIR
-      "status": "done" | "failed" | "submitted",
-      "error": null | "one line",
-      "job_id": "...", "log_dir": "workers-2/logs" | URL | null,
-      "wall_time_s": 31.2,               launch to exit, startup and load included
-      "epochs_done": 3,                  lines in metrics.jsonl
-      "epoch_time_s": 4.1,               median of metrics.jsonl epoch_time_s (null if none)
-      "samples_per_s": 812.0             median of metrics.jsonl samples_per_s (null if none)
-    }
+After every run, `DIR/sweep.json` (the typed record of `landcover.scaling.sweepfile`, fields
+in docs/CONTRACTS.md) is rewritten atomically, so a partial sweep is readable; each finished
+run is also written alone as `DIR/workers-N/launch.json`.
 """
 
 from __future__ import annotations
@@ -54,15 +21,13 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import os
 import shutil
 import socket
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
 
 from cluster.engine import (
     DEFAULT_ENTRY_MODULE,
@@ -76,17 +41,34 @@ from cluster.engine import (
 from cluster.errors import ClusterError, LaunchError
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec, ElasticSpec, local_cpu_count, local_spec
+from landcover.scaling.sweepfile import (
+    SWEEP_FILE,
+    RunStatus,
+    SweepRecord,
+    SweepRun,
+    read_sweep,
+    write_launch,
+    write_sweep,
+)
+from landcover.training.rundir import METRICS_FILE
+
+__all__ = [
+    "RUN_PREFIX",
+    "SweepConfig",
+    "SweepResult",
+    "SweepRun",
+    "check_extra_args",
+    "format_sweep_table",
+    "parse_worker_counts",
+    "run_sweep",
+    "spec_for_workers",
+    "summarize_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
-SWEEP_FILE = "sweep.json"
-RUN_FILE = "launch.json"
-SWEEP_FORMAT = "landcover-sweep"
-SWEEP_VERSION = 1
 RUN_PREFIX = "workers-"
 _RESERVED_ARGS = ("--out", "--epochs", "--nproc")
-
-RunStatus = Literal["done", "failed", "submitted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,28 +88,9 @@ class SweepConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class SweepRun:
-    """One worker count's run, as recorded in sweep.json (see the module docstring)."""
-
-    workers: int
-    nodes: int
-    processes_per_node: int
-    threads_per_worker: int | None
-    cores: int | None
-    oversubscribed: bool
-    run_dir: str
-    status: RunStatus
-    error: str | None
-    job_id: str | None
-    log_dir: str | None
-    wall_time_s: float | None
-    epochs_done: int
-    epoch_time_s: float | None
-    samples_per_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
 class SweepResult:
+    """What `run_sweep` did: where sweep.json is, this machine's cores, every run."""
+
     path: Path  # DIR/sweep.json
     cores: int
     runs: tuple[SweepRun, ...]
@@ -135,6 +98,10 @@ class SweepResult:
     @property
     def failed(self) -> tuple[SweepRun, ...]:
         return tuple(r for r in self.runs if r.status == "failed")
+
+    def run_path(self, run: SweepRun) -> Path:
+        """The run directory of `run`, one of `runs`: DIR/workers-N."""
+        return self.path.parent / (run.run_dir or f"{RUN_PREFIX}{run.workers}")
 
 
 def parse_worker_counts(text: str) -> tuple[int, ...]:
@@ -201,68 +168,60 @@ def run_sweep(
     redactor = job_redactor(
         config.cluster or local_spec(1), _job(config, str(out / f"{RUN_PREFIX}1"))
     )
-    header = _header(config, redactor)
+    record = _record(config, redactor)
     sweep_path = out / SWEEP_FILE
-    previous = _previous_runs(sweep_path, header, config.overwrite)
+    previous = _previous_runs(sweep_path, record, config.overwrite)
     out.mkdir(parents=True, exist_ok=True)
     runs: list[SweepRun] = []
     for workers in config.workers:
         spec = spec_for_workers(config.cluster, workers)
         run_dir = out / f"{RUN_PREFIX}{workers}"
         reused = previous.get(workers)
-        if reused is not None and (run_dir / "metrics.jsonl").exists():
+        if reused is not None and (run_dir / METRICS_FILE).exists():
             logger.info("reusing the finished run %s", run_dir)
             run = reused
         else:
             run = _run_one(config, spec, run_dir, options, redactor)
             if run_dir.is_dir():
-                _write_json(run_dir / RUN_FILE, asdict(run))
+                write_launch(run_dir, run)
         runs.append(run)
-        _write_json(sweep_path, {**header, "updated": _now(), "runs": [asdict(r) for r in runs]})
+        write_sweep(sweep_path, record.model_copy(update={"updated": _now(), "runs": tuple(runs)}))
         if on_run is not None:
             on_run(run)
     return SweepResult(path=sweep_path, cores=local_cpu_count(), runs=tuple(runs))
 
 
-def _header(config: SweepConfig, redactor: Redactor) -> dict[str, Any]:
+def _record(config: SweepConfig, redactor: Redactor) -> SweepRecord:
+    """The sweep.json of `config` before its first run."""
     spec = config.cluster
-    return {
-        "format": SWEEP_FORMAT,
-        "version": SWEEP_VERSION,
-        "engine": spec.engine if spec else "local",
-        "cluster": spec.name if spec else "local",
-        "vm_size": spec.vm_size if spec else "local",
-        "host": socket.gethostname(),
-        "cores": local_cpu_count(),
-        "store": redactor.text(config.store),
-        "epochs": config.epochs,
-        "train_args": redactor.args(config.extra_args),
-        "entry_module": config.entry_module,
-        "created": _now(),
-    }
+    return SweepRecord(
+        engine=spec.engine if spec else "local",
+        cluster=spec.name if spec else "local",
+        vm_size=spec.vm_size if spec else "local",
+        host=socket.gethostname(),
+        cores=local_cpu_count(),
+        store=redactor.text(config.store),
+        epochs=config.epochs,
+        train_args=tuple(redactor.args(config.extra_args)),
+        entry_module=config.entry_module,
+        created=_now(),
+        updated=None,
+        runs=(),
+    )
 
 
-_SAME_SWEEP_KEYS = ("engine", "cluster", "vm_size", "store", "epochs", "train_args", "entry_module")
-
-
-def _previous_runs(path: Path, header: Mapping[str, Any], overwrite: bool) -> dict[int, SweepRun]:
+def _previous_runs(path: Path, record: SweepRecord, overwrite: bool) -> dict[int, SweepRun]:
     """Finished runs of an earlier sweep of the same settings in the same DIR."""
     if overwrite or not path.exists():
         return {}
-    try:
-        old = json.loads(path.read_text())
-        old_runs = [SweepRun(**r) for r in old.get("runs", [])]
-    except (ValueError, TypeError) as exc:
-        raise ClusterError(
-            f"{path} is not a readable sweep ({exc.__class__.__name__}); pass --overwrite"
-        ) from None
-    changed = [k for k in _SAME_SWEEP_KEYS if old.get(k) != header.get(k)]
+    old = read_sweep(path)
+    changed = old.differences(record)
     if changed:
         raise ClusterError(
             f"{path.parent} holds a sweep with other settings ({', '.join(changed)} differ); "
             "pass --overwrite to replace it or choose another --out"
         )
-    return {r.workers: r for r in old_runs if r.status == "done"}
+    return {r.workers: r for r in old.runs if r.status == "done"}
 
 
 def _job(config: SweepConfig, run_dir: str) -> TrainJob:
@@ -298,7 +257,7 @@ def _run_one(
         status, error, job_id = "failed", redactor.text(str(exc)), None
         log_dir = str(run_dir / "logs") if local else None
     wall_time_s = time.monotonic() - started
-    epochs_done, epoch_time_s, samples_per_s = summarize_metrics(run_dir / "metrics.jsonl")
+    epochs_done, epoch_time_s, samples_per_s = summarize_metrics(run_dir / METRICS_FILE)
     if log_dir is not None and Path(log_dir).is_relative_to(run_dir.parent):
         log_dir = str(Path(log_dir).relative_to(run_dir.parent))
     return SweepRun(
@@ -407,12 +366,6 @@ def format_sweep_table(result: SweepResult) -> str:
         return "  ".join([*aligned, cells[-1]]).rstrip()
 
     return "\n".join([line(header), *(line(r) for r in rows)])
-
-
-def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _now() -> str:

@@ -18,6 +18,7 @@ from cluster.engine import LaunchOptions, LaunchResult, Plan, TrainJob
 from cluster.errors import ClusterError, LaunchError
 from cluster.spec import parse_cluster_spec
 from landcover.scaling import sweep
+from landcover.scaling.runs import load_runs
 from landcover.scaling.sweep import (
     SweepConfig,
     SweepResult,
@@ -28,6 +29,7 @@ from landcover.scaling.sweep import (
     spec_for_workers,
     summarize_metrics,
 )
+from tests.landcover.scaling.test_runs import metrics_line
 
 
 def test_worker_counts() -> None:
@@ -78,7 +80,8 @@ def test_metrics_summary(tmp_path: Path) -> None:
 
 
 class FakeLaunch:
-    """Writes metrics.jsonl as a run of `workers` workers would, with ideal scaling."""
+    """Writes metrics.jsonl as a run of `workers` workers would (every field the report reads),
+    with ideal scaling."""
 
     def __init__(self, fail_at: int | None = None) -> None:
         self.fail_at = fail_at
@@ -96,16 +99,8 @@ class FakeLaunch:
         epochs = int(plan.job.args[plan.job.args.index("--epochs") + 1])
         with (out / "metrics.jsonl").open("w") as f:
             for epoch in range(1, epochs + 1):
-                f.write(
-                    json.dumps(
-                        {
-                            "epoch": epoch,
-                            "epoch_time_s": 8.0 / workers,
-                            "samples_per_s": 10.0 * workers,
-                        }
-                    )
-                    + "\n"
-                )
+                record = metrics_line(epoch, workers, 8.0 / workers, samples_per_s=10.0 * workers)
+                f.write(json.dumps(record) + "\n")
         return LaunchResult(
             "local", f"job-{workers}", "succeeded", str(out), str(out / "logs"), 1.0
         )
@@ -170,6 +165,29 @@ def test_sweep_records_runs_reuses_them_and_marks_oversubscription(
     assert fake.calls[-1] == 1
     rerun = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [(r["workers"], r["threads_per_worker"]) for r in rerun["runs"]] == [(1, 3)]
+
+
+def test_the_report_reads_what_the_sweep_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
+    monkeypatch.setattr(sweep, "launch_plan", FakeLaunch(fail_at=8))
+    result = run_sweep(SweepConfig("chips.zarr", (1, 2, 4, 8), 3, str(tmp_path / "sweep")))
+    assert [result.run_path(r) for r in result.runs[:2]] == [
+        tmp_path / "sweep" / "workers-1",
+        tmp_path / "sweep" / "workers-2",
+    ]
+    runs = sorted(load_runs([tmp_path / "sweep"]), key=lambda r: r.workers)
+    # the failed 8-worker run is left out; cores, oversubscription and planned epochs are
+    # the sweep's (the runs have no run.json)
+    assert [
+        (r.workers, r.run_dir.name, r.cores, r.oversubscribed, r.oversubscribed_source, r.progress)
+        for r in runs
+    ] == [
+        (1, "workers-1", 2, False, "sweep.json", "3 of 3"),
+        (2, "workers-2", 2, False, "sweep.json", "3 of 3"),
+        (4, "workers-4", 2, True, "sweep.json", "3 of 3"),
+    ]
 
 
 def test_reserved_training_args_are_refused(tmp_path: Path) -> None:
