@@ -105,7 +105,7 @@ from tiling.urls import check_storage_options
 
 if TYPE_CHECKING:
     from landcover.comm.bmuf import BlockMomentum
-    from landcover.comm.hooks import CommMeter
+    from landcover.comm import CommMeter
 
 logger = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ class Trainer:
         self, common: Mapping[str, Any] | None, own: Mapping[str, Any]
     ) -> None:
         from landcover.comm.bmuf import BlockMomentum
-        from landcover.comm.hooks import install_comm_hook, parse_compression
+        from landcover.comm import install_comm_hook, parse_compression
 
         config = self.config
         spec = parse_compression(config.compression)

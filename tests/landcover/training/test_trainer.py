@@ -9,7 +9,6 @@ import math
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -38,6 +37,7 @@ from landcover.training import (
 )
 from landcover.training.distributed import DistEnv
 from landcover.training.losses import Scores
+from tests.multiprocess import free_ports
 from tiling.store import open_store
 from tiling.synth import SynthResult
 from tiling.tile import TileConfig, tile
@@ -61,16 +61,6 @@ def make_config(store: str, out: Path, **overrides: Any) -> TrainConfig:
     }
     options.update(overrides)
     return TrainConfig(store_url=store, out_dir=str(out), **options)
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def checkpoint(run: Path) -> dict[str, Any]:
