@@ -25,13 +25,9 @@ from rio_cogeo.cogeo import cog_validate
 from landcover import cli
 from landcover.errors import RegionError
 from landcover.prediction.blend import LogitBlender, WindowLayout, taper_profile, window_starts
+from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, to_cog
-from landcover.prediction.outgrid import (
-    TAG_CLASS_MAP,
-    TAG_CLASS_NAMES,
-    plan_output_grid,
-    read_mosaic,
-)
+from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, plan_output_grid
 from landcover.prediction.region import parse_bbox
 from landcover.prediction.runner import PredictConfig, predict_region
 from landcover.prediction.setup import open_images
