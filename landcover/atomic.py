@@ -1,6 +1,11 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half of either.
+"""Output files: the overwrite policy and atomic writes.
 
-The one way landcover replaces an output file (run.json, checkpoints, model.pt, reports):
+`refuse_existing` is the one overwrite policy (as rasterio's `resolve_inout` with
+`FileOverwriteError`): an output that exists is replaced only when `--overwrite` was given.
+
+`write_atomic` is the one way landcover replaces an output file (run.json, checkpoints,
+model.pt, reports), so that a reader sees the old file or the whole new one, never half of
+either:
 
 1. write to a temp file in the target's directory (a rename is only atomic within one
    file system),
@@ -22,12 +27,36 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from landcover.errors import OutputExistsError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["default_file_mode", "write_atomic", "write_bytes_atomic", "write_text_atomic"]
+__all__ = [
+    "default_file_mode",
+    "refuse_existing",
+    "write_atomic",
+    "write_bytes_atomic",
+    "write_text_atomic",
+]
+
+
+def refuse_existing(
+    paths: Iterable[str | os.PathLike[str]], *, overwrite: bool, what: str = "it"
+) -> None:
+    """Raise `OutputExistsError` naming the first of `paths` that exists, unless `overwrite`.
+
+    The message is "<path> exists; pass --overwrite to replace <what>" (`what` names the
+    files when there are several, e.g. "the plan files"). Call it before the work that
+    produces the outputs, so a refusal costs nothing.
+    """
+    if overwrite:
+        return
+    for path in paths:
+        if Path(path).exists():
+            raise OutputExistsError(f"{path} exists; pass --overwrite to replace {what}")
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:

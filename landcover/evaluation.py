@@ -25,8 +25,8 @@ import rasterio
 from rasterio.windows import Window
 from shapely.geometry import box
 
-from landcover.atomic import write_bytes_atomic, write_text_atomic
-from landcover.errors import EvaluationError, OutputExistsError
+from landcover.atomic import refuse_existing, write_bytes_atomic, write_text_atomic
+from landcover.errors import EvaluationError
 from landcover.prediction.outgrid import TAG_CLASS_MAP, OutputGrid, footprint_in_crs
 from tiling.classes import (
     DEFAULT_CLASS_MAP,
@@ -262,10 +262,7 @@ def check_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> 
             f"{', '.join(REPORT_FILES)}"
         )
     paths = [target / name for name in REPORT_FILES]
-    if not overwrite:
-        for path in paths:
-            if path.exists():
-                raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")
+    refuse_existing(paths, overwrite=overwrite)
     return paths
 
 

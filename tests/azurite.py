@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
+from tests.multiprocess import free_port
 
 TOOLS_DIR = REPO_ROOT / ".tools"
 ACCOUNT = "devstoreaccount1"
@@ -57,12 +58,6 @@ class Azurite:
 
     def url(self, path: str) -> str:
         return f"az://{self.container}/{path}"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _blob_binary(azurite: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Chip-grid arithmetic: where chips sit in an image and how they group into reads.
+"""Grid arithmetic: where chips sit in an image and how they group into reads, and when two
+pixel grids are the same grid (`GRID_TOLERANCE_PX`, `aligned_offset`).
 
 Pure functions and value objects, no I/O.
 
@@ -11,9 +12,21 @@ sparse sample and no edge chip is added.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from affine import Affine
+
 from tiling.errors import TilingError
+
+GRID_TOLERANCE_PX = 1e-3
+"""Two pixel grids are one grid when, over the raster, no pixel edge of one lies further than
+this fraction of a pixel from the other's. Then pixels are read by window instead of warped.
+Why 1e-3: labels are warped with nearest neighbour, which samples pixel centres, half a pixel
+from any edge, so any shift below 0.5 px picks the same label; imagery is warped bilinearly,
+and a 1e-3 px shift moves a uint8 value by at most 0.255 (< half a step). Reading is exact
+and much cheaper than GDAL's warper, and transforms that went through a CRS round trip or a
+decimal print (errors of 1e-9..1e-6 px) must not be warped for float noise."""
 
 
 def chip_offsets(length_px: int, chip_size: int, stride: int) -> tuple[int, ...]:
@@ -117,3 +130,35 @@ def chip_grid(height: int, width: int, chip_size: int, stride: int, *, where: st
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def same_pixel_size(a: Affine, b: Affine, *, span_px: int) -> bool:
+    """Both north-up (no rotation) with pixel sizes that drift apart by at most
+    `GRID_TOLERANCE_PX` over `span_px` pixels."""
+    if a.b or a.d or b.b or b.d:
+        return False
+    return abs(a.a - b.a) * span_px <= GRID_TOLERANCE_PX * abs(b.a) and abs(
+        a.e - b.e
+    ) * span_px <= GRID_TOLERANCE_PX * abs(b.e)
+
+
+def aligned_offset(a: Affine, b: Affine, *, span_px: int) -> tuple[int, int] | None:
+    """(rows, cols) from a pixel of grid `a` to the same pixel of grid `b` when they are one
+    grid over `span_px` pixels (same pixel size, origins a whole number of pixels apart, both
+    within `GRID_TOLERANCE_PX`), else None. The grids' CRSs are the caller's to compare."""
+    if not same_pixel_size(a, b, span_px=span_px):
+        return None
+    cols = (a.c - b.c) / b.a
+    rows = (a.f - b.f) / b.e
+    if max(abs(cols - round(cols)), abs(rows - round(rows))) > GRID_TOLERANCE_PX:
+        return None
+    return round(rows), round(cols)
+
+
+def snap_px(rounding: Callable[[float], int], value_px: float) -> int:
+    """`rounding(value_px)`, except that a value within `GRID_TOLERANCE_PX` of an integer is
+    that integer: bounds that came through a CRS round trip must not grow a grid by a pixel."""
+    nearest = round(value_px)
+    if abs(value_px - nearest) < GRID_TOLERANCE_PX:
+        return int(nearest)
+    return int(rounding(value_px))

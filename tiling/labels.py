@@ -8,7 +8,6 @@ warped (`RasterReader.read_labels`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from rasterio.crs import CRS
 
 from tiling.classes import NODATA_CODE, ClassMap
 from tiling.errors import LabelError
+from tiling.grid import aligned_offset
 
 if TYPE_CHECKING:  # sources imports this module; the type is all that is needed here
     from tiling.sources import RasterInfo
@@ -57,19 +57,14 @@ def match_labels(image: RasterInfo, labels: Sequence[RasterInfo]) -> tuple[Raste
 def grid_offset(image: RasterInfo, lab: RasterInfo) -> tuple[int, int] | None:
     """(rows, cols) from an image pixel to the same pixel of `lab` if both share one grid.
 
-    Same CRS, same pixel size, no rotation and origins a whole number of pixels apart:
-    then labels are read, not warped (exact, and much cheaper than GDAL's warper).
+    Same CRS, same pixel size, no rotation and origins a whole number of pixels apart, within
+    `tiling.grid.GRID_TOLERANCE_PX`: then labels are read, not warped (the same labels, as
+    nearest-neighbour warping picks them, and much cheaper than GDAL's warper).
     """
-    a, b = image.transform, lab.transform
-    if lab.crs != image.crs or a.b or a.d or b.b or b.d:
+    if lab.crs != image.crs:
         return None
-    if not (math.isclose(a.a, b.a, rel_tol=1e-9) and math.isclose(a.e, b.e, rel_tol=1e-9)):
-        return None
-    cols = (a.c - b.c) / b.a
-    rows = (a.f - b.f) / b.e
-    if abs(cols - round(cols)) > 1e-6 or abs(rows - round(rows)) > 1e-6:
-        return None
-    return round(rows), round(cols)
+    span_px = max(image.width, image.height)
+    return aligned_offset(image.transform, lab.transform, span_px=span_px)
 
 
 def label_codes(

@@ -1,5 +1,6 @@
-"""Communication for synchronous training: gradient-compression hooks for DDP (fp16, bf16,
-PowerSGD, one-bit), the byte meter behind `comm_bytes_per_step`, and block momentum (BMUF)."""
+"""Communication for synchronous training: the compression modes (spec), gradient-compression
+hooks for DDP (hooks: fp16, bf16; powersgd; onebit, with their per-parameter bucket state in
+buckets), the byte meter behind `comm_bytes_per_step` (meter), and block momentum (bmuf)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,9 @@ from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from landcover.comm.bmuf import BlockMomentum, ResettableAdamW, reset_local_momentum
-    from landcover.comm.hooks import (
-        CommMeter,
-        CompressionSpec,
-        install_comm_hook,
-        parse_compression,
-    )
+    from landcover.comm.hooks import install_comm_hook
+    from landcover.comm.meter import CommMeter
+    from landcover.comm.spec import CompressionSpec, parse_compression
 
 __all__ = [
     "BlockMomentum",
@@ -29,10 +27,10 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "CommMeter": "hooks",
-        "CompressionSpec": "hooks",
+        "CommMeter": "meter",
+        "CompressionSpec": "spec",
         "install_comm_hook": "hooks",
-        "parse_compression": "hooks",
+        "parse_compression": "spec",
         "BlockMomentum": "bmuf",
         "ResettableAdamW": "bmuf",
         "reset_local_momentum": "bmuf",

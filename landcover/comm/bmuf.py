@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from landcover.comm.hooks import CommMeter, CountingCollectives
+from landcover.comm.meter import CommMeter, CountingCollectives
 from landcover.errors import TrainingError
 
 logger = logging.getLogger(__name__)

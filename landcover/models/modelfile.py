@@ -21,6 +21,7 @@ from torch import nn
 
 from landcover.atomic import write_atomic
 from landcover.errors import ModelFileError
+from landcover.models.registry import build_model
 from tiling.classes import ClassMap
 
 MODEL_FORMAT = "landcover-model"
@@ -151,8 +152,6 @@ def load_model_file(
     storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, ModelMeta]:
     """Build the model a file describes, load its weights, and put it in eval mode."""
-    from landcover.models.registry import build_model
-
     meta, state = read_model_file(url, storage_options=storage_options)
     model = build_model(
         meta.architecture, in_channels=meta.in_channels, num_classes=meta.num_classes

@@ -22,8 +22,9 @@ from typing import Any
 import rasterio
 import rasterio.shutil
 
+from landcover.atomic import refuse_existing
 from landcover.classes import NODATA_CODE, colormap
-from landcover.errors import LandcoverError, OutputExistsError, PredictionError
+from landcover.errors import LandcoverError, PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, TAG_MODEL, OutputGrid
 
@@ -53,8 +54,7 @@ def check_outputs(out: str, probabilities: str | None, *, overwrite: bool) -> Ou
             raise PredictionError(
                 f"{option} {path} is a directory; give a file name like {Path(path) / 'lc.tif'}"
             )
-        if Path(path).exists() and not overwrite:
-            raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")
+        refuse_existing([path], overwrite=overwrite)
         _check_directory_writable(option, path)
     if probabilities and Path(probabilities).resolve() == Path(out).resolve():
         raise PredictionError("--probabilities must name a different file than --out")

@@ -38,6 +38,7 @@ from landcover.data.shards import normalise
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta, load_model_file
 from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import (
     PROBABILITY_NODATA,
     PROBABILITY_SCALE,
@@ -55,7 +56,6 @@ from landcover.prediction.outgrid import (
     GridPlan,
     OutputGrid,
     plan_output_grid,
-    read_mosaic,
 )
 from landcover.prediction.region import Region, parse_crs
 from landcover.prediction.setup import (

@@ -117,7 +117,7 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise TrainingError(message)
-        from landcover.comm.hooks import parse_compression
+        from landcover.comm import parse_compression
 
         parse_compression(self.compression)  # a bad value fails here, not after the load
 

@@ -104,8 +104,8 @@ from tiling.errors import StorageAccessError
 from tiling.urls import check_storage_options
 
 if TYPE_CHECKING:
+    from landcover.comm import CommMeter
     from landcover.comm.bmuf import BlockMomentum
-    from landcover.comm.hooks import CommMeter
 
 logger = logging.getLogger(__name__)
 
@@ -388,8 +388,8 @@ class Trainer:
     def _build_parallel_model(
         self, common: Mapping[str, Any] | None, own: Mapping[str, Any]
     ) -> None:
+        from landcover.comm import install_comm_hook, parse_compression
         from landcover.comm.bmuf import BlockMomentum
-        from landcover.comm.hooks import install_comm_hook, parse_compression
 
         config = self.config
         spec = parse_compression(config.compression)

@@ -1,4 +1,5 @@
-"""Atomic writes: permissions of a plain open(), fsync, and nothing half-written on failure."""
+"""Output files: the overwrite policy; atomic writes get the permissions of a plain open(), fsync,
+and nothing half-written on failure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from torch import nn
 
 from landcover import atomic
-from landcover.atomic import write_atomic, write_bytes_atomic
+from landcover.atomic import refuse_existing, write_atomic, write_bytes_atomic
+from landcover.errors import OutputExistsError
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.training.rundir import write_json_atomic
 from tiling.classes import get_class_map
@@ -96,3 +98,21 @@ def test_the_file_and_its_directory_are_fsynced(
     assert Path(synced[0]).parent == tmp_path / "out"  # the temp file, before the rename
     assert Path(synced[0]).name.startswith(".report.html.")
     assert Path(synced[1]) == tmp_path / "out"  # the directory, after it
+
+
+def test_refuse_existing_names_the_first_existing_output_and_the_fix(tmp_path: Path) -> None:
+    absent, present = tmp_path / "a.json", tmp_path / "b.json"
+    present.write_text("{}")
+    with pytest.raises(
+        OutputExistsError, match=rf"^{present} exists; pass --overwrite to replace it$"
+    ):
+        refuse_existing([absent, present], overwrite=False)
+    with pytest.raises(FileExistsError, match=r"pass --overwrite to replace the plan files$"):
+        refuse_existing([present], overwrite=False, what="the plan files")
+
+
+def test_refuse_existing_lets_overwrite_and_new_outputs_through(tmp_path: Path) -> None:
+    present = tmp_path / "b.json"
+    present.write_text("{}")
+    refuse_existing([present], overwrite=True)
+    refuse_existing([tmp_path / "new.json"], overwrite=False)

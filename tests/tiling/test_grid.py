@@ -1,17 +1,30 @@
-"""Chip-grid arithmetic: offsets, edges, read windows and validation blocks."""
+"""Grid arithmetic: chip offsets, edges, read windows and validation blocks; when two pixel grids
+are one grid."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 
 import numpy as np
 import pytest
+from affine import Affine
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rasterio.crs import CRS
 
 from tiling.errors import TilingError
-from tiling.grid import ChipGrid, chip_grid, chip_offsets
+from tiling.grid import (
+    GRID_TOLERANCE_PX,
+    ChipGrid,
+    aligned_offset,
+    chip_grid,
+    chip_offsets,
+    snap_px,
+)
+from tiling.labels import grid_offset
+from tiling.sources import RasterInfo
 
 lengths_and_chips = st.integers(1, 600).flatmap(
     lambda chip: st.tuples(st.integers(chip, chip * 12), st.just(chip), st.integers(1, chip))
@@ -101,3 +114,59 @@ def test_read_windows_span_at_least_the_block_height_when_the_grid_allows() -> N
     windows = grid.read_windows(min_height_px=512, max_width_px=10_000)
     assert [w.height for w in windows] == [512, 512, 128]  # 4 + 4 + 1 (edge) chip rows
     assert [w.row_px for w in windows] == [0, 512, 972]
+
+
+# -- one pixel grid ---------------------------------------------------------------------------
+
+UTM = Affine(0.6, 0.0, 557_698.8, 0.0, -0.6, 4_320_001.2)
+
+
+@pytest.mark.parametrize("shift_px", [0.0, 1e-7, 1e-4, 0.9 * GRID_TOLERANCE_PX])
+def test_grids_a_fraction_of_the_tolerance_apart_are_one_grid(shift_px: float) -> None:
+    # 3 pixels right and 2 down, plus float noise of up to the tolerance (as from a CRS
+    # round trip or a decimal print): read by window, never warped.
+    moved = UTM @ Affine.translation(-3 + shift_px, -2 - shift_px)
+    assert aligned_offset(UTM, moved, span_px=10_000) == (2, 3)
+
+
+def test_grids_off_by_more_than_the_tolerance_are_warped() -> None:
+    half_pixel = UTM @ Affine.translation(0.5, 0)
+    assert aligned_offset(UTM, half_pixel, span_px=10) is None
+    just_off = UTM @ Affine.translation(2 * GRID_TOLERANCE_PX, 0)
+    assert aligned_offset(UTM, just_off, span_px=10) is None
+    # Pixel sizes count by the drift they make over the raster, not by their ratio alone.
+    finer = Affine(0.6 * (1 + 1e-6), 0.0, UTM.c, 0.0, -0.6, UTM.f)
+    assert aligned_offset(UTM, finer, span_px=100) == (0, 0)
+    assert aligned_offset(UTM, finer, span_px=10_000) is None
+    rotated = UTM @ Affine.rotation(1e-3)
+    assert aligned_offset(UTM, rotated, span_px=1) is None
+
+
+def test_snap_px_absorbs_float_noise_only() -> None:
+    assert snap_px(math.ceil, 7.0000001) == 7
+    assert snap_px(math.floor, 6.9999999) == 7
+    assert snap_px(math.ceil, 7.01) == 8
+    assert snap_px(math.floor, 6.99) == 6
+
+
+def test_labels_on_the_image_grid_up_to_the_tolerance_are_read_not_warped() -> None:
+    """tiling (labels) and prediction (landcover.prediction) share GRID_TOLERANCE_PX: a label
+    raster 1e-4 px off the image grid (float noise) is on that grid."""
+
+    def info(transform: Affine, crs: str = "EPSG:26918") -> RasterInfo:
+        return RasterInfo(
+            path="x.tif",
+            crs=CRS.from_string(crs),
+            transform=transform,
+            height=500,
+            width=400,
+            count=1,
+            dtype="uint8",
+            nodata=None,
+            block_shape=(256, 256),
+            mask_kind="none",
+        )
+
+    noisy = UTM @ Affine.translation(-10 + 1e-4, 0)
+    assert grid_offset(info(UTM), info(noisy)) == (0, 10)
+    assert grid_offset(info(UTM), info(noisy, "EPSG:32618")) is None

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.azurite import Azurite
+from tests.multiprocess import free_port
 from tests.tiling.rasters import Scenes
 from tiling.errors import StorageAccessError, StoreCorruptError, StoreError, StoreExistsError
 from tiling.params import StoreParams
@@ -459,8 +460,6 @@ def test_memory_stores_at_different_urls_are_independent() -> None:
 
 
 def _closed_port() -> int:
-    from tests.azurite import free_port
-
     return free_port()  # bound and released: nothing listens there
 
 

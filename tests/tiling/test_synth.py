@@ -15,7 +15,8 @@ from rasterio.transform import rowcol, xy
 from rasterio.warp import transform as transform_points
 
 from tiling.errors import TilingError
-from tiling.synth import _FOREST, SynthConfig, SynthResult, synthesize_scenes
+from tiling.synth import SynthConfig, SynthResult, synthesize_scenes
+from tiling.synth_world import FOREST
 
 NAME = re.compile(r"^m_(\d{2})(\d{3})(\d{2})_(nw|ne|sw|se)_18_100_(\d{8})\.tif$")
 CHESAPEAKE_CODES = {1, 2, 3, 4, 5, 6, 15}
@@ -293,10 +294,10 @@ def test_smooth_fields_depend_only_on_world_coordinates() -> None:
     # overlapping windows, or at scattered points, gives the same values where they meet.
     x = np.arange(0.5, 900.0, 1.0)
     y = np.arange(0.5, 700.0, 1.0)
-    whole = _FOREST.on_grid(5, x, y)
-    part = _FOREST.on_grid(5, x[300:], y[250:])
+    whole = FOREST.on_grid(5, x, y)
+    part = FOREST.on_grid(5, x[300:], y[250:])
     np.testing.assert_allclose(part, whole[250:, 300:], atol=1e-5)
     rng = np.random.default_rng(0)
     rows, cols = rng.integers(0, 700, 50), rng.integers(0, 900, 50)
-    np.testing.assert_allclose(_FOREST.at(5, x[cols], y[rows]), whole[rows, cols], atol=1e-5)
-    assert np.abs(_FOREST.on_grid(6, x, y) - whole).mean() > 0.05  # the seed matters
+    np.testing.assert_allclose(FOREST.at(5, x[cols], y[rows]), whole[rows, cols], atol=1e-5)
+    assert np.abs(FOREST.on_grid(6, x, y) - whole).mean() > 0.05  # the seed matters

@@ -74,22 +74,20 @@ import itertools
 import json
 import math
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from landcover.comm.bmuf import BlockMomentum
-from landcover.comm.hooks import parse_compression
+from landcover.comm.spec import parse_compression
 from landcover.models.registry import build_model
 from landcover.training import TrainCallbacks, TrainConfig, read_metrics, train
 from landcover.training.distributed import DistEnv
+from tests.multiprocess import free_ports, spawn_and_wait
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
 
@@ -177,16 +175,6 @@ def train_every_mode(rank: int, ports: list[int], store: str, root: str) -> None
     os._exit(0)
 
 
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 # -- fixtures -----------------------------------------------------------------------------------
 
 
@@ -218,19 +206,13 @@ def runs(parity_store: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The root holding one run dir per mode and each rank's step digests."""
     root = tmp_path_factory.mktemp("comm-runs")
     ports = free_ports(len(MODES))
-    context = mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+    spawn_and_wait(
         train_every_mode,
-        args=(ports, parity_store, str(root)),
+        (ports, parity_store, str(root)),
         nprocs=WORLD_SIZE,
-        join=False,
+        timeout_s=SPAWN_TIMEOUT_S,
+        what="training every mode on 2 workers",
     )
-    assert context is not None
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"training every mode on 2 workers took over {SPAWN_TIMEOUT_S} s")
     return root
 
 

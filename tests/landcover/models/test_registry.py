@@ -18,7 +18,8 @@ from torch import nn
 
 from landcover import cli
 from landcover.errors import TrainingError, UnknownModelError
-from landcover.models.registry import available, build_model, widen_stem_weight
+from landcover.models.pretrained import widen_stem_weight
+from landcover.models.registry import available, build_model
 
 ALL_MODELS = [
     "deeplabv3_resnet50",

@@ -1,21 +1,20 @@
-"""Prediction: output grid, masking, blending, mosaics, COG output, real NAIP.
+"""Prediction runs (landcover.prediction.runner): the planned grid, masking, seams, mosaics, COG
+output, real NAIP.
 
-Bad input and interrupted runs are in test_predict_failures.py.
+The grid itself is in test_outgrid.py, blending in test_blend.py, bad input and interrupted
+runs in test_failures.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import pyproj
 import pytest
 import rasterio
 import shapely
-import torch
 from affine import Affine
 from click.testing import CliRunner
 from rasterio.crs import CRS
@@ -24,15 +23,9 @@ from rio_cogeo.cogeo import cog_validate
 
 from landcover import cli
 from landcover.errors import RegionError
-from landcover.prediction.blend import LogitBlender, WindowLayout, taper_profile, window_starts
+from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, to_cog
-from landcover.prediction.outgrid import (
-    TAG_CLASS_MAP,
-    TAG_CLASS_NAMES,
-    plan_output_grid,
-    read_mosaic,
-)
-from landcover.prediction.region import parse_bbox
+from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, plan_output_grid
 from landcover.prediction.runner import PredictConfig, predict_region
 from landcover.prediction.setup import open_images
 from tests.landcover.prediction.inputs import (
@@ -56,107 +49,6 @@ def constant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(tmp_path_factory.mktemp("models") / "random.pt", seed=7)
-
-
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """75 x 90 px at 1 m in UTM 18N (not a multiple of the 32 px chip)."""
-    return write_image(tmp_path_factory.mktemp("scene") / "scene.tif", pixels(75, 90, seed=1))
-
-
-# -- blending ------------------------------------------------------------------------------------
-
-
-def test_window_starts_cover_the_length_and_end_flush() -> None:
-    assert window_starts(90, 32, 8) == (0, 24, 48, 58)
-    assert window_starts(20, 32, 8) == (0,)  # smaller than a window: one, hanging over
-    assert window_starts(32, 32, 8) == (0,)
-    for length in range(33, 200, 7):
-        starts = window_starts(length, 32, 8)
-        assert starts[-1] + 32 == length
-        assert all(b - a <= 24 for a, b in itertools.pairwise(starts))
-
-
-def test_taper_ramps_are_complementary() -> None:
-    profile = taper_profile(32, 8, taper_start=True, taper_end=True)
-    assert profile.min() > 0
-    np.testing.assert_allclose(profile[:8] + profile[-8:], 1.0, rtol=1e-6)
-    assert (profile[8:24] == 1).all()
-    untapered = taper_profile(32, 8, taper_start=False, taper_end=False)
-    assert (untapered == 1).all()
-
-
-@pytest.mark.parametrize(("height", "width"), [(75, 90), (20, 47), (96, 96)])
-def test_blending_weights_sum_to_one_everywhere(height: int, width: int) -> None:
-    layout = WindowLayout.over(height, width, size=32, overlap=8)
-    total = np.zeros((height, width))
-    for r in layout.row_starts:
-        for c in layout.col_starts:
-            w = layout.weight(r, c)
-            total[r : r + 32, c : c + 32] += w[: height - r, : width - c]
-    assert total.min() > 0.05  # every pixel has weight: edges facing the border are not tapered
-    # Normalised blend weights: each window's share, summed over windows, is one everywhere.
-    shares = np.zeros((height, width))
-    for r in layout.row_starts:
-        for c in layout.col_starts:
-            w = layout.weight(r, c)[: height - r, : width - c]
-            shares[r : r + 32, c : c + 32] += w / total[r : r + 32, c : c + 32]
-    np.testing.assert_allclose(shares, 1.0, rtol=1e-6)
-    # On the regular stride (before the flush last window) the raw weights already sum to one.
-    regular = (len(layout.row_starts) - 1) * 24
-    if regular > 32:
-        np.testing.assert_allclose(total[8 : regular - 8, : 24 * 2], 1.0, rtol=1e-5)
-
-
-def test_blender_of_constant_logits_is_constant_across_blocks() -> None:
-    layout = WindowLayout.over(75, 90, size=32, overlap=8)
-    value = torch.tensor([0.5, -1.0, 2.0]).view(3, 1, 1).expand(3, 32, 32)
-    for row0, col0, h, w in [(0, 0, 40, 50), (40, 50, 35, 40), (13, 7, 29, 61)]:
-        blender = LogitBlender(layout, 3, row0, col0, h, w)
-        for r in layout.rows_touching(row0, row0 + h):
-            for c in layout.cols_touching(col0, col0 + w):
-                blender.add(value, r, c)
-        expected = np.broadcast_to(np.array([0.5, -1.0, 2.0]).reshape(3, 1, 1), (3, h, w))
-        np.testing.assert_allclose(blender.blended().numpy(), expected, rtol=1e-6)
-
-
-# -- output grid ---------------------------------------------------------------------------------
-
-
-def test_grid_for_a_region_is_pixel_aligned_to_the_source(scene: Path) -> None:
-    sources = open_images([str(scene)])
-    plan = plan_output_grid(
-        sources, utm_region(500_010.6, 3_999_930.2, 500_050.7, 3_999_990.0), resolution_m=1.0
-    )
-    grid = plan.grid
-    assert grid.crs == CRS.from_user_input(UTM18)
-    assert grid.transform == Affine(1.0, 0.0, 500_010.0, 0.0, -1.0, 3_999_990.0)
-    assert (grid.width, grid.height) == (41, 60)
-
-
-def test_grid_of_a_region_in_degrees_is_aligned_to_the_source_grid(tmp_path: Path) -> None:
-    # A source whose origin is not a multiple of its pixel size.
-    transform = Affine(1.0, 0.0, 500_000.25, 0.0, -1.0, 4_000_000.75)
-    image = write_image(tmp_path / "a.tif", pixels(75, 90, seed=2), transform=transform)
-    to_lonlat = pyproj.Transformer.from_crs(UTM18, "EPSG:4326", always_xy=True)
-    west, south = to_lonlat.transform(500_011.0, 3_999_941.0)
-    east, north = to_lonlat.transform(500_063.0, 3_999_987.0)
-    region = parse_bbox(f"{west},{south},{east},{north}")  # lon/lat inside the image
-    plan = plan_output_grid(open_images([str(image)]), region, resolution_m=1.0)
-    t = plan.grid.transform
-    assert (t.a, t.e) == (1.0, -1.0)
-    assert (t.c - 500_000.25) % 1.0 == 0 and (4_000_000.75 - t.f) % 1.0 == 0
-    outline = region.to_crs(plan.grid.crs).geometry
-    left, bottom, right, top = plan.grid.bounds
-    minx, miny, maxx, maxy = outline.bounds
-    assert left <= minx < left + 1 and right - 1 < maxx <= right
-    assert bottom <= miny < bottom + 1 and top - 1 < maxy <= top
-
-
-def test_grid_at_another_resolution_snaps_to_multiples_of_the_pixel(scene: Path) -> None:
-    plan = plan_output_grid(open_images([str(scene)]), None, resolution_m=2.0)
-    assert plan.grid.transform == Affine(2.0, 0.0, 500_000.0, 0.0, -2.0, 4_000_000.0)
-    assert (plan.grid.width, plan.grid.height) == (45, 38)  # 90/2, ceil(75/2)
 
 
 def test_predicted_raster_has_the_planned_grid(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -17,6 +15,7 @@ from landcover.training.distributed import (
     process_group,
     read_dist_env,
 )
+from tests.multiprocess import free_port
 
 TORCHRUN_ENV = {
     "RANK": "5",
@@ -27,12 +26,6 @@ TORCHRUN_ENV = {
     "MASTER_ADDR": "10.0.0.4",
     "MASTER_PORT": "29500",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_no_launcher_is_a_world_of_one() -> None:

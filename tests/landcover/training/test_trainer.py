@@ -7,9 +7,7 @@ import json
 import logging
 import math
 import os
-import pickle
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -25,7 +23,7 @@ from torch import nn
 
 from landcover import cli
 from landcover.cli.train import params_to_argv, worker_command
-from landcover.errors import ModelFileError, TrainingError
+from landcover.errors import TrainingError
 from landcover.models.modelfile import load_model_file
 from landcover.models.registry import build_model
 from landcover.training import (
@@ -38,6 +36,7 @@ from landcover.training import (
 )
 from landcover.training.distributed import DistEnv
 from landcover.training.losses import Scores
+from tests.multiprocess import free_ports
 from tiling.store import open_store
 from tiling.synth import SynthResult
 from tiling.tile import TileConfig, tile
@@ -61,16 +60,6 @@ def make_config(store: str, out: Path, **overrides: Any) -> TrainConfig:
     }
     options.update(overrides)
     return TrainConfig(store_url=store, out_dir=str(out), **options)
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def checkpoint(run: Path) -> dict[str, Any]:
@@ -164,20 +153,6 @@ def test_training_refuses_a_shard_that_does_not_fit(
     with pytest.raises(TrainingError, match=r"use at least \d+ workers in total"):
         train(make_config(tiny_store, run_dir))
     assert not (run_dir / "metrics.jsonl").exists()
-
-
-def test_malicious_model_file_is_refused(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-
-    class Exploit:
-        def __reduce__(self) -> tuple[Any, ...]:
-            return (os.system, (f"touch {marker}",))
-
-    path = tmp_path / "model.pt"
-    path.write_bytes(pickle.dumps({"format": "landcover-model", "payload": Exploit()}, protocol=2))
-    with pytest.raises(ModelFileError, match="refused to load"):
-        load_model_file(path)
-    assert not marker.exists()
 
 
 # -- one worker, in this process ----------------------------------------------------------------

@@ -1,0 +1,214 @@
+"""Reading source rasters onto any rectangle of an output grid.
+
+`read_mosaic` fills one rectangle of the grid from the sources that cover it, first source
+wins where they overlap. Pixels come from `tiling.sources.RasterReader` (validity from nodata
+or an internal mask, never from an alpha band). Sources on the same grid (within
+`tiling.grid.GRID_TOLERANCE_PX`) are copied as they are; the others are warped from that
+numpy window, so GDAL never sees a band's colour interpretation: NAIP files whose NIR band is
+tagged ALPHA keep NIR as data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import rasterio.errors
+from affine import Affine
+from rasterio.enums import Resampling
+from rasterio.warp import reproject, transform_bounds
+from rasterio.windows import Window
+from rasterio.windows import from_bounds as window_from_bounds
+from shapely.geometry import box
+
+from landcover.prediction.outgrid import GridPlan, OutputGrid, metres_per_unit
+from tiling.errors import SourceFormatError
+from tiling.grid import aligned_offset
+from tiling.sources import RasterInfo, RasterReader
+
+__all__ = ["read_mosaic", "read_source_onto"]
+
+# Extra source pixels read around a warped window, for the resampling kernel.
+_WARP_MARGIN_PX = 3
+
+
+def read_mosaic(
+    plan: GridPlan,
+    reader: RasterReader,
+    row_off: int,
+    col_off: int,
+    height: int,
+    width: int,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """Pixels of the rectangle (may extend past the grid) from the sources, first one wins.
+
+    Returns (bands, height, width) values and a (height, width) mask of the pixels a source
+    covers with data. Imagery is warped with `average` where the source is finer than the
+    grid and `bilinear` where it is coarser.
+    """
+    rect = box(*plan.grid.window_bounds(row_off, col_off, height, width))
+    bands = max(s.count for s in plan.sources)
+    data = np.zeros((bands, height, width), dtype=np.uint8)
+    valid = np.zeros((height, width), dtype=bool)
+    for source, outline in zip(plan.sources, plan.footprints, strict=True):
+        if valid.all():
+            break
+        if not outline.intersects(rect):
+            continue
+        got = read_source_onto(reader, source, plan.grid, row_off, col_off, height, width)
+        if got is None:
+            continue
+        values, covered = got
+        fill = covered & ~valid
+        data[: values.shape[0], fill] = values[:, fill]
+        valid |= fill
+    return data, valid
+
+
+def read_source_onto(
+    reader: RasterReader,
+    source: RasterInfo,
+    grid: OutputGrid,
+    row_off: int,
+    col_off: int,
+    height: int,
+    width: int,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
+    """One source's pixels on a rectangle of `grid`, with the mask of pixels it covers."""
+    offset = _aligned_offset(source, grid)
+    if offset is not None:
+        return _read_aligned(reader, source, offset, row_off, col_off, height, width)
+    return _read_warped(reader, source, grid, row_off, col_off, height, width)
+
+
+def _read_aligned(
+    reader: RasterReader,
+    source: RasterInfo,
+    offset: tuple[int, int],
+    row_off: int,
+    col_off: int,
+    height: int,
+    width: int,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
+    src_row0 = row_off + offset[0]
+    src_col0 = col_off + offset[1]
+    r0, r1 = max(src_row0, 0), min(src_row0 + height, source.height)
+    c0, c1 = max(src_col0, 0), min(src_col0 + width, source.width)
+    if r0 >= r1 or c0 >= c1:
+        return None
+    block, block_valid = _read_image(reader, source, Window(c0, r0, c1 - c0, r1 - r0))
+    values = np.zeros((source.count, height, width), dtype=np.uint8)
+    covered = np.zeros((height, width), dtype=bool)
+    dst = (slice(r0 - src_row0, r1 - src_row0), slice(c0 - src_col0, c1 - src_col0))
+    values[:, dst[0], dst[1]] = block
+    covered[dst] = block_valid
+    return values, covered
+
+
+def _read_warped(
+    reader: RasterReader,
+    source: RasterInfo,
+    grid: OutputGrid,
+    row_off: int,
+    col_off: int,
+    height: int,
+    width: int,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
+    dst_bounds = grid.window_bounds(row_off, col_off, height, width)
+    try:
+        src_bounds = transform_bounds(grid.crs, source.crs, *dst_bounds, densify_pts=21)
+    except Exception:  # the rectangle reaches outside the source CRS's domain
+        return None
+    if not all(math.isfinite(v) for v in src_bounds):
+        return None
+    win = window_from_bounds(*src_bounds, transform=source.transform)
+    r0 = max(math.floor(win.row_off) - _WARP_MARGIN_PX, 0)
+    c0 = max(math.floor(win.col_off) - _WARP_MARGIN_PX, 0)
+    r1 = min(math.ceil(win.row_off + win.height) + _WARP_MARGIN_PX, source.height)
+    c1 = min(math.ceil(win.col_off + win.width) + _WARP_MARGIN_PX, source.width)
+    if r0 >= r1 or c0 >= c1:
+        return None
+    src_window = Window(c0, r0, c1 - c0, r1 - r0)
+    block, block_valid = _read_image(reader, source, src_window)
+    common: dict[str, Any] = {
+        "src_transform": source.transform @ Affine.translation(c0, r0),
+        "src_crs": source.crs,
+        "dst_transform": grid.window_transform(row_off, col_off),
+        "dst_crs": grid.crs,
+    }
+    values = np.zeros((source.count, height, width), dtype=np.uint8)
+    # Invalid source pixels (collars) must not bleed into the kernels: mark them with a
+    # nodata value the warper skips. Coverage is decided by the mask warped below.
+    nodata = None if block_valid.all() else 0
+    if nodata is not None:
+        block = block.copy()
+        block[:, ~block_valid] = nodata
+    reproject(
+        block,
+        values,
+        src_nodata=nodata,
+        dst_nodata=nodata,
+        resampling=_resampling(source, grid),
+        **common,
+    )
+    # Coverage is warped separately with nearest neighbour: 1 = a source pixel with data.
+    mask = np.zeros((height, width), dtype=np.uint8)
+    reproject(
+        block_valid.astype(np.uint8),
+        mask,
+        src_nodata=None,
+        dst_nodata=None,
+        resampling=Resampling.nearest,
+        **common,
+    )
+    covered = mask.astype(bool)
+    if not covered.any():
+        return None
+    return values, covered
+
+
+def _read_image(
+    reader: RasterReader, source: RasterInfo, window: Window
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """`reader.read_image`, with a failed read named as the damaged file it almost always is.
+
+    A file cut short (an interrupted download or copy) opens fine, since its header comes
+    first, and fails only when a window reaches the missing bytes.
+    """
+    try:
+        return reader.read_image(source, window)
+    except rasterio.errors.RasterioIOError as exc:
+        raise SourceFormatError(
+            f"{source.path}: reading rows {window.row_off}..{window.row_off + window.height} "
+            f"failed ({_gdal_reason(exc)}): the file is truncated or corrupt; re-download it "
+            "or leave it out"
+        ) from None
+
+
+def _gdal_reason(exc: BaseException) -> str:
+    # rasterio's message is "Read failed. See previous exception for details."; GDAL's own
+    # text ("Cannot read 8000 bytes at offset ...") is the exception it was raised from.
+    cause: BaseException | None = exc
+    reason = ""
+    while cause is not None:
+        text = " ".join(str(cause).split())
+        if text:
+            reason = text
+        cause = cause.__cause__ or cause.__context__
+    return reason or type(exc).__name__
+
+
+def _resampling(source: RasterInfo, grid: OutputGrid) -> Resampling:
+    src_m = source.resolution_m
+    dst_m = grid.resolution * metres_per_unit(grid.crs)
+    return Resampling.average if src_m < dst_m * (1 - 1e-6) else Resampling.bilinear
+
+
+def _aligned_offset(source: RasterInfo, grid: OutputGrid) -> tuple[int, int] | None:
+    """(rows, cols) from grid pixels to source pixels when the grids agree, else None."""
+    if source.crs != grid.crs:
+        return None
+    span_px = max(source.width, source.height)
+    return aligned_offset(grid.transform, source.transform, span_px=span_px)

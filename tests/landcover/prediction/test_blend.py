@@ -1,0 +1,65 @@
+"""Blending of overlapping windows (landcover.prediction.blend): window starts, tapers, weights
+that sum to one, and a blender that leaves constant logits constant across blocks."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from landcover.prediction.blend import LogitBlender, WindowLayout, taper_profile, window_starts
+
+
+def test_window_starts_cover_the_length_and_end_flush() -> None:
+    assert window_starts(90, 32, 8) == (0, 24, 48, 58)
+    assert window_starts(20, 32, 8) == (0,)  # smaller than a window: one, hanging over
+    assert window_starts(32, 32, 8) == (0,)
+    for length in range(33, 200, 7):
+        starts = window_starts(length, 32, 8)
+        assert starts[-1] + 32 == length
+        assert all(b - a <= 24 for a, b in itertools.pairwise(starts))
+
+
+def test_taper_ramps_are_complementary() -> None:
+    profile = taper_profile(32, 8, taper_start=True, taper_end=True)
+    assert profile.min() > 0
+    np.testing.assert_allclose(profile[:8] + profile[-8:], 1.0, rtol=1e-6)
+    assert (profile[8:24] == 1).all()
+    untapered = taper_profile(32, 8, taper_start=False, taper_end=False)
+    assert (untapered == 1).all()
+
+
+@pytest.mark.parametrize(("height", "width"), [(75, 90), (20, 47), (96, 96)])
+def test_blending_weights_sum_to_one_everywhere(height: int, width: int) -> None:
+    layout = WindowLayout.over(height, width, size=32, overlap=8)
+    total = np.zeros((height, width))
+    for r in layout.row_starts:
+        for c in layout.col_starts:
+            w = layout.weight(r, c)
+            total[r : r + 32, c : c + 32] += w[: height - r, : width - c]
+    assert total.min() > 0.05  # every pixel has weight: edges facing the border are not tapered
+    # Normalised blend weights: each window's share, summed over windows, is one everywhere.
+    shares = np.zeros((height, width))
+    for r in layout.row_starts:
+        for c in layout.col_starts:
+            w = layout.weight(r, c)[: height - r, : width - c]
+            shares[r : r + 32, c : c + 32] += w / total[r : r + 32, c : c + 32]
+    np.testing.assert_allclose(shares, 1.0, rtol=1e-6)
+    # On the regular stride (before the flush last window) the raw weights already sum to one.
+    regular = (len(layout.row_starts) - 1) * 24
+    if regular > 32:
+        np.testing.assert_allclose(total[8 : regular - 8, : 24 * 2], 1.0, rtol=1e-5)
+
+
+def test_blender_of_constant_logits_is_constant_across_blocks() -> None:
+    layout = WindowLayout.over(75, 90, size=32, overlap=8)
+    value = torch.tensor([0.5, -1.0, 2.0]).view(3, 1, 1).expand(3, 32, 32)
+    for row0, col0, h, w in [(0, 0, 40, 50), (40, 50, 35, 40), (13, 7, 29, 61)]:
+        blender = LogitBlender(layout, 3, row0, col0, h, w)
+        for r in layout.rows_touching(row0, row0 + h):
+            for c in layout.cols_touching(col0, col0 + w):
+                blender.add(value, r, c)
+        expected = np.broadcast_to(np.array([0.5, -1.0, 2.0]).reshape(3, 1, 1), (3, h, w))
+        np.testing.assert_allclose(blender.blended().numpy(), expected, rtol=1e-6)
