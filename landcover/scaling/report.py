@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.vmsizes import Network
-from landcover.atomic import write_bytes_atomic
-from landcover.errors import OutputExistsError, ReportError
+from landcover.atomic import refuse_existing, write_bytes_atomic
+from landcover.errors import ReportError
 from landcover.scaling.curves import (
     DEFAULT_PROJECT_TO,
     CurveKey,
@@ -132,11 +132,7 @@ def write_report_files(
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory; choose another --out")
     pages = (out / MARKDOWN_FILE, out / HTML_FILE)
-    if not overwrite and any(page.exists() for page in pages):
-        raise OutputExistsError(
-            f"--out {out}: already holds a scaling report; pass --overwrite to replace it "
-            "or choose another --out"
-        )
+    refuse_existing(pages, overwrite=overwrite, what="the scaling report")
     # matplotlib takes about a second to import: only writing the figures pays for it
     from landcover.scaling.plots import projection_png, scaling_png
 

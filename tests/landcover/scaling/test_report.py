@@ -276,7 +276,7 @@ def test_report_files_are_complete_and_the_html_is_self_contained(tmp_path: Path
     assert "| 148 (projected) | 1 |" in markdown
 
     with pytest.raises(
-        OutputExistsError, match=r"already holds a scaling report; pass --overwrite"
+        OutputExistsError, match=r"report.md exists; pass --overwrite to replace the scaling report"
     ):
         write_scaling_report(runs, out)
     cpu_only = [r for r in runs if r.device == CPU]
@@ -323,7 +323,7 @@ def test_cli_prints_the_table_and_where_the_files_are(tmp_path: Path) -> None:
 
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 2
-    assert "error: --out" in again.stderr and "pass --overwrite" in again.stderr
+    assert "report.md exists; pass --overwrite" in again.stderr
     assert CliRunner().invoke(main, [*args, "--overwrite"]).exit_code == 0
 
 
