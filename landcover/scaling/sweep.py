@@ -42,9 +42,9 @@ RUN (also written alone as `DIR/workers-N/launch.json` once that run ended)::
       "error": null | "one line",
       "job_id": "...", "log_dir": "workers-2/logs" | URL | null,
       "wall_time_s": 31.2,               launch to exit, startup and load included
-      "epochs_done": 3,                  lines in metrics.jsonl
-      "epoch_time_s": 4.1,               median of metrics.jsonl epoch_time_s (null if none)
-      "samples_per_s": 812.0             median of metrics.jsonl samples_per_s (null if none)
+      "epochs_done": 3,                  epochs in metrics.jsonl
+      "epoch_time_s": 4.1,               steady_epoch_time_s of metrics.jsonl (null if none)
+      "samples_per_s": 812.0             steady_samples_per_s of metrics.jsonl (null if none)
     }
 """
 
@@ -57,7 +57,6 @@ import logging
 import os
 import shutil
 import socket
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -76,6 +75,8 @@ from cluster.engine import (
 from cluster.errors import ClusterError, LaunchError
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec, ElasticSpec, local_cpu_count, local_spec
+from landcover.scaling.metricsfile import read_finished_epochs
+from landcover.training.records import steady_epoch_time_s, steady_samples_per_s
 
 logger = logging.getLogger(__name__)
 
@@ -337,29 +338,12 @@ def _remote_cores(spec: ClusterSpec) -> int | None:
 
 
 def summarize_metrics(path: Path) -> tuple[int, float | None, float | None]:
-    """(epochs, median epoch_time_s, median samples_per_s) of a metrics.jsonl."""
-    if not path.exists():
+    """(epochs, epoch time, samples per second) of a metrics.jsonl, by the one rule the report
+    uses too (`steady_epoch_time_s`, `steady_samples_per_s`); a torn line is skipped."""
+    records = read_finished_epochs(path)
+    if not records:
         return 0, None, None
-    times: list[float] = []
-    rates: list[float] = []
-    epochs = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line of an interrupted run
-        epochs += 1
-        if isinstance(record.get("epoch_time_s"), int | float):
-            times.append(float(record["epoch_time_s"]))
-        if isinstance(record.get("samples_per_s"), int | float):
-            rates.append(float(record["samples_per_s"]))
-    return (
-        epochs,
-        statistics.median(times) if times else None,
-        statistics.median(rates) if rates else None,
-    )
+    return len(records), steady_epoch_time_s(records), steady_samples_per_s(records)
 
 
 def format_sweep_table(result: SweepResult) -> str:
