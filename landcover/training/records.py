@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidator
@@ -67,6 +67,7 @@ class EpochRecord(BaseModel):
     world_size: _PosInt
     nodes: _PosInt | None = None
     epoch_time_s: _Positive  # training steps only: no load, no validation
+    epoch_cpu_s: _Score = None  # CPU seconds of the training steps, summed over ranks
     load_time_s: _NonNegative  # the one-time shard load
     val_time_s: _Score = None
     train_loss: _Score = None
@@ -181,7 +182,7 @@ class RunInfo(BaseModel):
     load_bytes: Annotated[int | None, _Lenient] = None
     resumed_from_epoch: Annotated[int | None, _Lenient] = None
     started: Annotated[str | None, _Lenient] = None
-    cluster: _JsonObject = None  # written by cluster launchers: cluster.json as used
+    # cluster launchers may add `cluster` (cluster.json as used): kept as an extra key
 
     def _config_int(self, name: str) -> int | None:
         value = (self.config or {}).get(name)
@@ -208,7 +209,8 @@ class RunInfo(BaseModel):
     @property
     def vm_size(self) -> str | None:
         """`cluster.vmSize`, which only cluster launchers write."""
-        value = (self.cluster or {}).get("vmSize")
+        cluster = (self.model_extra or {}).get("cluster")
+        value = cluster.get("vmSize") if isinstance(cluster, dict) else None
         return value if isinstance(value, str) and value else None
 
 
@@ -245,7 +247,8 @@ class Checkpoint:
 
     def to_payload(self) -> dict[str, Any]:
         """What torch.save writes: the format, the version, then every field."""
-        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **asdict(self)}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # no copy of the tensors
+        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **values}
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Checkpoint:
