@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from pydantic import ValidationError
 from landcover.errors import ReportError
 from landcover.training.records import EpochRecord
 
-__all__ = ["is_int", "is_number", "read_epoch_records", "read_finished_epochs"]
+__all__ = ["is_int", "parse_metrics_line", "read_epoch_records", "read_finished_epochs"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +25,8 @@ _CONSTANT = ("world_size", "device", "compression", "block_momentum", "batch_siz
 
 
 def is_int(value: Any) -> bool:
+    """An int that is not a bool (JSON's true is not a count); sweep.json's readers use it."""
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def read_epoch_records(path: Path) -> list[EpochRecord]:
