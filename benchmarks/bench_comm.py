@@ -42,8 +42,9 @@ from typing import Any
 
 import torch
 
+from cluster.spec import local_cpu_count
 from landcover.models.registry import build_model
-from landcover.training.distributed import cpu_model_name, usable_cores
+from landcover.training.distributed import cpu_model_name
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
 
@@ -103,7 +104,7 @@ def main() -> None:
     started = time.perf_counter()
     print(
         f"# bench_comm ({'quick' if args.quick else 'full'}) — {cpu_model_name()}, "
-        f"{usable_cores()} cores, torch {torch.__version__}; 2 workers x 1 thread (gloo)"
+        f"{local_cpu_count()} cores, torch {torch.__version__}; 2 workers x 1 thread (gloo)"
     )
     print(f"load average before: {_load()}")
     print()

@@ -44,9 +44,10 @@ import rasterio.windows
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from cluster.spec import local_cpu_count
 from landcover.data.shards import ShardDataset, gather_chips, normalise, random_ops
 from landcover.models.registry import build_model
-from landcover.training import cpu_model_name, segmentation_loss, usable_cores
+from landcover.training import cpu_model_name, segmentation_loss
 from tiling.store import load_shard_into_memory, open_store
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
@@ -109,7 +110,7 @@ def main() -> None:
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")
     batch = args.batch_size or (32 if cuda else 8)
-    threads = usable_cores()
+    threads = local_cpu_count()
     torch.set_num_threads(threads)
     quick = args.quick
     machine = torch.cuda.get_device_name(device) if cuda else cpu_model_name()

@@ -5,7 +5,7 @@ import landcover
 
 landcover.tile(["naip/*.tif"], "chips.zarr", labels=["lc/*.tif"])
 run = landcover.train("chips.zarr", "runs/r1", epochs=5)
-landcover.predict(run.run_dir / "model.pt", ["naip/*.tif"], "map.tif", bbox=(-76.6, 38.9, -76.5, 39))
+landcover.predict(run.run_dir / "model.pt", "naip/*.tif", "map.tif", bbox=(-76.6, 39, -76.5, 39.1))
 ```
 
 Each call takes the options of its command (`landcover tile`, `landcover train`,
@@ -63,7 +63,7 @@ def train(store: PathLike, out: PathLike, **options: Any) -> TrainResult:
     `landcover cluster launch`.
     """
     from landcover.training.config import TrainConfig
-    from landcover.training.trainer import train as run_training
+    from landcover.training.worker import train as run_training
 
     config = _config(TrainConfig, store_url=os.fspath(store), out_dir=os.fspath(out), **options)
     return run_training(config)

@@ -209,13 +209,12 @@ class BlockMomentum:
             )
         device = self.global_params.device
         self.global_params = global_params.to(device).clone()
-        if "global_buffers" in state:  # older checkpoints lack it: own stats until the block end
-            self.global_buffers = state["global_buffers"].to(device).clone()
+        # Older layouts: landcover.training.records.migrate_checkpoint.
+        self.global_buffers = state["global_buffers"].to(device).clone()
         self.delta = state["delta"].to(device).clone()
         self.local_steps = int(state["local_steps"])
-        # Checkpoints from before blocks followed the epochs counted from the first step.
-        self.block_steps = int(state.get("block_steps", self.local_steps % self.block_size))
-        self.meter.load_state_dict(state.get("meter", {}))
+        self.block_steps = int(state["block_steps"])
+        self.meter.load_state_dict(state["meter"])
 
 
 FIRST_MOMENT_STEP = "exp_avg_step"

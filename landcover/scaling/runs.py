@@ -1,9 +1,8 @@
 """Training runs as the scaling report sees them: read run directories (and the sweep
 directories holding them) into `RunSummary` values.
 
-A run's epoch time is robust to warm-up: the median of its per-epoch training times over every
-epoch but the first when it has two or more (the first pays for allocator, cuDNN autotuning
-and page-cache warm-up). The one-time shard load is kept apart, never in epoch time.
+A run's epoch time is `landcover.training.records.steady_epoch_time_s` (the median without the
+warm-up epoch), the sweep's too. The one-time shard load is kept apart, never in epoch time.
 A run is oversubscribed when its workers on one host ask for more threads than the host has
 cores; the sweep that launched it says so, else run.json's `cores` decides, else it is unknown.
 A run is incomplete when it recorded fewer epochs than it was configured for (run.json, else
@@ -26,6 +25,13 @@ from typing import Any
 from landcover.errors import ReportError
 from landcover.scaling.metricsfile import is_int, read_epoch_records
 from landcover.scaling.sweepfile import SWEEP_FILE, SweepRun, read_sweep
+from landcover.training.records import (
+    EpochRecord,
+    RunInfo,
+    steady_epoch_time_s,
+    steady_epochs,
+    steady_samples_per_s,
+)
 from landcover.training.rundir import METRICS_FILE, RUN_FILE
 
 logger = logging.getLogger(__name__)
@@ -200,65 +206,54 @@ def _read_json(path: Path) -> Any:
 def _summarise(source: _Source) -> RunSummary:
     records = read_epoch_records(source.run_dir / METRICS_FILE)
     first = records[0]
-    # the first epoch pays for warm-up (allocator, autotuning, page cache): leave it out
-    used = records[1:] if len(records) >= 2 else records
-    workers = int(first["world_size"])
-    batch_size = int(first["batch_size"])
-    nodes = int(first.get("nodes") or 1)
-    threads: int | None = first.get("threads_per_worker")
-    samples = [
-        r["samples_per_s"] * r["epoch_time_s"]
-        if r.get("samples_per_s")
-        else r["steps"] * workers * batch_size
-        for r in used
-    ]
-    # what an epoch trained (full batches only: 1 and 8 workers can train different counts)
-    # per second; a record without samples_per_s has it from its steps
-    samples_per_s = [
-        float(r["samples_per_s"] or r["steps"] * workers * batch_size / r["epoch_time_s"])
-        for r in used
-    ]
+    used = steady_epochs(records)
+    workers = first.world_size
+    nodes = first.nodes or 1
+    threads = first.threads_per_worker
     entry = source.sweep.entry_for(source.run_dir, workers)
-    run_file = source.run_dir / RUN_FILE
-    run_info = _read_json(run_file) if run_file.is_file() else {}
-    if not isinstance(run_info, dict):
-        run_info = {}
-    config = run_info.get("config")
-    config = config if isinstance(config, dict) else {}
-    epochs_planned = _positive_int(config.get("epochs")) or source.sweep.epochs
-    cores = _positive_int(entry and entry.cores) or _positive_int(run_info.get("cores"))
+    run_info = _read_run_info(source.run_dir / RUN_FILE)
+    epochs_planned = run_info.epochs_planned or source.sweep.epochs
+    cores = _positive_int(entry and entry.cores) or run_info.cores
     oversubscribed, oversubscribed_source = _oversubscription(
         entry, cores=cores, workers=workers, nodes=nodes, threads_per_worker=threads
     )
+    # what an epoch trained (full batches only: 1 and 8 workers can train different counts)
+    samples = [r.samples_trained_per_s * r.epoch_time_s for r in used]
     return RunSummary(
         run_dir=source.run_dir,
-        device=str(first["device"]),
-        compression=str(first["compression"]),
-        block_momentum=bool(first["block_momentum"]),
-        model=first.get("model"),
-        batch_size=batch_size,
+        device=first.device,
+        compression=first.compression,
+        block_momentum=first.block_momentum,
+        model=first.model,
+        batch_size=first.batch_size,
         workers=workers,
         nodes=nodes,
         threads_per_worker=threads,
-        epochs=tuple(int(r["epoch"]) for r in records),
-        epochs_used=tuple(int(r["epoch"]) for r in used),
-        epoch_times_s=tuple(float(r["epoch_time_s"]) for r in records),
-        epoch_time_s=statistics.median(float(r["epoch_time_s"]) for r in used),
-        load_time_s=max(float(r["load_time_s"]) for r in records),
-        steps=round(statistics.median(int(r["steps"]) for r in used)),
-        samples_per_epoch=_train_chips(run_info) or max(1, round(statistics.median(samples))),
-        samples_per_s=statistics.median(samples_per_s),
-        comm_bytes_per_step=statistics.median(float(r["comm_bytes_per_step"]) for r in used),
-        vm_size=_vm_size(run_info),
+        epochs=tuple(r.epoch for r in records),
+        epochs_used=tuple(r.epoch for r in used),
+        epoch_times_s=tuple(r.epoch_time_s for r in records),
+        epoch_time_s=steady_epoch_time_s(records),
+        load_time_s=max(r.load_time_s for r in records),
+        steps=round(statistics.median(r.steps for r in used)),
+        # The store's training chips (run.json) are the epoch's S; the samples a run trained
+        # (steps × workers × batch) undercount it by the dropped remainder.
+        samples_per_epoch=run_info.train_chips or max(1, round(statistics.median(samples))),
+        samples_per_s=steady_samples_per_s(records),
+        comm_bytes_per_step=statistics.median(r.comm_bytes_per_step for r in used),
+        vm_size=run_info.vm_size,
         cores=cores,
         oversubscribed=oversubscribed,
         oversubscribed_source=oversubscribed_source,
-        store=_store_url(run_info, config),
+        store=run_info.store_url,
         epochs_planned=epochs_planned,
-        stopped_early=_stopped_early(
-            records, _positive_int(config.get("patience")), epochs_planned
-        ),
+        stopped_early=_stopped_early(records, run_info.patience, epochs_planned),
     )
+
+
+def _read_run_info(path: Path) -> RunInfo:
+    """run.json as RunInfo; a missing file or one that is not an object says nothing."""
+    data = _read_json(path) if path.is_file() else {}
+    return RunInfo.model_validate(data if isinstance(data, dict) else {})
 
 
 def _oversubscription(
@@ -283,7 +278,7 @@ def _oversubscription(
 
 
 def _stopped_early(
-    records: list[dict[str, Any]], patience: int | None, epochs_planned: int | None
+    records: list[EpochRecord], patience: int | None, epochs_planned: int | None
 ) -> bool:
     """Whether the trainer's --patience rule ended the run after its last recorded epoch:
     `patience` epochs in a row without a val mIoU above the best so far (a NaN, recorded as
@@ -293,35 +288,13 @@ def _stopped_early(
         return False
     best, without_gain = -math.inf, 0
     for record in records:
-        miou = record.get("val_miou")
-        if isinstance(miou, int | float) and not isinstance(miou, bool) and miou > best:
-            best, without_gain = float(miou), 0
+        miou = record.val_miou
+        if miou is not None and miou > best:
+            best, without_gain = miou, 0
         else:
             without_gain += 1
-    last = int(records[-1]["epoch"])
+    last = records[-1].epoch
     return without_gain >= patience and last < epochs_planned
-
-
-def _store_url(run_info: dict[str, Any], config: dict[str, Any]) -> str | None:
-    """The chip store a run trained on: run.json's store.url, else its config's store_url."""
-    store = run_info.get("store")
-    url = store.get("url") if isinstance(store, dict) else None
-    if not (isinstance(url, str) and url):
-        url = config.get("store_url")
-    return url if isinstance(url, str) and url else None
-
-
-def _train_chips(run_info: dict[str, Any]) -> int | None:
-    # The store's training chips (run.json) are the epoch's S; the samples a run trained
-    # (steps × workers × batch) undercount it by the dropped remainder.
-    return _positive_int(run_info.get("train_chips"))
-
-
-def _vm_size(run_info: dict[str, Any]) -> str | None:
-    """`cluster.vmSize` of run.json, which only the cluster launcher writes."""
-    cluster = run_info.get("cluster")
-    vm_size = cluster.get("vmSize") if isinstance(cluster, dict) else None
-    return vm_size if isinstance(vm_size, str) and vm_size else None
 
 
 def _positive_int(value: Any) -> int | None:

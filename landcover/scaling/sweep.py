@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import shutil
 import socket
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,6 +39,7 @@ from cluster.engine import (
 from cluster.errors import ClusterError, LaunchError
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec, ElasticSpec, local_cpu_count, local_spec
+from landcover.scaling.metricsfile import read_finished_epochs
 from landcover.scaling.sweepfile import (
     SWEEP_FILE,
     RunStatus,
@@ -50,6 +49,7 @@ from landcover.scaling.sweepfile import (
     write_launch,
     write_sweep,
 )
+from landcover.training.records import steady_epoch_time_s, steady_samples_per_s
 from landcover.training.rundir import METRICS_FILE
 
 __all__ = [
@@ -296,29 +296,12 @@ def _remote_cores(spec: ClusterSpec) -> int | None:
 
 
 def summarize_metrics(path: Path) -> tuple[int, float | None, float | None]:
-    """(epochs, median epoch_time_s, median samples_per_s) of a metrics.jsonl."""
-    if not path.exists():
+    """(epochs, epoch time, samples per second) of a metrics.jsonl, by the one rule the report
+    uses too (`steady_epoch_time_s`, `steady_samples_per_s`); a torn line is skipped."""
+    records = read_finished_epochs(path)
+    if not records:
         return 0, None, None
-    times: list[float] = []
-    rates: list[float] = []
-    epochs = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line of an interrupted run
-        epochs += 1
-        if isinstance(record.get("epoch_time_s"), int | float):
-            times.append(float(record["epoch_time_s"]))
-        if isinstance(record.get("samples_per_s"), int | float):
-            rates.append(float(record["samples_per_s"]))
-    return (
-        epochs,
-        statistics.median(times) if times else None,
-        statistics.median(rates) if rates else None,
-    )
+    return len(records), steady_epoch_time_s(records), steady_samples_per_s(records)
 
 
 def format_sweep_table(result: SweepResult) -> str:

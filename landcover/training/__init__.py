@@ -1,6 +1,7 @@
-"""Training: one `TrainConfig` for every option, the worker's `Trainer`, the learning-rate
-schedule, losses and scores, the run directory, resume and the distributed environment. `python
--m landcover.training` is the worker entry point every launcher runs."""
+"""Training: one `TrainConfig` for every option; `train` builds a worker's objects
+(`builders`, `sync`, `resume`) and runs the `Trainer` over them; the learning-rate schedule,
+losses and scores, the run directory and its typed records, and the distributed environment.
+`python -m landcover.training` is the worker entry point every launcher runs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
         DistEnv,
         cpu_model_name,
         read_dist_env,
-        usable_cores,
     )
     from landcover.training.losses import (
         Scores,
@@ -25,20 +25,36 @@ if TYPE_CHECKING:
         segmentation_loss,
     )
     from landcover.training.preflight import check_local_training, open_training_store
+    from landcover.training.records import (
+        Checkpoint,
+        EpochRecord,
+        RunInfo,
+        steady_epoch_time_s,
+        steady_samples_per_s,
+    )
     from landcover.training.rundir import read_metrics
     from landcover.training.schedule import LrSchedule, build_optimizer, lr_scale, warmup_cosine
-    from landcover.training.trainer import TrainCallbacks, Trainer, TrainResult, train
+    from landcover.training.sync import BmufSync, DdpSync, SyncStrategy
+    from landcover.training.trainer import TrainCallbacks, Trainer, TrainResult
+    from landcover.training.worker import build_trainer, train
 
 __all__ = [
+    "BmufSync",
+    "Checkpoint",
     "Collectives",
+    "DdpSync",
     "DistEnv",
+    "EpochRecord",
     "LrSchedule",
+    "RunInfo",
     "Scores",
+    "SyncStrategy",
     "TrainCallbacks",
     "TrainConfig",
     "TrainResult",
     "Trainer",
     "build_optimizer",
+    "build_trainer",
     "check_local_training",
     "class_weights_from_counts",
     "confusion_counts",
@@ -49,8 +65,9 @@ __all__ = [
     "read_metrics",
     "scores_from_confusion",
     "segmentation_loss",
+    "steady_epoch_time_s",
+    "steady_samples_per_s",
     "train",
-    "usable_cores",
     "warmup_cosine",
 ]
 
@@ -61,7 +78,16 @@ __getattr__, __dir__ = lazy_exports(
         "TrainCallbacks": "trainer",
         "TrainResult": "trainer",
         "Trainer": "trainer",
-        "train": "trainer",
+        "train": "worker",
+        "build_trainer": "worker",
+        "BmufSync": "sync",
+        "DdpSync": "sync",
+        "SyncStrategy": "sync",
+        "Checkpoint": "records",
+        "EpochRecord": "records",
+        "RunInfo": "records",
+        "steady_epoch_time_s": "records",
+        "steady_samples_per_s": "records",
         "LrSchedule": "schedule",
         "build_optimizer": "schedule",
         "lr_scale": "schedule",
@@ -75,7 +101,6 @@ __getattr__, __dir__ = lazy_exports(
         "DistEnv": "distributed",
         "cpu_model_name": "distributed",
         "read_dist_env": "distributed",
-        "usable_cores": "distributed",
         "read_metrics": "rundir",
         "check_local_training": "preflight",
         "open_training_store": "preflight",

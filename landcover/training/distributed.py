@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cluster.spec import local_cpu_count
 from landcover.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -122,17 +123,10 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
 # -- this process's share of the node -----------------------------------------------------------
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
 def configure_threads(threads: int | None, local_world_size: int) -> int:
     """Give each local worker its share of the cores: 2 workers on 2 cores get 1 thread each,
     which is what makes a 1-vs-2-worker epoch time a fair scaling measurement."""
-    count = threads or max(1, usable_cores() // local_world_size)
+    count = threads or max(1, local_cpu_count() // local_world_size)
     torch.set_num_threads(count)
     try:
         torch.set_num_interop_threads(count)

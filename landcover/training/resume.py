@@ -23,23 +23,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from landcover.errors import TrainingError
-from landcover.training.rundir import read_checkpoint
+from landcover.training.config import TrainConfig
+from landcover.training.distributed import Collectives
+from landcover.training.records import Checkpoint, EpochRecord
+from landcover.training.rundir import read_checkpoint, rewrite_metrics
 
 if TYPE_CHECKING:
     from tiling.store import StoreSummary
 
 __all__ = [
     "RESUME_MUST_MATCH",
+    "ResumeState",
     "check_resumable",
     "load_optimizer_state",
     "read_resumable_checkpoint",
+    "resume_state",
     "store_identity",
 ]
 
@@ -85,14 +93,14 @@ def read_resumable_checkpoint(
     config: Mapping[str, Any],
     store: Mapping[str, Any],
     world_size: int,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The common part of checkpoint `path` and each rank's own part, once every check has
+) -> tuple[Checkpoint, list[dict[str, Any]]]:
+    """Checkpoint `path` without its per-rank part, and each rank's own part, once every check has
     passed (`check_resumable`). Per-rank parts written by another number of workers are
     dropped: that state (comm residuals, BMUF learners) starts fresh."""
     must_match = {key: config[key] for key in RESUME_MUST_MATCH}
-    payload = read_checkpoint(path, must_match=must_match)
-    check_resumable(path, payload, config=config, store=store)
-    per_rank: list[dict[str, Any]] = payload.pop("per_rank")
+    checkpoint = Checkpoint.from_payload(read_checkpoint(path, must_match=must_match))
+    check_resumable(path, checkpoint, config=config, store=store)
+    per_rank = checkpoint.per_rank
     if len(per_rank) != world_size:
         logger.warning(
             "%s was written by %d workers, now %d: per-worker state (comm residuals, BMUF "
@@ -102,7 +110,79 @@ def read_resumable_checkpoint(
             world_size,
         )
         per_rank = [{} for _ in range(world_size)]
-    return payload, per_rank
+    return replace(checkpoint, per_rank=[]), per_rank
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeState:
+    """Where this rank starts: after epoch `start_epoch` of a checkpoint, or a fresh run."""
+
+    start_epoch: int = 0  # epochs done before this process started
+    best_val_miou: float = -math.inf
+    best_epoch: int = 0
+    epochs_without_improvement: int = 0
+    stopped_early: bool = False
+    metrics: tuple[EpochRecord, ...] = ()
+    optimizer: Mapping[str, Any] | None = None  # this rank's (BMUF) or the common state
+    own: Mapping[str, Any] = field(default_factory=dict)  # this rank's part of the checkpoint
+    bmuf: Mapping[str, Any] | None = None  # the block-level state, the same on every rank
+
+
+def resume_state(
+    path: Path | None,
+    config: TrainConfig,
+    collectives: Collectives,
+    module: nn.Module,
+    *,
+    store: Mapping[str, Any],
+) -> ResumeState:
+    """Rank 0 reads checkpoint `path` (None: a fresh run) and checks it; every rank loads the
+    job's model (BMUF: its own learner's) into `module` and gets its own part. Rank 0 rewrites
+    metrics.jsonl from the checkpoint: a worker killed after an epoch's metrics line but
+    before its checkpoint left a line the checkpoint does not know; that epoch runs again."""
+    if path is None:
+        return ResumeState()
+    env = collectives.env
+    common: Checkpoint | None = None
+    per_rank: list[dict[str, Any]] | None = None
+    error: str | None = None
+    if env.is_main:
+        try:
+            common, per_rank = read_resumable_checkpoint(
+                path, config=config.to_json(), store=store, world_size=env.world_size
+            )
+        except TrainingError as exc:
+            error = str(exc)
+    collectives.raise_if_any(error)
+    saved = collectives.broadcast_object(common)
+    own: dict[str, Any] = collectives.scatter_from_main(per_rank)
+    assert saved is not None  # rank 0 raised otherwise
+    if not config.block_momentum:
+        # Per-rank models and optimizers are BMUF's learners; DDP replicas share one.
+        own = {key: value for key, value in own.items() if key == "comm"}
+    try:
+        module.load_state_dict(own.get("model", saved.model))
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise TrainingError(
+            f"{path}: checkpoint does not fit {config.model} ({first}); "
+            "pass --overwrite to start over"
+        ) from None
+    records = saved.records
+    if env.is_main:
+        rewrite_metrics(config.out_dir, [r.model_dump() for r in records])
+    logger.info("resuming %s after epoch %d", config.out_dir, saved.epoch)
+    return ResumeState(
+        start_epoch=saved.epoch,
+        best_val_miou=saved.best_val_miou,
+        best_epoch=saved.best_epoch,
+        epochs_without_improvement=saved.epochs_without_improvement,
+        stopped_early=saved.stopped_early,
+        metrics=tuple(records),
+        optimizer=own.get("optimizer", saved.optimizer),
+        own=own,
+        bmuf=saved.bmuf,
+    )
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
@@ -118,7 +198,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, A
 
 def check_resumable(
     path: Path,
-    saved: Mapping[str, Any],
+    saved: Checkpoint,
     *,
     config: Mapping[str, Any],
     store: Mapping[str, Any],
@@ -126,7 +206,7 @@ def check_resumable(
     """Refuse (TrainingError, one line) a checkpoint that the run with `config` (TrainConfig's
     JSON) on `store` (`store_identity`) cannot continue; `rundir.read_checkpoint` has already
     checked the options of RESUME_MUST_MATCH."""
-    saved_config = saved["config"]
+    saved_config = saved.config
     was_bmuf, is_bmuf = bool(saved_config.get("block_momentum")), bool(config["block_momentum"])
     if was_bmuf != is_bmuf:
         saved_mode = "BMUF (--block-momentum)" if was_bmuf else "DDP (no --block-momentum)"
@@ -135,11 +215,11 @@ def check_resumable(
             f"{path}: checkpoint was trained with {saved_mode}; a resumed run cannot change "
             f"the sync mode: {flag}, or {FIX}"
         )
-    _check_store(path, saved.get("store"), store)
+    _check_store(path, saved.store, store)
 
 
 def _check_store(path: Path, saved: Mapping[str, Any] | None, store: Mapping[str, Any]) -> None:
-    if saved is None:  # checkpoint format 1 did not record the store
+    if saved is None:  # version 1 did not record it (`migrate_checkpoint`)
         logger.warning(
             "%s: the checkpoint does not record its chip store; cannot check that %s is it",
             path,

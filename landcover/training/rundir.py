@@ -31,6 +31,11 @@ import torch
 
 from landcover import atomic
 from landcover.errors import TrainingError
+from landcover.training.records import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    RUN_KEYS,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +45,6 @@ MODEL_FILE = "model.pt"
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
 RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR)
-CHECKPOINT_FORMAT = "landcover-checkpoint"
-# 2: records the chip store (`landcover.training.resume.store_identity`); BMUF blocks end
-# with epochs.
-CHECKPOINT_VERSION = 2
-# Top-level keys of run.json that readers (landcover.scaling.runs, the scaling report) rely on.
-RUN_KEYS = (
-    "world_size", "nodes", "threads_per_worker", "cores", "device", "host", "versions", "store",
-    "config",
-)  # fmt: skip
 
 
 def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
@@ -97,7 +93,8 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def write_run_json(run_dir: str | os.PathLike[str], info: Mapping[str, Any]) -> None:
-    missing = [key for key in RUN_KEYS if key not in info]
+    """run.json from `RunInfo.model_dump()`, which must hold RUN_KEYS."""
+    missing = [key for key in RUN_KEYS if info.get(key) is None]
     if missing:
         raise ValueError(f"run.json needs the keys {missing}")  # a bug, not a user error
     write_json_atomic(Path(run_dir) / RUN_FILE, info)
@@ -111,27 +108,34 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def metrics_line(record: Mapping[str, Any]) -> str:
+    """One metrics.jsonl line from `EpochRecord.model_dump()` (NaN as null), no newline."""
+    return json.dumps(jsonable(record))
+
+
 def append_metrics(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
     with (Path(run_dir) / METRICS_FILE).open("a") as f:
-        f.write(json.dumps(jsonable(record)) + "\n")
+        f.write(metrics_line(record) + "\n")
 
 
 def rewrite_metrics(run_dir: str | os.PathLike[str], records: Sequence[Mapping[str, Any]]) -> None:
     """Replace metrics.jsonl by `records` (a checkpoint's: drops the epochs it has not seen)."""
-    text = "".join(json.dumps(jsonable(record)) + "\n" for record in records)
+    text = "".join(metrics_line(record) + "\n" for record in records)
     write_atomic(Path(run_dir) / METRICS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
 def save_checkpoint(run_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
-    """checkpoints/last.pt from plain values and CPU tensors (loads with weights_only=True)."""
-    content = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **payload}
+    """checkpoints/last.pt from `Checkpoint.to_payload()`: plain values and CPU tensors
+    (loads with weights_only=True), under the current format and version."""
+    content = {**payload, "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION}
     path = Path(run_dir) / CHECKPOINT_DIR / LAST_CHECKPOINT
     write_atomic(path, lambda tmp: torch.save(content, tmp))
 
 
 def read_checkpoint(path: Path, *, must_match: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint written by `save_checkpoint`, refused unless its config has the values of
-    `must_match` (options a resumed run cannot change)."""
+    """The payload of a checkpoint written by `save_checkpoint` (any version: see
+    `Checkpoint.from_payload`), refused unless its config has the values of `must_match`
+    (options a resumed run cannot change)."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:

@@ -1,8 +1,8 @@
 """The `landcover` process as a shell sees it: SIGTERM, a closed pipe, library warnings.
 
 Each test runs the real entry point in a subprocess with a few extra commands (defined
-below) registered in `landcover.cli.app.COMMANDS`, so what is tested is main's own handling, for every
-command alike.
+below) registered in `landcover.cli.app.COMMANDS`, so what is tested is main's own handling,
+for every command alike.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from landcover.scaling.sweep import (
     spec_for_workers,
     summarize_metrics,
 )
-from tests.landcover.scaling.test_runs import metrics_line
+from tests.landcover.scaling.test_runs import metrics_line, write_run
 
 
 def test_worker_counts() -> None:
@@ -70,13 +70,23 @@ def test_spec_per_worker_count() -> None:
 
 def test_metrics_summary(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    lines = [
-        {"epoch": e, "epoch_time_s": t, "samples_per_s": 10 / t}
-        for e, t in [(1, 3.0), (2, 1.0), (3, 2.0)]
-    ]
+    lines = [metrics_line(e, 1, t, samples_per_s=10 / t) for e, t in [(1, 3.0), (2, 1.0), (3, 2.0)]]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"epoch": 4, "epo')
-    assert summarize_metrics(path) == (3, 2.0, 5.0)
+    # the warm-up epoch 1 is left out: medians of epochs 2 and 3; the torn line is skipped
+    assert summarize_metrics(path) == (3, 1.5, 7.5)
     assert summarize_metrics(tmp_path / "none.jsonl") == (0, None, None)
+
+
+def test_the_sweep_table_and_the_report_agree_on_epoch_time(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, "r", workers=2, epoch_times=[30.0, 10.0, 12.0, 20.0])
+    (report,) = load_runs([run_dir])
+    epochs, epoch_time_s, samples_per_s = summarize_metrics(run_dir / "metrics.jsonl")
+    assert (epochs, epoch_time_s, samples_per_s) == (
+        len(report.epochs),
+        report.epoch_time_s,
+        report.samples_per_s,
+    )
+    assert epoch_time_s == 12.0  # epochs 2-4: the warm-up epoch counts in neither
 
 
 class FakeLaunch:
@@ -99,7 +109,9 @@ class FakeLaunch:
         epochs = int(plan.job.args[plan.job.args.index("--epochs") + 1])
         with (out / "metrics.jsonl").open("w") as f:
             for epoch in range(1, epochs + 1):
-                record = metrics_line(epoch, workers, 8.0 / workers, samples_per_s=10.0 * workers)
+                # the first epoch pays warm-up: three times the others
+                time_s = (3 if epoch == 1 else 1) * 8.0 / workers
+                record = metrics_line(epoch, workers, time_s, samples_per_s=80.0 / time_s)
                 f.write(json.dumps(record) + "\n")
         return LaunchResult(
             "local", f"job-{workers}", "succeeded", str(out), str(out / "logs"), 1.0

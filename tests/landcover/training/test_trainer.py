@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 from click.testing import CliRunner
 from torch import nn
 
+from cluster.spec import local_cpu_count
 from landcover import cli
 from landcover.cli.train import params_to_argv, worker_command
 from landcover.errors import TrainingError
@@ -149,7 +150,7 @@ def test_warm_up_then_cosine_decay() -> None:
 def test_training_refuses_a_shard_that_does_not_fit(
     tiny_store: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("landcover.training.available_memory_bytes", lambda: 200_000)
+    monkeypatch.setattr("landcover.training.builders.available_memory_bytes", lambda: 200_000)
     with pytest.raises(TrainingError, match=r"use at least \d+ workers in total"):
         train(make_config(tiny_store, run_dir))
     assert not (run_dir / "metrics.jsonl").exists()
@@ -186,7 +187,7 @@ def test_one_worker_run_outputs_and_exact_resume(tiny_store: str, tmp_path: Path
         assert (x["train_loss"], x["val_miou"]) == (y["train_loss"], y["val_miou"])
 
     run = json.loads((whole / "run.json").read_text())
-    assert set(rundir.RUN_KEYS) <= set(run) and run["cores"] == os.cpu_count()
+    assert set(rundir.RUN_KEYS) <= set(run) and run["cores"] == local_cpu_count()
     assert run["world_size"] == 1 and run["config"]["batch_size"] == 8
     assert run["store"]["summary"]["chip_size"] == 64 and run["versions"]["torch"]
     assert run["device"].startswith("cpu: ")
@@ -233,7 +234,9 @@ def test_resume_drops_the_metrics_line_of_an_epoch_without_checkpoint(
             raise KilledError
         save_checkpoint(out, payload)
 
-    monkeypatch.setattr("landcover.training.save_checkpoint", killed_before_epoch_2_checkpoint)
+    monkeypatch.setattr(
+        "landcover.training.trainer.save_checkpoint", killed_before_epoch_2_checkpoint
+    )
     with pytest.raises(KilledError):
         train(make_config(tiny_store, run_dir, augment=False))
     killed = read_metrics(run_dir)
@@ -250,7 +253,7 @@ def test_early_stop_on_val_miou(
     tiny_store: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     flat = Scores(miou=0.5, accuracy=0.5, per_class_iou=[None, 0.5, 0.5, 0.5, 0.5])
-    monkeypatch.setattr("landcover.training.scores_from_confusion", lambda cm: flat)
+    monkeypatch.setattr("landcover.training.trainer.scores_from_confusion", lambda cm: flat)
     result = train(make_config(tiny_store, run_dir, epochs=5, patience=2))
     assert result.stopped_early and result.epochs_completed == 3 and result.best_epoch == 1
     assert [m["epoch"] for m in read_metrics(run_dir)] == [1, 2, 3]
@@ -316,7 +319,7 @@ def test_a_store_without_val_chips_trains_and_keeps_the_last_epoch(
     assert summary.num_val == 0 and summary.num_train > 8
     with caplog.at_level(logging.WARNING, logger="landcover.training"):
         result = train(make_config(no_val_store, run_dir))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "landcover.training"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "landcover.training.builders"]
     assert warnings == [
         f"{no_val_store} has no val chips: validation is skipped and model.pt is the last "
         "epoch's model; re-tile with --val-fraction > 0 to validate"

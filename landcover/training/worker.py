@@ -1,0 +1,103 @@
+"""One training worker, built then run: `train(config)`.
+
+`python -m landcover.training STORE --out RUN_DIR [options]` is the worker entry point for every
+launcher (torchrun, Azure ML, Kubeflow); `landcover train` runs it in-process or spawns N local
+workers through torchrun. `train` builds, in this order, then hands everything to the `Trainer`
+(as pytorch/examples' ddp-tutorial-series/multinode.py does):
+
+1. rank 0 checks the run dir (refuses old results unless `--resume`/`--overwrite`), and every
+   rank learns whether there is a checkpoint to resume;
+2. the store (its checks, and the steps per epoch of this world) and the model, seeded: a bad
+   `--model`/`--pretrained` fails before the long load;
+3. the resume state (`landcover.training.resume`: a checkpoint of another store or sync mode is
+   refused; the run continues at the next epoch, exactly);
+4. every rank checks that its shard fits in RAM, then loads its train and val shards ONCE
+   (timed: `load_time_s`, never part of `epoch_time_s`);
+5. the sync strategy (`landcover.training.sync`: DDP with a comm hook, or BMUF), the optimizer
+   and its schedule (`landcover.training.schedule`: peak = base lr x a function of the world
+   size, warm-up, cosine to 1 % of the peak), derived for the world this run has;
+6. rank 0 writes run.json; then `Trainer.fit`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from landcover.errors import TrainingError
+from landcover.training.builders import (
+    build_model,
+    build_optimization,
+    load_training_data,
+    open_store_for_training,
+)
+from landcover.training.config import TrainConfig
+from landcover.training.distributed import (
+    Collectives,
+    DistEnv,
+    check_sync_bn,
+    configure_threads,
+    process_group,
+    read_dist_env,
+    resolve_device,
+)
+from landcover.training.outputs import write_run_info
+from landcover.training.placement import Placement
+from landcover.training.resume import resume_state
+from landcover.training.rundir import prepare_run_dir
+from landcover.training.sync import build_sync
+from landcover.training.trainer import TrainCallbacks, Trainer, TrainResult
+
+__all__ = ["train"]
+
+
+def train(
+    config: TrainConfig,
+    *,
+    dist_env: DistEnv | None = None,
+    callbacks: TrainCallbacks | None = None,
+) -> TrainResult:
+    """Run one training worker (the whole job when the world is one process)."""
+    env = read_dist_env() if dist_env is None else dist_env
+    threads = configure_threads(config.threads, env.local_world_size)
+    device = resolve_device(config.device, env)
+    check_sync_bn(config.sync_bn, env, device)
+    with process_group(env, device) as collectives:
+        place = Placement.create(env, collectives, device, threads=threads, amp=config.amp)
+        return build_trainer(config, place, callbacks or TrainCallbacks()).fit()
+
+
+def build_trainer(config: TrainConfig, place: Placement, callbacks: TrainCallbacks) -> Trainer:
+    """Steps 1-6 of the module docstring: every object the loop needs, then the Trainer."""
+    env, collectives, device = place.env, place.collectives, place.device
+    checkpoint = _prepare_run_dir(config, collectives)
+    store, identity = open_store_for_training(config, env)
+    steps = store.steps_per_epoch(world_size=env.world_size, batch_size=config.batch_size)
+    module = build_model(config, store, device, channels_last=place.channels_last)
+    resume = resume_state(checkpoint, config, collectives, module, store=identity)
+    data = load_training_data(
+        config, env, collectives, device, store=store, identity=identity, steps=steps
+    )
+    sync, module = build_sync(
+        module, config, collectives, device, own=resume.own, shared=resume.bmuf
+    )
+    optimization = build_optimization(
+        config, module, world_size=env.world_size, steps_per_epoch=steps, resume=resume
+    )
+    if env.is_main:
+        write_run_info(config, place, data, optimization, resume)
+    return Trainer(config, place, sync, optimization, data, resume, callbacks)
+
+
+def _prepare_run_dir(config: TrainConfig, collectives: Collectives) -> Path | None:
+    """Rank 0 checks and resets the run dir; every rank learns whether to resume."""
+    error: str | None = None
+    checkpoint: Path | None = None
+    if collectives.env.is_main:
+        try:
+            checkpoint = prepare_run_dir(
+                config.out_dir, resume=config.resume, overwrite=config.overwrite
+            )
+        except (TrainingError, OSError) as exc:
+            error = str(exc)
+    collectives.raise_if_any(error)
+    return collectives.broadcast_object(checkpoint)
