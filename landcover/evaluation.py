@@ -35,7 +35,8 @@ from tiling.classes import (
     get_class_map,
 )
 from tiling.errors import TilingError
-from tiling.sources import RasterInfo, RasterReader, expand_inputs, open_label
+from tiling.reader import RasterReader
+from tiling.sources import RasterInfo, expand_inputs, open_label
 
 logger = logging.getLogger(__name__)
 

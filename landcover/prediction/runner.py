@@ -67,7 +67,7 @@ from landcover.prediction.setup import (
     window_overlap,
 )
 from landcover.prediction.windows import Block, WindowRunner
-from tiling.sources import RasterReader
+from tiling.reader import RasterReader
 from tiling.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
