@@ -1,5 +1,5 @@
 """Label rasters against images: which overlap, whether they share a pixel grid, and raw
-values to class codes. Pure functions of `RasterInfo` values; the reads are in `sources`.
+values to class codes. Pure functions of `RasterInfo` values; the reads are in `tiling.reader`.
 
 An image's labels are the label rasters whose footprint overlaps it (not a file-name
 match). A label raster on the very pixel grid of the image is read by window; any other is

@@ -19,11 +19,11 @@ from tiling.errors import SourceChangedError, StoreError, StoreExistsError
 from tiling.fingerprint import Fingerprint
 from tiling.params import ARRAY_NAMES, StoreParams, create_arrays, differences
 from tiling.records import SourceRecord
-from tiling.store import (
+from tiling.store import array
+from tiling.store_format import (
     ATTRS_KEY,
     FORMAT_NAME,
     FORMAT_VERSION,
-    array,
     done_prefix,
     summary_from_attrs,
 )

@@ -39,9 +39,9 @@ from tiling.plan import (
     available_cores,
     plan_tiling,
 )
+from tiling.reader import RasterReader
 from tiling.resume import open_writer
 from tiling.shards import ChunkEncoder, EncodedChunk
-from tiling.sources import RasterReader
 from tiling.store import (
     NUM_BANDS,
     SPLIT_TRAIN,

@@ -37,22 +37,17 @@ from zarr.core.sync import sync
 from tiling.errors import StoreCorruptError, StoreError
 from tiling.fingerprint import Fingerprint
 from tiling.params import ARRAY_NAMES, StoreParams
+from tiling.records import BANDS, STATE_DONE, STATE_WRITING, BandStats, SourceRecord
 from tiling.shard_reader import chunk_counts
 from tiling.shards import ChunkEncoder, EncodedChunk, decode_shard, encode_shard
-from tiling.store import (
+from tiling.store import array, read_rows
+from tiling.store_format import (
     ATTRS_KEY,
-    BANDS,
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_COLUMNS,
-    STATE_DONE,
-    STATE_WRITING,
-    BandStats,
-    SourceRecord,
     StoreSummary,
-    array,
     done_prefix,
-    read_rows,
     summary_from_attrs,
 )
 from tiling.urls import storage_errors

@@ -8,15 +8,22 @@ from typing import TYPE_CHECKING
 from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from landcover.data.shards import Batch, ShardDataset, derive_seed, normalise
+    from landcover.data.shards import (
+        Batch,
+        ShardDataset,
+        check_band_stats,
+        derive_seed,
+        normalise,
+    )
 
-__all__ = ["Batch", "ShardDataset", "derive_seed", "normalise"]
+__all__ = ["Batch", "ShardDataset", "check_band_stats", "derive_seed", "normalise"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "Batch": "shards",
         "ShardDataset": "shards",
+        "check_band_stats": "shards",
         "derive_seed": "shards",
         "normalise": "shards",
     },

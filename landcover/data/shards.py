@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from landcover.errors import TrainingError
+from landcover.errors import LandcoverError, TrainingError
 
 
 def derive_seed(*parts: int) -> int:
@@ -47,6 +47,28 @@ def steps_per_epoch(shard_lengths: Sequence[int], batch_size: int) -> int:
 class Batch:
     images: torch.Tensor  # float (B, bands, C, C), normalised
     labels: torch.Tensor  # int64 (B, C, C), class codes, 0 = nodata
+
+
+def check_band_stats(
+    band_mean: Sequence[float],
+    band_std: Sequence[float],
+    *,
+    bands: int,
+    error: type[LandcoverError],
+    fix: str,
+    where: str = "",
+) -> None:
+    """Refuse band statistics that `normalise` cannot use: one mean and one std per band, every
+    std > 0. Raises `error` with a line that starts with `where` (a file, if any) and ends with
+    `fix`; training (the store's stats) and prediction (the model file's) both call this."""
+    prefix = f"{where}: " if where else ""
+    if len(band_mean) != bands or len(band_std) != bands:
+        raise error(
+            f"{prefix}band stats have {len(band_mean)} means and {len(band_std)} stds for "
+            f"{bands} bands; {fix}"
+        )
+    if any(not s > 0 for s in band_std):
+        raise error(f"{prefix}band std {list(band_std)} must be > 0; {fix}")
 
 
 def normalise(
@@ -100,13 +122,9 @@ class ShardDataset:
                 f"shard images {tuple(self.images.shape)} and labels "
                 f"{tuple(self.labels.shape)} do not describe the same square chips"
             )
-        if len(band_mean) != bands or len(band_std) != bands:
-            raise TrainingError(
-                f"band stats have {len(band_mean)} means and {len(band_std)} stds for "
-                f"{bands} bands; re-tile the store"
-            )
-        if any(s <= 0 for s in band_std):
-            raise TrainingError(f"band std {list(band_std)} must be > 0; re-tile the store")
+        check_band_stats(
+            band_mean, band_std, bands=bands, error=TrainingError, fix="re-tile the store"
+        )
         self.device = torch.device(device)
         self.images = self.images.to(self.device)
         self.labels = self.labels.to(self.device)

@@ -1,7 +1,7 @@
 """Reading source rasters onto any rectangle of an output grid.
 
 `read_mosaic` fills one rectangle of the grid from the sources that cover it, first source
-wins where they overlap. Pixels come from `tiling.sources.RasterReader` (validity from nodata
+wins where they overlap. Pixels come from `tiling.reader.RasterReader` (validity from nodata
 or an internal mask, never from an alpha band). Sources on the same grid (within
 `tiling.grid.GRID_TOLERANCE_PX`) are copied as they are; the others are warped from that
 numpy window, so GDAL never sees a band's colour interpretation: NAIP files whose NIR band is
@@ -26,7 +26,8 @@ from shapely.geometry import box
 from landcover.prediction.outgrid import GridPlan, OutputGrid, metres_per_unit
 from tiling.errors import SourceFormatError
 from tiling.grid import aligned_offset
-from tiling.sources import RasterInfo, RasterReader
+from tiling.reader import RasterReader
+from tiling.sources import RasterInfo
 
 __all__ = ["read_mosaic", "read_source_onto"]
 

@@ -1,9 +1,10 @@
 """Predict a land-cover map for a region: region → windows → blended logits → COG.
 
-The output grid is cut into blocks (`block_px` square). For each block we read the source
-pixels under every window that touches it, run those windows in batches, blend their logits
-with a smooth weight (`landcover.prediction.blend`) and write the block's classes into a
-tiled GeoTIFF.
+This module holds the configuration, the result and the loop over blocks. The output grid is
+cut into blocks (`block_px` square, `landcover.prediction.blocks`). For each block we read the
+source pixels under every window that touches it, run those windows in batches
+(`landcover.prediction.windows`), blend their logits with a smooth weight
+(`landcover.prediction.blend`) and write the block's classes into a tiled GeoTIFF.
 Memory is bounded by one block, never by the region: the logits of windows that reach into the
 next block of the same block row are kept for it, and windows on the boundary between two
 block rows are run once for each (about 12% more inference with 2048 px blocks and 256 px
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,18 +27,16 @@ import numpy as np
 import numpy.typing as npt
 import rasterio
 import torch
-from rasterio.features import rasterize
 from rasterio.windows import Window
 from shapely.geometry import box
-from shapely.geometry.base import BaseGeometry
 from torch import nn
 from tqdm import tqdm
 
 from landcover.classes import NODATA_CODE
-from landcover.data.shards import normalise
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta, load_model_file
 from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.blocks import blocks, owned_windows, region_has_pixels, region_mask
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import (
     PROBABILITY_NODATA,
@@ -67,7 +66,8 @@ from landcover.prediction.setup import (
     warnings_to_log,
     window_overlap,
 )
-from tiling.sources import RasterReader
+from landcover.prediction.windows import Block, WindowRunner
+from tiling.reader import RasterReader
 from tiling.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def _predict_and_write(
         len(sources),
     )
     layout = WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
-    if plan.region is not None and not _region_has_pixels(plan, config.block_px):
+    if plan.region is not None and not region_has_pixels(plan, config.block_px):
         raise RegionError(
             f"region covers no pixel centre of the images at {grid.resolution:g} "
             "units/px after masking; give a larger region or a finer --resolution"
@@ -219,7 +219,9 @@ def _predict_into(
     grid = plan.grid
     num_classes = meta.num_classes
     tally = _Tally(np.zeros(num_classes, dtype=np.int64))
-    windows = _WindowRunner(model, meta, layout, config, device)
+    windows = WindowRunner(
+        model, meta, layout, batch_size=config.batch_size, where=config.model, device=device
+    )
     show = config.progress if config.progress is not None else sys.stderr.isatty()
     with ExitStack() as stack:
         dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(grid)))
@@ -234,12 +236,12 @@ def _predict_into(
         )
         reader = RasterReader(storage_options=config.storage_options)
         stack.callback(reader.close)
-        for row0, col0, height, width in _blocks(grid, config.block_px):
+        for row0, col0, height, width in blocks(grid, config.block_px):
             if col0 == 0:
                 windows.new_block_row()
             rows = layout.rows_touching(row0, row0 + height)
             cols = layout.cols_touching(col0, col0 + width)
-            bar.update(_owned_windows(layout, rows, cols, row0, col0, height, width))
+            bar.update(owned_windows(layout, rows, cols, row0, col0, height, width))
             if not plan.area.intersects(box(*grid.window_bounds(row0, col0, height, width))):
                 # Nothing to predict: leave the tiles unwritten (sparse, read as nodata).
                 tally.class_pixels[NODATA_CODE] += height * width
@@ -253,7 +255,7 @@ def _predict_into(
             )
             inside = covered[crop]
             if plan.region is not None:
-                inside = inside & _region_mask(plan.region, grid, row0, col0, height, width)
+                inside = inside & region_mask(plan.region, grid, row0, col0, height, width)
             # Only windows that touch an output pixel of this block are run.
             todo = [
                 (r, c)
@@ -270,7 +272,7 @@ def _predict_into(
                 blender = LogitBlender(
                     layout, num_classes, row0, col0, height, width, device=device
                 )
-                block = _Block(data, covered, ext_row0, ext_col0, row0, col0, height, width)
+                block = Block(data, covered, ext_row0, ext_col0, row0, col0, height, width)
                 windows.run(block, todo, blender)
                 blended = blender.blended()[1:]  # code 0 (nodata) is never predicted
                 inside_t = torch.from_numpy(inside).to(device)
@@ -295,141 +297,3 @@ def _predict_into(
                 prob.write(probs, window=window)
     tally.windows = windows.windows_run
     return tally
-
-
-@dataclass(frozen=True, slots=True)
-class _Block:
-    """Source pixels under all windows of one output block, and the block's place."""
-
-    data: npt.NDArray[np.uint8]  # (bands, h, w) from (ext_row0, ext_col0)
-    covered: npt.NDArray[np.bool_]
-    ext_row0: int
-    ext_col0: int
-    row0: int
-    col0: int
-    height: int
-    width: int
-
-
-class _WindowRunner:
-    """Runs windows in batches; keeps the logits of windows that reach into the next block of
-    the same block row, so only windows on the boundary to the next block ROW run twice."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        meta: ModelMeta,
-        layout: WindowLayout,
-        config: PredictConfig,
-        device: torch.device,
-    ) -> None:
-        self.model, self.layout, self.device = model, layout, device
-        self.num_classes = meta.num_classes
-        self.batch_size = config.batch_size
-        self.where = config.model
-        self.mean = torch.tensor(meta.band_mean, dtype=torch.float32, device=device).view(
-            1, -1, 1, 1
-        )
-        self.std = torch.tensor(meta.band_std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-        self.carry: dict[tuple[int, int], torch.Tensor] = {}
-        self.windows_run = 0
-
-    def new_block_row(self) -> None:
-        self.carry = {}
-
-    def run(self, block: _Block, todo: Sequence[tuple[int, int]], blender: LogitBlender) -> None:
-        size = self.layout.size
-        right_edge = block.col0 + block.width
-        carried, self.carry = self.carry, {}
-        fresh = [rc for rc in todo if rc not in carried]
-        pixels = torch.from_numpy(block.data).to(self.device)
-        has_data = torch.from_numpy(block.covered).to(self.device)
-        results: list[tuple[tuple[int, int], torch.Tensor]] = [
-            (rc, carried[rc]) for rc in todo if rc in carried
-        ]
-        for batch in _batches(fresh, self.batch_size):
-            spans = [
-                (
-                    slice(r - block.ext_row0, r - block.ext_row0 + size),
-                    slice(c - block.ext_col0, c - block.ext_col0 + size),
-                )
-                for r, c in batch
-            ]
-            x = torch.stack([pixels[:, rs, cs] for rs, cs in spans])
-            m = torch.stack([has_data[rs, cs] for rs, cs in spans])
-            # As in training: pixels no source covers get the band mean (0 after normalising).
-            x = normalise(x, self.mean, self.std, valid=m)
-            logits = _run_model(self.model, x, self.num_classes, self.where)
-            results.extend(zip(batch, logits, strict=True))
-            self.windows_run += len(batch)
-        for (r, c), window_logits in results:
-            blender.add(window_logits, r, c)
-            if c + size > right_edge and right_edge < self.layout.width:
-                self.carry[(r, c)] = window_logits
-
-
-def _run_model(model: nn.Module, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:
-    with torch.inference_mode():
-        logits = model(x)
-    if not isinstance(logits, torch.Tensor) or logits.ndim != 4 or logits.shape[1] != num_classes:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise PredictionError(
-            f"{where}: model returned {shape} for {tuple(x.shape)} input; expected "
-            f"{num_classes} class channels as its class table says"
-        )
-    if logits.shape[-2:] != x.shape[-2:]:
-        raise PredictionError(
-            f"{where}: model output is {tuple(logits.shape[-2:])} px for a "
-            f"{tuple(x.shape[-2:])} px window; it must keep the input size"
-        )
-    return logits.float()
-
-
-def _owned_windows(
-    layout: WindowLayout,
-    rows: Sequence[int],
-    cols: Sequence[int],
-    row0: int,
-    col0: int,
-    height: int,
-    width: int,
-) -> int:
-    half = layout.size // 2
-    own_rows = sum(1 for r in rows if row0 <= min(r + half, layout.height - 1) < row0 + height)
-    own_cols = sum(1 for c in cols if col0 <= min(c + half, layout.width - 1) < col0 + width)
-    return own_rows * own_cols
-
-
-def _blocks(grid: OutputGrid, block_px: int) -> Iterator[tuple[int, int, int, int]]:
-    for row0 in range(0, grid.height, block_px):
-        for col0 in range(0, grid.width, block_px):
-            yield row0, col0, min(block_px, grid.height - row0), min(block_px, grid.width - col0)
-
-
-def _batches(items: list[tuple[int, int]], size: int) -> Iterator[list[tuple[int, int]]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _region_mask(
-    geometry: BaseGeometry, grid: OutputGrid, row0: int, col0: int, height: int, width: int
-) -> npt.NDArray[np.bool_]:
-    mask = rasterize(
-        [(geometry, 1)],
-        out_shape=(height, width),
-        transform=grid.window_transform(row0, col0),
-        fill=0,
-        dtype="uint8",
-        all_touched=False,  # a pixel is inside when its centre is
-    )
-    return np.asarray(mask, dtype=bool)
-
-
-def _region_has_pixels(plan: GridPlan, block_px: int) -> bool:
-    """Whether any pixel centre lies in region ∩ images (rasterizing only, no reads)."""
-    for row0, col0, height, width in _blocks(plan.grid, block_px):
-        if not plan.area.intersects(box(*plan.grid.window_bounds(row0, col0, height, width))):
-            continue
-        if _region_mask(plan.area, plan.grid, row0, col0, height, width).any():
-            return True
-    return False

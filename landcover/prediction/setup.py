@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from rasterio.errors import NotGeoreferencedWarning
 
+from landcover.data.shards import check_band_stats
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.warnlog import warnings_logged
@@ -108,14 +109,14 @@ def window_overlap(overlap_px: int | None, chip_size: int) -> int:
 
 def check_model(where: str, meta: ModelMeta) -> None:
     """A model file's metadata must describe a model that can write a uint8 class map."""
-    bands = meta.in_channels
-    if len(meta.band_mean) != bands or len(meta.band_std) != bands:
-        raise PredictionError(
-            f"{where}: band statistics for {len(meta.band_mean)} bands but the model takes "
-            f"{bands}; the model file is damaged, re-export it"
-        )
-    if any(not s > 0 for s in meta.band_std):
-        raise PredictionError(f"{where}: band std {list(meta.band_std)} must be > 0")
+    check_band_stats(
+        meta.band_mean,
+        meta.band_std,
+        bands=meta.in_channels,
+        error=PredictionError,
+        fix="the model file is damaged, re-export it",
+        where=where,
+    )
     if not 2 <= meta.num_classes <= 255:
         raise PredictionError(
             f"{where}: class table {meta.class_map.name!r} has {meta.num_classes} codes; a "

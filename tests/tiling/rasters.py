@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import rasterio
+import rasterio.windows
 from affine import Affine
 from rasterio.crs import CRS
 from rasterio.enums import ColorInterp
@@ -31,6 +32,11 @@ def image_pixels(height: int, width: int, *, seed: int, bands: int = 4) -> npt.N
     up = np.repeat(np.repeat(base, 8, axis=1), 8, axis=2)[:, :height, :width]
     noise = rng.integers(-12, 13, size=(bands, height, width))
     return np.clip(up + noise, 1, 255).astype(np.uint8)
+
+
+def full_window(info: Any) -> rasterio.windows.Window:
+    """The window of a whole raster (a `RasterInfo` or an open dataset)."""
+    return rasterio.windows.Window(0, 0, info.width, info.height)
 
 
 def write_raster(

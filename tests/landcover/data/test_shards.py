@@ -8,6 +8,7 @@ import torch
 
 from landcover.data.shards import (
     ShardDataset,
+    check_band_stats,
     derive_seed,
     dihedral,
     gather_chips,
@@ -163,6 +164,22 @@ def test_zero_std_and_wrong_dtype_are_refused() -> None:
         ShardDataset(images.astype(np.float32), labels, band_mean=MEAN, band_std=STD)  # type: ignore[arg-type]
 
 
+def test_band_stats_check_names_the_file_and_the_fix() -> None:
+    """One check for the store's stats (training) and the model file's (prediction)."""
+    check_band_stats(MEAN, STD, bands=4, error=TrainingError, fix="re-tile the store")
+    with pytest.raises(
+        TrainingError, match=r"^m\.pt: band stats have 4 means and 3 stds for 4 bands; fix it$"
+    ):
+        check_band_stats(MEAN, STD[:3], bands=4, error=TrainingError, fix="fix it", where="m.pt")
+    with pytest.raises(TrainingError, match=r"band std \[1\.0, nan, 1\.0, 1\.0\] must be > 0"):
+        ShardDataset(
+            np.zeros((2, 4, 8, 8), np.uint8),
+            np.zeros((2, 8, 8), np.uint8),
+            band_mean=MEAN,
+            band_std=(1.0, float("nan"), 1.0, 1.0),
+        )
+
+
 def test_dataset_from_a_loaded_store_shard(tiny_store: str) -> None:
     summary = open_store(tiny_store).summary
     shard = load_shard_into_memory(tiny_store, rank=1, world_size=2, split="train")
@@ -191,12 +208,12 @@ def _chips_with_missing_pixels() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> None:
-    """Training (ShardDataset batches, augmented or not) and prediction (`_WindowRunner`, which
+    """Training (ShardDataset batches, augmented or not) and prediction (`WindowRunner`, which
     gets a validity mask from the mosaic) hand the model the same tensor for the same pixels:
     0 in every band where there is no data, never (0 - mean) / std."""
     from landcover.models.modelfile import ModelMeta
     from landcover.prediction.blend import LogitBlender, WindowLayout
-    from landcover.prediction.runner import PredictConfig, _Block, _WindowRunner
+    from landcover.prediction.windows import Block, WindowRunner
     from tiling.classes import get_class_map
 
     images, labels = _chips_with_missing_pixels()
@@ -226,10 +243,8 @@ def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> N
         resolution_m=1.0,
     )
     layout = WindowLayout.over(16, 16, size=16, overlap=0)
-    runner = _WindowRunner(
-        Recorder(), meta, layout, PredictConfig(model="m.pt", images=(), out="o.tif"), "cpu"
-    )
+    runner = WindowRunner(Recorder(), meta, layout, batch_size=16, where="m.pt", device="cpu")
     for chip in range(2):
-        block = _Block(images[chip], images[chip].any(axis=0), 0, 0, 0, 0, 16, 16)
+        block = Block(images[chip], images[chip].any(axis=0), 0, 0, 0, 0, 16, 16)
         runner.run(block, [(0, 0)], LogitBlender(layout, 5, 0, 0, 16, 16))
     assert torch.equal(torch.cat(seen), trained)

@@ -22,9 +22,10 @@ from rio_cogeo.cogeo import cog_validate
 
 from landcover import cli
 from landcover.errors import ModelFileError, OutputExistsError, PredictionError, RegionError
+from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outgrid import plan_output_grid
 from landcover.prediction.runner import PredictConfig, predict_region
-from landcover.prediction.setup import open_images
+from landcover.prediction.setup import check_model, open_images
 from tests.landcover.prediction.inputs import pixels, utm_region, write_image, write_model
 from tiling.classes import identity_class_map
 
@@ -114,6 +115,23 @@ def test_model_whose_class_table_does_not_fit_a_byte_raster(scene: Path, tmp_pat
     model = write_model(tmp_path / "m.pt", class_map=identity_class_map(256))
     with pytest.raises(PredictionError, match="has 256 codes; a land-cover raster"):
         predict_region(PredictConfig(str(model), (str(scene),), str(tmp_path / "o.tif")))
+
+
+def test_model_file_with_damaged_band_stats() -> None:
+    meta = ModelMeta(
+        architecture="small_unet",
+        class_map=identity_class_map(5),
+        band_names=("red", "green", "blue", "nir"),
+        band_mean=(110.0,) * 3,
+        band_std=(60.0,) * 4,
+        chip_size=32,
+        resolution_m=1.0,
+    )
+    with pytest.raises(
+        PredictionError,
+        match=r"^m\.pt: band stats have 3 means and 4 stds for 4 bands; the model file is dam",
+    ):
+        check_model("m.pt", meta)
 
 
 def test_not_a_model_file(scene: Path, tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from tests.landcover.prediction.inputs import (
     write_image,
     write_model,
 )
-from tiling.sources import RasterReader
+from tiling.reader import RasterReader
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,117 @@
+"""The evaluation report: metrics.json, metrics.md and confusion.png in one directory, and
+the confusion-matrix plot.
+
+Each file is replaced atomically once all three are rendered; matplotlib is imported only
+when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from landcover.atomic import refuse_existing, write_bytes_atomic, write_text_atomic
+from landcover.errors import EvaluationError
+from landcover.evaluation.scores import Evaluation
+
+__all__ = [
+    "REPORT_FILES",
+    "check_report_target",
+    "confusion_png",
+    "plot_confusion",
+    "write_report",
+]
+
+REPORT_FILES = ("metrics.json", "metrics.md", "confusion.png")
+
+
+def check_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> list[Path]:
+    """The report's file paths in `out_dir`, refused when `out_dir` is not a directory or,
+    unless `overwrite`, already holds one of them. Cheap: call it before evaluating."""
+    target = Path(out_dir)
+    if target.exists() and not target.is_dir():
+        raise EvaluationError(
+            f"--out {target}: exists and is not a directory; give a directory for "
+            f"{', '.join(REPORT_FILES)}"
+        )
+    paths = [target / name for name in REPORT_FILES]
+    refuse_existing(paths, overwrite=overwrite)
+    return paths
+
+
+def write_report(
+    evaluation: Evaluation, out_dir: str | os.PathLike[str], *, overwrite: bool = False
+) -> list[Path]:
+    """metrics.json, metrics.md and confusion.png in `out_dir`, each replaced atomically once
+    all three are rendered (a failing plot replaces nothing)."""
+    paths = check_report_target(out_dir, overwrite=overwrite)
+    png = confusion_png(evaluation)
+    try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvaluationError(f"--out {out_dir}: cannot create it ({exc.strerror})") from None
+    write_text_atomic(paths[0], json.dumps(evaluation.to_json(), indent=2) + "\n")
+    write_text_atomic(paths[1], _markdown_report(evaluation))
+    write_bytes_atomic(paths[2], png)
+    return paths
+
+
+def plot_confusion(evaluation: Evaluation, path: str | os.PathLike[str]) -> None:
+    """Write `confusion_png(evaluation)` to `path` atomically."""
+    write_bytes_atomic(path, confusion_png(evaluation))
+
+
+def confusion_png(evaluation: Evaluation) -> bytes:
+    """Row-normalised confusion matrix (each truth class sums to 1) with counts, as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    confusion = evaluation.confusion.astype(np.float64)
+    rows = confusion.sum(axis=1, keepdims=True)
+    share = np.divide(confusion, rows, out=np.zeros_like(confusion), where=rows > 0)
+    names = [c.name for c in evaluation.classes]
+    k = len(names)
+    fig = Figure(figsize=(2.0 + 1.1 * k, 1.6 + 1.0 * k), dpi=100)
+    ax = fig.add_subplot()
+    image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of truth class")
+    ax.set_xticks(range(k), names, rotation=35, ha="right")
+    ax.set_yticks(range(k), names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("truth")
+    ax.set_title(
+        f"accuracy {evaluation.pixel_accuracy:.3f}, mIoU {evaluation.mean_iou:.3f}", fontsize=10
+    )
+    for i in range(k):
+        for j in range(k):
+            colour = "white" if share[i, j] > 0.5 else "black"
+            ax.text(
+                j,
+                i,
+                f"{int(evaluation.confusion[i, j]):,}",
+                ha="center",
+                va="center",
+                color=colour,
+                fontsize=8,
+            )
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _markdown_report(evaluation: Evaluation) -> str:
+    header = [
+        f"# Evaluation of {Path(evaluation.prediction).name}",
+        "",
+        f"Truth: {', '.join(Path(t).name for t in evaluation.truth)} "
+        f"(remapped with `{evaluation.truth_class_map}`)  ",
+        "",
+    ]
+    return "\n".join(header) + evaluation.to_markdown()

@@ -1,0 +1,122 @@
+"""Running the model over the windows of one output block.
+
+`WindowRunner` cuts the windows out of a block's source pixels, normalises them as training
+does (`landcover.data.normalise`), runs them in batches and adds their logits to the block's
+`LogitBlender`. It keeps the logits of windows that reach into the next block of the same
+block row, so only windows on the boundary to the next block ROW are run twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from landcover.data.shards import normalise
+from landcover.errors import PredictionError
+from landcover.models.modelfile import ModelMeta
+from landcover.prediction.blend import LogitBlender, WindowLayout
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Source pixels under all windows of one output block, and the block's place."""
+
+    data: npt.NDArray[np.uint8]  # (bands, h, w) from (ext_row0, ext_col0)
+    covered: npt.NDArray[np.bool_]
+    ext_row0: int
+    ext_col0: int
+    row0: int
+    col0: int
+    height: int
+    width: int
+
+
+class WindowRunner:
+    """Runs windows in batches; keeps the logits of windows that reach into the next block of
+    the same block row, so only windows on the boundary to the next block ROW run twice."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        meta: ModelMeta,
+        layout: WindowLayout,
+        *,
+        batch_size: int,
+        where: str,
+        device: torch.device | str,
+    ) -> None:
+        """`where` names the model file in errors about the model's output."""
+        self.model, self.layout, self.device = model, layout, torch.device(device)
+        self.num_classes = meta.num_classes
+        self.batch_size = batch_size
+        self.where = where
+        self.mean = torch.tensor(meta.band_mean, dtype=torch.float32, device=self.device).view(
+            1, -1, 1, 1
+        )
+        self.std = torch.tensor(meta.band_std, dtype=torch.float32, device=self.device).view(
+            1, -1, 1, 1
+        )
+        self.carry: dict[tuple[int, int], torch.Tensor] = {}
+        self.windows_run = 0
+
+    def new_block_row(self) -> None:
+        """Forget the carried logits: the next block starts a new block row."""
+        self.carry = {}
+
+    def run(self, block: Block, todo: Sequence[tuple[int, int]], blender: LogitBlender) -> None:
+        """Add the logits of the windows `todo` (top-left row, col) to `blender`."""
+        size = self.layout.size
+        right_edge = block.col0 + block.width
+        carried, self.carry = self.carry, {}
+        fresh = [rc for rc in todo if rc not in carried]
+        pixels = torch.from_numpy(block.data).to(self.device)
+        has_data = torch.from_numpy(block.covered).to(self.device)
+        results: list[tuple[tuple[int, int], torch.Tensor]] = [
+            (rc, carried[rc]) for rc in todo if rc in carried
+        ]
+        for batch in _batches(fresh, self.batch_size):
+            spans = [
+                (
+                    slice(r - block.ext_row0, r - block.ext_row0 + size),
+                    slice(c - block.ext_col0, c - block.ext_col0 + size),
+                )
+                for r, c in batch
+            ]
+            x = torch.stack([pixels[:, rs, cs] for rs, cs in spans])
+            m = torch.stack([has_data[rs, cs] for rs, cs in spans])
+            # As in training: pixels no source covers get the band mean (0 after normalising).
+            x = normalise(x, self.mean, self.std, valid=m)
+            logits = _run_model(self.model, x, self.num_classes, self.where)
+            results.extend(zip(batch, logits, strict=True))
+            self.windows_run += len(batch)
+        for (r, c), window_logits in results:
+            blender.add(window_logits, r, c)
+            if c + size > right_edge and right_edge < self.layout.width:
+                self.carry[(r, c)] = window_logits
+
+
+def _run_model(model: nn.Module, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = model(x)
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 4 or logits.shape[1] != num_classes:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise PredictionError(
+            f"{where}: model returned {shape} for {tuple(x.shape)} input; expected "
+            f"{num_classes} class channels as its class table says"
+        )
+    if logits.shape[-2:] != x.shape[-2:]:
+        raise PredictionError(
+            f"{where}: model output is {tuple(logits.shape[-2:])} px for a "
+            f"{tuple(x.shape[-2:])} px window; it must keep the input size"
+        )
+    return logits.float()
+
+
+def _batches(items: list[tuple[int, int]], size: int) -> Iterator[list[tuple[int, int]]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
