@@ -4,14 +4,15 @@
 rendezvous on 127.0.0.1 (a free port), each starting `processesPerNode` workers — the same
 elastic agent code path a real multi-node job takes, so restarts and rejoining are exercised
 for real. With `elastic.maxRestarts` > 0 a failed worker group is restarted (every agent
-re-rendezvouses) and the workers get `--resume`, so they continue from the last checkpoint.
+re-rendezvouses); continuing where it stopped is the job's business.
 
 Agent output (which includes the workers') goes line by line, redacted, to
 `LOG_DIR/node-<i>.log`, and all but the failure noise (`cluster.output`) to
-`LaunchOptions.on_output`; LOG_DIR is `RUN_DIR/logs` (or a temporary directory when the run dir
-is a URL). Workers that fail leave their one-line error in LOG_DIR (`cluster.failures`). If any
-agent fails, the others are stopped and `LaunchError` gives the first failing rank's own error
-line and LOG_DIR, or, when no worker left one (a killed worker), the failing node's log.
+`LaunchOptions.on_output`; LOG_DIR is `logs/` in the job's output dir (or a temporary directory
+when that is a URL or there is none). Workers that fail leave their one-line error in LOG_DIR
+(`cluster.failures`). If any agent fails, the others are stopped and `LaunchError` gives the
+first failing rank's own error line and LOG_DIR, or, when no worker left one (a killed worker),
+the failing node's log.
 
 The job's secret environment (the storage options) reaches the agents, and through them the
 workers, only in their process environment: never in an argument, a log line or a file.
@@ -38,16 +39,13 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped,unused-ignore]
 
 from cluster.engine import (
+    Job,
     LaunchOptions,
     LaunchResult,
     Plan,
-    TrainJob,
-    check_run_dir,
-    clear_run_results,
     is_url,
     job_redactor,
     threads_per_worker,
-    worker_args,
 )
 from cluster.errors import LaunchError
 from cluster.failures import ERROR_DIR_ENV, clear_worker_errors, first_worker_error
@@ -68,7 +66,7 @@ class LocalPlan:
     """Everything a local launch does: one command line per simulated node."""
 
     spec: ClusterSpec
-    job: TrainJob
+    job: Job
     agent_commands: tuple[tuple[str, ...], ...]
     agent_env: tuple[Mapping[str, str], ...]  # per agent, on top of `env`
     env: Mapping[str, str]
@@ -104,8 +102,8 @@ class LocalPlan:
             ),
             f"rendezvous: c10d at {self.rdzv_endpoint}, id {self.rdzv_id}",
             _restarts_line(spec),
-            f"store: {r.text(self.job.store)}",
-            f"run dir: {r.text(self.job.out)}",
+            *(f"input {k}: {r.text(v)}" for k, v in self.job.inputs.items()),
+            *(f"output {k}: {r.text(v)}" for k, v in self.job.outputs.items()),
             f"logs: {Path(self.log_dir) / 'node-<i>.log'}",
             "environment: "
             + " ".join(
@@ -154,8 +152,8 @@ def _restarts_line(spec: ClusterSpec) -> str:
         return "restarts: none (a failed worker fails the job)"
     e = spec.elastic
     return (
-        f"restarts: up to {e.max_restarts}, nodes {e.min_nodes}..{e.max_nodes}; workers get "
-        "--resume and continue from the last checkpoint"
+        f"restarts: up to {e.max_restarts}, nodes {e.min_nodes}..{e.max_nodes}; a restarted "
+        "worker group starts again with the same arguments"
     )
 
 
@@ -185,8 +183,7 @@ def free_port() -> int:
 class LocalEngine:
     """torchrun on this machine; `targetNodeCount` agents simulate the nodes."""
 
-    def plan(self, spec: ClusterSpec, job: TrainJob) -> LocalPlan:
-        check_run_dir(spec, job)  # refuse now what launch would refuse
+    def plan(self, spec: ClusterSpec, job: Job) -> LocalPlan:
         cores = local_cpu_count()
         threads = threads_per_worker(spec) or 1
         endpoint = f"{LOOPBACK}:{free_port()}"
@@ -195,8 +192,8 @@ class LocalEngine:
             nnodes = f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}"
         else:
             nnodes = str(spec.node_count)
-        args = worker_args(spec, job, store=job.store, out=job.out)
-        log_dir = _log_dir(job.out, rdzv_id)
+        args = job.bound_argv()
+        log_dir = _log_dir(job.output_dir, rdzv_id)
         commands = []
         for node in range(spec.node_count):
             # is_host pins the rendezvous store on agent 0 instead of a race to bind the port;
@@ -260,8 +257,8 @@ class LocalEngine:
         return _run_agents(plan, options)
 
 
-def _log_dir(out: str, rdzv_id: str) -> str:
-    if is_url(out):  # a run dir on blob storage: the logs stay on this machine
+def _log_dir(out: str | None, rdzv_id: str) -> str:
+    if out is None or is_url(out):  # output on blob storage: the logs stay on this machine
         return str(Path(tempfile.gettempdir()) / f"landcover-launch-{rdzv_id}")
     return str(Path(out) / "logs")
 
@@ -294,10 +291,6 @@ def _gpu_partition(spec: ClusterSpec) -> tuple[tuple[Mapping[str, str], ...], st
 
 
 def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
-    found = check_run_dir(plan.spec, plan.job)
-    if found and plan.spec.max_restarts > 0 and plan.job.has_option("--overwrite"):
-        logger.info("--overwrite: removing %s from %s", ", ".join(found), plan.job.out)
-        clear_run_results(plan.job.out, found)
     log_dir = Path(plan.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     for i in range(len(plan.agent_commands)):  # one launch, one set of logs
@@ -376,11 +369,12 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
             + f"; logs: {plan.log_path(node)}"
         )
     logger.info("local job %s finished in %.1f s", plan.rdzv_id, wall_time_s)
+    out = plan.job.output_dir
     return LaunchResult(
         engine="local",
         job_id=plan.rdzv_id,
         status="succeeded",
-        run_dir=None if is_url(plan.job.out) else plan.job.out,
+        run_dir=None if out is None or is_url(out) else out,
         log_location=str(log_dir),
         wall_time_s=wall_time_s,
     )

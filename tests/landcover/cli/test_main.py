@@ -12,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from landcover import cli
+from landcover.cli import app as cli
 from landcover.errors import LandcoverError
 from tiling.store import ATTRS_KEY
 

@@ -58,7 +58,7 @@ def warn(tif: str) -> None:
 def landcover(*args: str, **popen: object) -> subprocess.Popen[str]:
     """`landcover ARGS` with the commands above registered."""
     code = (
-        "from landcover import cli; "
+        "from landcover.cli import app as cli; "
         "cli.COMMANDS.update({n: 'tests.landcover.cli.test_process:' + n "
         "for n in ('spew', 'slow_write', 'warn')}); "
         "cli.main(prog_name='landcover')"
@@ -117,4 +117,4 @@ def test_library_warnings_are_one_log_line_each(tmp_path: Path, verbose: bool) -
     ours, theirs = lines
     assert ours.startswith("WARNING py.warnings: UserWarning: first line")
     assert theirs.startswith("WARNING py.warnings: NotGeoreferencedWarning: Dataset has no")
-    assert ("test_cli_process.py:" in ours) is verbose
+    assert ("test_process.py:" in ours) is verbose

@@ -24,7 +24,6 @@ from click.testing import CliRunner
 from torch import nn
 
 from landcover import cli
-from landcover.cli.train import params_to_argv, worker_command
 from landcover.errors import ModelFileError, TrainingError
 from landcover.models.modelfile import load_model_file
 from landcover.models.registry import build_model
@@ -662,19 +661,6 @@ def test_cli_nproc_2_runs_torchrun(tiny_store: str, run_dir: Path) -> None:
     # Same command again: the run dir is refused before any worker starts.
     again = CliRunner().invoke(cli.main, args)
     assert again.exit_code == 2 and "pass --resume to continue it" in again.output
-
-
-def test_worker_options_round_trip_through_the_command_line() -> None:
-    args = ["s.zarr", "--out", "r", "--epochs", "3", "--no-augment", "--amp", "--resume",
-            "--storage-options", '{"account_name": "x"}', "--compression", "powersgd:4",
-            "--block-size", "5", "--no-nesterov", "--keep-local-momentum", "--patience", "2",
-            "--lr", "0.01", "--sync-bn"]  # fmt: skip
-    parsed = worker_command.make_context("worker", list(args)).params
-    again = worker_command.make_context("worker", params_to_argv(worker_command, parsed)).params
-    assert again == parsed
-    assert parsed["storage_options"] == {"account_name": "x"} and parsed["amp"] is True
-    assert parsed["augment"] is False and parsed["nesterov"] is False
-    assert parsed["reset_local_momentum"] is False and parsed["sync_bn"] is True
 
 
 def test_worker_entry_point_reports_bad_options_in_one_line(
