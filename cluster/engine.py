@@ -31,8 +31,9 @@ from typing import Literal, Protocol
 
 from cluster._atomic import write_text_atomic
 from cluster.errors import ClusterError
+from cluster.machine import local_cpu_count
 from cluster.redact import Redactor, collect_secret_values
-from cluster.spec import ClusterSpec, local_cpu_count
+from cluster.spec import ClusterSpec
 
 _REF = re.compile(r"\$\{\{(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_]*)\}\}")
 

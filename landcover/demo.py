@@ -28,7 +28,8 @@ import pyproj
 from shapely.geometry import Polygon, mapping
 from shapely.ops import transform as shapely_transform
 
-from cluster.spec import ClusterSpec, load_cluster_spec, local_spec
+from cluster.clusterjson import load_cluster_spec
+from cluster.spec import ClusterSpec, local_spec
 from landcover.atomic import write_text_atomic
 from landcover.errors import LandcoverError
 from landcover.evaluation import EvaluateConfig, Evaluation, evaluate_prediction, write_report

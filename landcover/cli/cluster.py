@@ -17,9 +17,10 @@ from pathlib import Path
 
 import click
 
+from cluster.clusterjson import load_cluster_spec
 from cluster.engine import Job, LaunchOptions, launch_plan, plan_job, write_plan_files
 from cluster.errors import LaunchError
-from cluster.spec import ClusterSpec, load_cluster_spec
+from cluster.spec import ClusterSpec
 from landcover.cli.options import overwrite_option
 from landcover.errors import TrainingError
 from landcover.scaling.sweep import (

@@ -65,8 +65,9 @@ from typing import Any, Literal
 
 from cluster.engine import Job, LaunchOptions, job_redactor, launch_plan, plan_job
 from cluster.errors import ClusterError, LaunchError
+from cluster.machine import local_cpu_count
 from cluster.redact import Redactor
-from cluster.spec import ClusterSpec, ElasticSpec, local_cpu_count, local_spec
+from cluster.spec import ClusterSpec, ElasticSpec, local_spec
 from landcover.training.config import TrainConfig, split_argv
 from landcover.training.launch import WORKER_MODULE, training_job, worker_config
 
@@ -269,12 +270,12 @@ def sweep_training(config: SweepConfig) -> tuple[TrainConfig, tuple[str, ...]]:
     arguments of a stand-in entry module that the worker does not take."""
     check_extra_args(config.extra_args)
     given = {
-        "store_url": config.store,
         "out_dir": str(Path(config.out_dir) / f"{RUN_PREFIX}{config.workers[0]}"),
         "epochs": config.epochs,
     }
     strict = config.entry_module == WORKER_MODULE
-    return split_argv(config.extra_args, strict=strict, given=given)
+    # STORE first, as the worker takes it: a stand-in's own option values stay its own
+    return split_argv([config.store, *config.extra_args], strict=strict, given=given)
 
 
 def _run_one(

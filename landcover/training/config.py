@@ -365,7 +365,7 @@ def split_argv(
 ) -> tuple[TrainConfig, tuple[str, ...]]:
     """The configuration of a worker's argv, and the arguments it does not know: none when
     `strict` (they are refused); a stand-in entry module's own ones otherwise. `given` holds
-    field values for what argv leaves out (a sweep's store, run dir and epochs)."""
+    field values for what argv leaves out (a sweep's run dir and epochs)."""
     try:
         ctx = _parser.make_context(
             WORKER_PROG,

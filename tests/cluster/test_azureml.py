@@ -12,9 +12,10 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from cluster import azureml
 from cluster.azureml import AzureMLEngine, AzureMLPlan, credential_sources, input_path_for
+from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import LaunchOptions, launch_plan, plan_job, write_plan_files
 from cluster.errors import ClusterError, EngineUnavailableError
-from cluster.spec import ClusterSpec, parse_cluster_spec
+from cluster.spec import ClusterSpec
 from tests.cluster.fake_worker import fake_job
 
 # azure-ai-ml's schemas still use marshmallow 3 idioms: hundreds of warnings that are not ours

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import (
     Job,
     input_ref,
@@ -17,7 +18,7 @@ from cluster.engine import (
     write_plan_files,
 )
 from cluster.errors import ClusterError
-from cluster.spec import local_cpu_count, parse_cluster_spec
+from cluster.machine import local_cpu_count
 from tests.cluster.fake_worker import fake_job
 
 

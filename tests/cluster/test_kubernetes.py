@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import LaunchOptions, launch_plan, plan_job, write_plan_files
 from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.kubernetes import KubernetesPlan
-from cluster.spec import ClusterSpec, parse_cluster_spec
+from cluster.spec import ClusterSpec
 from tests.cluster.fake_worker import fake_job
 
 CONNECTION_STRING = (

@@ -18,11 +18,13 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped,unused-ignore]
 import pytest
 
-from cluster import local
+from cluster import localplan
+from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import LaunchOptions, launch_plan, plan_job
 from cluster.errors import LaunchError
-from cluster.local import LocalPlan
-from cluster.spec import local_cpu_count, local_spec, parse_cluster_spec
+from cluster.localplan import LocalPlan
+from cluster.machine import local_cpu_count
+from cluster.spec import local_spec
 from tests.cluster.fake_worker import ENTRY_MODULE, fake_job
 from tests.conftest import REPO_ROOT
 
@@ -149,7 +151,7 @@ def test_simulated_nodes_share_out_the_gpus_or_use_none(
     per_node: int,
     expected: list[dict[str, str]],
 ) -> None:
-    monkeypatch.setattr(local, "local_gpu_count", lambda: gpus)
+    monkeypatch.setattr(localplan, "local_gpu_count", lambda: gpus)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     plan = local_plan(tmp_path, node_count=nodes, processes_per_node=per_node)
     assert [dict(e) for e in plan.agent_env] == expected

@@ -18,16 +18,16 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from click.testing import CliRunner, Result
 
-from cluster import azureml, local
+from cluster import agents, azureml
 from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.errors import LaunchError
-from cluster.spec import local_cpu_count
+from cluster.machine import local_cpu_count
 from landcover.cli.app import main
 from landcover.cli.cluster import train_argv
 from landcover.cli.train import worker_command
 from landcover.errors import TrainingError
 from landcover.scaling import sweep
-from tests.cluster.test_spec import ACCOUNT_KEY, LEGACY_TUTORIAL
+from tests.cluster.test_clusterjson import ACCOUNT_KEY, LEGACY_TUTORIAL
 from tests.conftest import REPO_ROOT
 from tests.landcover.cli.test_main import incomplete_copy, incomplete_store_error
 
@@ -258,7 +258,7 @@ def no_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
             raise AssertionError(f"a worker was started: {command}")
         return real_popen(command, *args, **kwargs)
 
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    monkeypatch.setattr(agents.subprocess, "Popen", popen)
 
 
 LOCAL_LAUNCHES = {
@@ -368,7 +368,7 @@ def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
         started.append((list(command), dict(kwargs.get("env") or {})))
         return real_popen(command, **kwargs)
 
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    monkeypatch.setattr(agents.subprocess, "Popen", popen)
     caplog.set_level(logging.DEBUG)
     run = tmp_path / "run"
     storage = f'{{"account_name": "acct", "account_key": "{ACCOUNT_KEY}"}}'

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.errors import ClusterError, LaunchError
-from cluster.spec import parse_cluster_spec
 from landcover.scaling import sweep
 from landcover.scaling.sweep import (
     SweepConfig,

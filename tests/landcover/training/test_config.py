@@ -177,3 +177,12 @@ def test_the_config_module_does_not_import_torch() -> None:
     code = "import sys, landcover.training.config; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_values_given_apart_from_the_argv() -> None:
+    config, extra = split_argv(
+        ["s", "--sleep-s", "0.2"], strict=False, given={"out_dir": "r", "epochs": 2}
+    )
+    assert (config.store_url, config.out_dir, config.epochs, extra) == (
+        "s", "r", 2, ("--sleep-s", "0.2"),
+    )  # fmt: skip

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import LaunchOptions, launch_plan, plan_job
-from cluster.local import LocalPlan
-from cluster.spec import local_cpu_count, parse_cluster_spec
+from cluster.localplan import LocalPlan
+from cluster.machine import local_cpu_count
 from landcover.errors import TrainingError
 from landcover.training.config import TrainConfig
 from landcover.training.launch import (
