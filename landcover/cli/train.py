@@ -22,7 +22,10 @@ from typing import Any
 import click
 
 from cluster.engine import LaunchOptions, launch_job
+from cluster.failures import record_worker_error
+from cluster.redact import Redactor, collect_secret_values
 from cluster.spec import local_spec
+from landcover.cli.app import USER_ERRORS, UserFacingError, log_warnings, terminate_on_sigterm
 from landcover.errors import TrainingError
 from landcover.training.config import config_from_params, train_options
 from landcover.training.launch import training_job
@@ -74,7 +77,6 @@ def worker_command(verbose: int, quiet: bool, **params: Any) -> None:
 
     Reads RANK, WORLD_SIZE, LOCAL_RANK, ... from the launcher (torchrun, Azure ML, Kubeflow).
     """
-    from landcover.cli.app import USER_ERRORS, UserFacingError, log_warnings, terminate_on_sigterm
     from landcover.training import train
     from landcover.training.distributed import read_dist_env
 
@@ -107,8 +109,5 @@ def worker_command(verbose: int, quiet: bool, **params: Any) -> None:
 def _leave_error(message: str, rank: int | None, params: Mapping[str, Any]) -> None:
     """This worker's one-line error, for the launcher that asked for it (cluster.failures);
     storage secrets scrubbed, since an fsspec error may quote them."""
-    from cluster.failures import record_worker_error
-    from cluster.redact import Redactor, collect_secret_values
-
     secrets = collect_secret_values(params.get("storage_options") or {})
     record_worker_error(Redactor(secrets).text(message), rank=rank)

@@ -22,10 +22,8 @@ their command line.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from cluster.engine import Job, input_ref, is_url, output_ref, threads_per_worker
 from cluster.spec import ClusterSpec
@@ -89,15 +87,10 @@ def overwrite_once(spec: ClusterSpec, config: TrainConfig) -> None:
     workers themselves only resume)."""
     if not (config.overwrite and _restarts_in_local_dir(spec, config)):
         return
-    from landcover.training.rundir import RESULT_NAMES  # imports torch: only to launch
+    from landcover.training.rundir import prepare_run_dir  # imports torch: only to launch
 
     logger.info("--overwrite: removing the results of %s", config.out_dir)
-    for name in RESULT_NAMES:
-        path = Path(config.out_dir) / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    prepare_run_dir(config.out_dir, resume=False, overwrite=True)
 
 
 def _restarts_in_local_dir(spec: ClusterSpec, config: TrainConfig) -> bool:
