@@ -267,8 +267,8 @@ def scale_command(
 
 
 def _check_sweep(config: SweepConfig) -> None:
-    """On the local engine, check the store once for every worker count (the training
-    arguments themselves are checked by `run_sweep`, with the worker's own options)."""
+    """Refuse bad training arguments before any run (parsed as the workers parse them), and
+    on the local engine check the store once for every worker count."""
     from landcover.training.preflight import check_local_training  # imports torch
 
     training, _ = sweep_training(config)
