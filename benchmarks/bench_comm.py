@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from cluster.spec import local_cpu_count
+from cluster.machine import local_cpu_count
 from landcover.models.registry import build_model
 from landcover.training.distributed import cpu_model_name
 from tiling.synth import SynthConfig, synthesize_scenes

@@ -44,7 +44,7 @@ import rasterio.windows
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cluster.spec import local_cpu_count
+from cluster.machine import local_cpu_count
 from landcover.data.shards import ShardDataset, gather_chips, normalise, random_ops
 from landcover.models.registry import build_model
 from landcover.training import cpu_model_name, segmentation_loss

@@ -7,10 +7,10 @@ create -f`) accept:
   idle, after `idleSecondsBeforeScaleDown`), `max_instances` >= targetNodeCount, tier from
   vmPriority;
 - `job.yaml`: a command job on that compute, `instance_count = targetNodeCount`,
-  `distribution: pytorch` with `process_count_per_instance = processesPerNode`, the chip store
-  as input `store` (`uri_folder`, mode `ro_mount` or `direct` from data.mode), the run dir as
-  output `run`, and the command `python -m landcover.training ${{inputs.store}} --out
-  ${{outputs.run}} ...`.
+  `distribution: pytorch` with `process_count_per_instance = processesPerNode`, each of the
+  job's inputs as a `uri_folder` input (mode `ro_mount` or `direct` from data.mode), each of its
+  outputs as a `uri_folder` output, and the command `python -m ENTRY_MODULE ARGV...`, whose
+  `${{inputs.NAME}}` and `${{outputs.NAME}}` Azure ML replaces by the mounted paths.
 
 `launch` needs the SDK and credentials. Credentials are checked before anything else, and
 fast: if no source that `DefaultAzureCredential` could use is present (service-principal or
@@ -41,14 +41,13 @@ from typing import Any
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from cluster.engine import (
+    Job,
     LaunchOptions,
     LaunchResult,
     Plan,
-    TrainJob,
     is_url,
     job_redactor,
     threads_per_worker,
-    worker_args,
 )
 from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
 from cluster.redact import Redactor
@@ -72,7 +71,7 @@ LOGIN_HINT = (
 @dataclass(frozen=True, slots=True)
 class AzureMLPlan:
     spec: ClusterSpec
-    job: TrainJob
+    job: Job
     job_document: Mapping[str, Any]  # real values: what is submitted
     compute_document: Mapping[str, Any]
     notes: tuple[str, ...]
@@ -86,7 +85,6 @@ class AzureMLPlan:
 
     def describe(self) -> str:
         spec, aml, doc = self.spec, self.azureml, self.job_document
-        store = doc["inputs"]["store"]
         lines = [
             "engine: azureml (Azure ML SDK v2: AmlCompute cluster + PyTorch command job)",
             f"workspace: {aml.workspace} (resource group {aml.resource_group}, "
@@ -96,8 +94,11 @@ class AzureMLPlan:
             f"{aml.idle_seconds_before_scale_down} s idle",
             f"job: {spec.node_count} node(s) x {spec.processes_per_node} process(es) = "
             f"{spec.workers} worker(s), image {aml.image}",
-            f"store: {store['path']} ({store['mode']})",
-            f"run dir: output 'run' ({doc['outputs']['run'].get('path', 'workspace default')})",
+            *(f"input {k}: {v['path']} ({v['mode']})" for k, v in doc["inputs"].items()),
+            *(
+                f"output {k}: {v.get('path', 'workspace default')}"
+                for k, v in doc["outputs"].items()
+            ),
             f"command: {doc['command']}",
         ]
         lines += [f"note: {n}" for n in self.notes]
@@ -115,33 +116,38 @@ def _yaml(document: Any) -> str:
 
 
 class AzureMLEngine:
-    def plan(self, spec: ClusterSpec, job: TrainJob) -> AzureMLPlan:
+    def plan(self, spec: ClusterSpec, job: Job) -> AzureMLPlan:
         if spec.azureml is None:
             raise ClusterError('engine "azureml" needs an "azureml" section in cluster.json')
         aml = spec.azureml
         notes = list(spec.notes)
-        input_path, note = input_path_for(job.store, spec)
-        if note:
-            notes.append(note)
-        args = worker_args(spec, job, store="${{inputs.store}}", out="${{outputs.run}}")
+        inputs: dict[str, Any] = {}
+        for name, location in job.inputs.items():
+            input_path, note = input_path_for(location, spec)
+            if note:
+                notes.append(note)
+            mode = "ro_mount" if spec.data.mode == "mount" else "direct"
+            inputs[name] = {"type": "uri_folder", "path": input_path, "mode": mode}
+        outputs: dict[str, Any] = {}
+        for name, location in job.outputs.items():
+            outputs[name] = {"type": "uri_folder", "mode": "rw_mount"}
+            if location.startswith("azureml://"):
+                outputs[name]["path"] = location
+            else:
+                notes.append(
+                    f"output {name} {location} is not reachable from Azure ML: the job writes "
+                    f"its output {name!r}; `launch --wait` downloads it there"
+                )
         command = " ".join(
             a if a.startswith("${{") else shlex.quote(a)
-            for a in ["python", "-m", job.entry_module, *args]
+            for a in ["python", "-m", job.entry_module, *job.argv]
         )
-        output: dict[str, Any] = {"type": "uri_folder", "mode": "rw_mount"}
-        if job.out.startswith("azureml://"):
-            output["path"] = job.out
-        else:
-            notes.append(
-                f"--out {job.out} is not reachable from Azure ML: the run dir is the job's "
-                "output 'run'; `launch --wait` downloads it there"
-            )
         document: dict[str, Any] = {
             "$schema": JOB_SCHEMA,
             "type": "command",
             "display_name": spec.name,
             "experiment_name": aml.experiment_name,
-            "description": f"landcover training: {spec.workers} worker(s)",
+            "description": f"{job.entry_module}: {spec.workers} worker(s)",
             "command": command,
             "environment": {"image": aml.image},
             "compute": f"azureml:{aml.compute_name}",
@@ -150,14 +156,8 @@ class AzureMLEngine:
                 "type": "pytorch",
                 "process_count_per_instance": spec.processes_per_node,
             },
-            "inputs": {
-                "store": {
-                    "type": "uri_folder",
-                    "path": input_path,
-                    "mode": "ro_mount" if spec.data.mode == "mount" else "direct",
-                }
-            },
-            "outputs": {"run": output},
+            "inputs": inputs,
+            "outputs": outputs,
             "tags": {"landcover_workers": str(spec.workers)},
         }
         threads = threads_per_worker(spec)
@@ -167,7 +167,7 @@ class AzureMLEngine:
         if environment:
             document["environment_variables"] = environment
         if aml.code is not None:
-            # the uploaded snapshot is the working directory: `-m landcover.training` finds it
+            # the uploaded snapshot is the working directory: `-m ENTRY_MODULE` finds it
             document["code"] = str(Path(aml.code).resolve())
         compute = {
             "$schema": COMPUTE_SCHEMA,
@@ -354,8 +354,9 @@ def _submit(plan: AzureMLPlan, options: LaunchOptions) -> LaunchResult:
         if status != "Completed":
             raise LaunchError(f"Azure ML job {name} ended {status}; logs: {url}")
         run_dir = None
-        if not is_url(plan.job.out):
-            run_dir = _download_run(client, name, Path(plan.job.out))
+        output = next(iter(plan.job.outputs.items()), None)
+        if output is not None and not is_url(output[1]):
+            run_dir = _download_output(client, name, output[0], Path(output[1]))
     except AzureError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LaunchError(redact(f"Azure ML refused the request: {first}")) from None
@@ -370,13 +371,14 @@ def _submit(plan: AzureMLPlan, options: LaunchOptions) -> LaunchResult:
     )
 
 
-def _download_run(client: Any, name: str, out: Path) -> str:
-    """Fetch the job's `run` output into `out` (through a temporary sibling, then renamed)."""
+def _download_output(client: Any, name: str, output: str, out: Path) -> str:
+    """Fetch the job's output `output` into `out` (through a temporary sibling, then renamed).
+    The SDK puts it in DOWNLOAD_PATH/named-outputs/OUTPUT."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}-download-", dir=out.parent) as tmp:
-        client.jobs.download(name, download_path=tmp, output_name="run")
-        fetched = next((p for p in Path(tmp).rglob("metrics.jsonl")), None)
-        source = fetched.parent if fetched is not None else Path(tmp)
+        client.jobs.download(name, download_path=tmp, output_name=output)
+        named = Path(tmp) / "named-outputs" / output
+        source = named if named.is_dir() else Path(tmp)
         if out.exists():
             raise LaunchError(f"{out} exists; the run of job {name} stays in Azure ML")
         shutil.move(str(source), str(out))

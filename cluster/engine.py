@@ -1,20 +1,17 @@
 """The interface every engine implements, and what it is asked to run.
 
-An engine turns (`ClusterSpec`, `TrainJob`) into a `Plan` — everything it would do, shown
-redacted and as files — and launches a plan. The three engines (`cluster.local`,
-`cluster.azureml`, `cluster.kubernetes`) are imported only when used, so the Azure SDK is
-needed only for `azureml`.
+An engine turns (`ClusterSpec`, `Job`) into a `Plan` — everything it would do, shown redacted
+and as files — and launches a plan. The three engines (`cluster.local`, `cluster.azureml`,
+`cluster.kubernetes`) are imported only when used, so the Azure SDK is needed only for
+`azureml`.
 
-The training arguments each worker gets are decided here, the same way for every engine:
-`STORE --out RUN_DIR [user options] [--resume] [--threads K]`. `--resume` is added when the spec
-allows restarts (the trainer's `--resume` starts fresh when there is no checkpoint, so a
-restarted worker group continues from the last checkpoint); the user's `--overwrite` is then
-done once by the local engine before launching and dropped from the worker arguments (a
-restarted group must resume, not wipe), and a local run dir that already holds a run is refused
-unless `--resume` or `--overwrite` says what to do with it. `--threads K` is added unless the
-user gave it: on the local engine K = max(1, cores // (nodes × processes per node)), the cores
-being shared by every simulated node; elsewhere K = max(1, vCPUs per node // processes per node)
-when the VM size is known.
+A job is `python -m ENTRY_MODULE ARGV...` on every worker; the engines know nothing of what the
+module does or what its arguments mean. What it reads and writes are named `inputs` and
+`outputs` (name → path or URL), which an argument refers to as `${{inputs.NAME}}` or
+`${{outputs.NAME}}` (`input_ref`, `output_ref`): Azure ML binds them itself (the store as a
+mounted input, the run dir as an output it uploads); the other engines put the location in
+place of the reference (`Job.bound_argv`). The first output is where the job's results go: the
+local engine keeps its logs there and reports it as the run dir.
 
 Secrets never go on a worker's command line (any user of the machine can read it in `ps`): a
 job's `secret_env` (e.g. the storage options, account key included) reaches the workers through
@@ -26,36 +23,61 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import os
-import shutil
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from cluster._atomic import write_text_atomic
 from cluster.errors import ClusterError
+from cluster.machine import local_cpu_count
 from cluster.redact import Redactor, collect_secret_values
-from cluster.spec import ClusterSpec, local_cpu_count
+from cluster.spec import ClusterSpec
 
-DEFAULT_ENTRY_MODULE = "landcover.training"
+_REF = re.compile(r"\$\{\{(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_]*)\}\}")
+
+
+def input_ref(name: str) -> str:
+    """How an argument names the job's input `name` (Azure ML's own syntax)."""
+    return f"${{{{inputs.{name}}}}}"
+
+
+def output_ref(name: str) -> str:
+    """How an argument names the job's output `name`."""
+    return f"${{{{outputs.{name}}}}}"
 
 
 @dataclass(frozen=True, slots=True)
-class TrainJob:
-    """What to run: `python -m ENTRY_MODULE STORE --out OUT ARGS...` on every worker, with
-    `secret_env` added to the workers' environment (never shown: see `job_redactor`)."""
+class Job:
+    """What to run: `python -m ENTRY_MODULE ARGV...` on every worker, reading `inputs` and
+    writing `outputs` (name → path or URL, referred to in ARGV by `input_ref`/`output_ref`),
+    with `secret_env` added to the workers' environment (never shown: see `job_redactor`)."""
 
-    store: str
-    out: str
-    args: tuple[str, ...] = ()
-    entry_module: str = DEFAULT_ENTRY_MODULE
+    entry_module: str
+    argv: tuple[str, ...] = ()
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    outputs: Mapping[str, str] = field(default_factory=dict)
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
-    def has_option(self, name: str) -> bool:
-        return any(a == name or a.startswith(name + "=") for a in self.args)
+    def __post_init__(self) -> None:
+        for arg in self.argv:
+            for kind, name in _REF.findall(arg):
+                if name not in (self.inputs if kind == "inputs" else self.outputs):
+                    raise ClusterError(f"job argument {arg!r} names no {kind[:-1]} {name!r}")
+
+    @property
+    def output_dir(self) -> str | None:
+        """Where the job's results go (its first output), if it has one."""
+        return next(iter(self.outputs.values()), None)
+
+    def bound_argv(self) -> list[str]:
+        """ARGV with every input and output reference replaced by its location."""
+        places = {"inputs": self.inputs, "outputs": self.outputs}
+        return [_REF.sub(lambda m: places[m[1]][m[2]], arg) for arg in self.argv]
 
 
-def job_redactor(spec: ClusterSpec, job: TrainJob) -> Redactor:
+def job_redactor(spec: ClusterSpec, job: Job) -> Redactor:
     """Scrubs the spec's secrets and the job's secret environment values: each value whole,
     and, for a JSON object such as the storage options, each secret-named value inside it
     (an error message may quote the account key alone)."""
@@ -66,117 +88,15 @@ def job_redactor(spec: ClusterSpec, job: TrainJob) -> Redactor:
     return Redactor(values)
 
 
-def parse_train_args(
-    args: Sequence[str],
-    *,
-    default_store: str | None = None,
-    entry_module: str = DEFAULT_ENTRY_MODULE,
-) -> TrainJob:
-    """`train STORE --out RUN_DIR [options]` (what follows `--` on the command line) as a job.
-
-    The leading word `train` is optional; STORE may be left out when cluster.json gives
-    `data.url`. `--nproc` is refused: on a cluster the spec decides the processes.
-    """
-    tokens = list(args)
-    if tokens and tokens[0] == "train":
-        tokens.pop(0)
-    if tokens and not tokens[0].startswith("-"):
-        store: str | None = tokens.pop(0)
-    else:
-        store = default_store
-    if not store:
-        raise ClusterError(
-            "no chip store: give it after `train` (`-- train STORE --out RUN_DIR ...`) "
-            'or set "data": {"url": ...} in cluster.json'
-        )
-    out: str | None = None
-    rest: list[str] = []
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if token == "--out" or token.startswith("--out="):
-            if out is not None:
-                raise ClusterError("--out is given twice in the training arguments; keep one")
-            if token == "--out":
-                if i + 1 >= len(tokens):
-                    raise ClusterError("--out needs a value: `--out RUN_DIR`")
-                out = tokens[i + 1]
-                i += 2
-                continue
-            out = token.split("=", 1)[1]
-        elif token == "--nproc" or token.startswith("--nproc="):
-            raise ClusterError(
-                "--nproc is for `landcover train` on one machine; on a cluster set "
-                "processesPerNode (and targetNodeCount) in cluster.json instead"
-            )
-        else:
-            rest.append(token)
-        i += 1
-    if not out:
-        raise ClusterError(
-            "the training arguments need --out RUN_DIR (where the run directory goes)"
-        )
-    return TrainJob(store=store, out=out, args=tuple(rest), entry_module=entry_module)
-
-
 def threads_per_worker(spec: ClusterSpec) -> int | None:
-    """Torch threads for each worker: a fair share of the cores each worker really has."""
+    """CPU threads for each worker: a fair share of the cores each worker really has. On the
+    local engine K = max(1, cores // workers), the cores being shared by every simulated node;
+    elsewhere K = max(1, vCPUs per node // processes per node) when the VM size is known."""
     if spec.engine == "local":
         return max(1, local_cpu_count() // spec.workers)
     if spec.vcpus_per_node:
         return max(1, spec.vcpus_per_node // spec.processes_per_node)
     return None
-
-
-def worker_args(spec: ClusterSpec, job: TrainJob, *, store: str, out: str) -> list[str]:
-    """The arguments after `-m ENTRY_MODULE` on every worker (store and out as the engine
-    names them: a path, or `${{inputs.store}}` on Azure ML)."""
-    args = [store, "--out", out, *job.args]
-    if spec.max_restarts > 0:
-        # every (re)start must resume; a requested --overwrite is done once, before launch,
-        # by the engine (`clear_run_results`), not by each restarted worker group
-        args = [a for a in args if a != "--overwrite"]
-        if not job.has_option("--resume"):
-            args.append("--resume")
-    threads = threads_per_worker(spec)
-    if threads is not None and not job.has_option("--threads"):
-        args += ["--threads", str(threads)]
-    return args
-
-
-# What a training run leaves in its run dir (docs/CONTRACTS.md, "Run directory").
-RUN_RESULTS = ("run.json", "metrics.jsonl", "model.pt", "checkpoints")
-
-
-def check_run_dir(spec: ClusterSpec, job: TrainJob) -> list[str]:
-    """Results already in a local run dir that launching would touch, and what to do.
-
-    With restarts every worker gets --resume, so an old run would be continued silently:
-    refuse unless the user said --resume or --overwrite. Returns the result names found."""
-    if is_url(job.out):
-        return []
-    out = Path(job.out)
-    found = [name for name in RUN_RESULTS if (out / name).exists()]
-    if (
-        found
-        and spec.max_restarts > 0
-        and not (job.has_option("--resume") or job.has_option("--overwrite"))
-    ):
-        raise ClusterError(
-            f"{out}: already holds a training run ({', '.join(found)}); pass --resume to "
-            "continue it or --overwrite to replace it"
-        )
-    return found
-
-
-def clear_run_results(out: str, found: Sequence[str]) -> None:
-    """--overwrite with restarts: remove the old run's results once, before launching."""
-    for name in found:
-        path = Path(out) / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def is_url(path: str) -> bool:
@@ -197,7 +117,7 @@ class Plan(Protocol):
     def spec(self) -> ClusterSpec: ...
 
     @property
-    def job(self) -> TrainJob: ...
+    def job(self) -> Job: ...
 
     def describe(self) -> str: ...
 
@@ -221,14 +141,14 @@ class LaunchResult:
     engine: str
     job_id: str
     status: Literal["succeeded", "submitted"]
-    run_dir: str | None  # a local directory holding the run once it succeeded, if any
+    run_dir: str | None  # the job's output dir, once it succeeded, if it is a local directory
     log_location: str | None
     wall_time_s: float
     url: str | None = None
 
 
 class Engine(Protocol):
-    def plan(self, spec: ClusterSpec, job: TrainJob) -> Plan: ...
+    def plan(self, spec: ClusterSpec, job: Job) -> Plan: ...
 
     def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult: ...
 
@@ -250,7 +170,7 @@ def get_engine(name: str) -> Engine:
     return engine
 
 
-def plan_job(spec: ClusterSpec, job: TrainJob) -> Plan:
+def plan_job(spec: ClusterSpec, job: Job) -> Plan:
     """Everything `launch_job` would do for this spec and job, without doing it."""
     return get_engine(spec.engine).plan(spec, job)
 
@@ -259,9 +179,7 @@ def launch_plan(plan: Plan, options: LaunchOptions | None = None) -> LaunchResul
     return get_engine(plan.engine).launch(plan, options or LaunchOptions())
 
 
-def launch_job(
-    spec: ClusterSpec, job: TrainJob, options: LaunchOptions | None = None
-) -> LaunchResult:
+def launch_job(spec: ClusterSpec, job: Job, options: LaunchOptions | None = None) -> LaunchResult:
     return launch_plan(plan_job(spec, job), options)
 
 
@@ -276,9 +194,5 @@ def write_plan_files(plan: Plan, out_dir: str | Path, *, overwrite: bool = False
         raise ClusterError(f"{existing[0]} exists; pass --overwrite to replace the plan files")
     directory.mkdir(parents=True, exist_ok=True)
     for target, text in zip(targets, files.values(), strict=True):
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        if target.suffix == ".sh":
-            tmp.chmod(0o755)
-        os.replace(tmp, target)
+        write_text_atomic(target, text, mode=0o755 if target.suffix == ".sh" else None)
     return targets

@@ -14,13 +14,14 @@ failed again is not taken for the new one's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from cluster._atomic import write_text_atomic
 
 ERROR_DIR_ENV = "LANDCOVER_ERROR_DIR"
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun for every worker
@@ -56,14 +57,9 @@ def record_worker_error(
     record = WorkerError(rank=rank, attempt=attempt, time_s=time.time(), message=first_line)
     name = f"rank-{rank}" if rank is not None else f"pid-{os.getpid()}"
     path = Path(directory) / f"{name}{ERROR_SUFFIX}"
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(asdict(record)) + "\n", encoding="utf-8")
-        os.replace(tmp, path)  # the launcher never reads half a record
+    try:  # atomic: the launcher never reads half a record
+        write_text_atomic(path, json.dumps(asdict(record)) + "\n")
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return None
     return path
 

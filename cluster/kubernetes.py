@@ -6,7 +6,7 @@ one Worker. Each pod's container is named `pytorch` (the operator looks for that
 `torchrun` (configured by the operator's PET_* / MASTER_* environment, with shell fallbacks for
 older operators) and asks for `nvidia.com/gpu` when the VM size has GPUs. With `elastic` the
 job gets `elasticPolicy` (rdzvBackend c10d, minReplicas/maxReplicas = elastic min/max nodes,
-maxRestarts) and the workers get `--resume`.
+maxRestarts); the pods of a restarted group run the same arguments again.
 
 `launch` pipes the manifest to `kubectl apply -f -` (never written to disk unredacted); without
 kubectl it says how to apply the planned file instead.
@@ -28,13 +28,12 @@ from typing import Any
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from cluster.engine import (
+    Job,
     LaunchOptions,
     LaunchResult,
     Plan,
-    TrainJob,
     job_redactor,
     threads_per_worker,
-    worker_args,
 )
 from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
 from cluster.redact import Redactor
@@ -53,7 +52,7 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 @dataclass(frozen=True, slots=True)
 class KubernetesPlan:
     spec: ClusterSpec
-    job: TrainJob
+    job: Job
     manifest: Mapping[str, Any]  # real values: what is applied
     notes: tuple[str, ...]
     redactor: Redactor = field(repr=False, compare=False)
@@ -96,7 +95,7 @@ class KubernetesPlan:
 
 
 class KubernetesEngine:
-    def plan(self, spec: ClusterSpec, job: TrainJob) -> KubernetesPlan:
+    def plan(self, spec: ClusterSpec, job: Job) -> KubernetesPlan:
         if spec.kubernetes is None:
             raise ClusterError('engine "kubernetes" needs a "kubernetes" section in cluster.json')
         manifest, notes = build_manifest(spec, spec.kubernetes, job)
@@ -119,10 +118,10 @@ def job_name(spec: ClusterSpec) -> str:
 
 
 def build_manifest(
-    spec: ClusterSpec, k8s: KubernetesSpec, job: TrainJob
+    spec: ClusterSpec, k8s: KubernetesSpec, job: Job
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     notes = list(spec.notes)
-    args = worker_args(spec, job, store=job.store, out=job.out)
+    args = job.bound_argv()
     # torchrun reads PET_* (newer operators set PET_NNODES, PET_NODE_RANK, PET_MASTER_*, and
     # with elasticPolicy PET_RDZV_*); older operators set only WORLD_SIZE (= pods), RANK
     # (= pod index) and MASTER_ADDR/PORT, hence the fallbacks
@@ -223,8 +222,11 @@ def build_manifest(
             "data.mode mount: pods read the store from its URL; mount it yourself (a PVC) and "
             "pass that path as STORE if you need a filesystem mount"
         )
-    if not job.out.startswith(("az://", "abfs://", "s3://", "gs://", "/")):
-        notes.append(f"--out {job.out}: use a path on shared storage so every pod and you see it")
+    for name, out in job.outputs.items():
+        if not out.startswith(("az://", "abfs://", "s3://", "gs://", "/")):
+            notes.append(
+                f"output {name} {out}: use a path on shared storage so every pod and you see it"
+            )
     if spec.setup_command:
         notes.append("setupCommand is not run: bake it into kubernetes.image")
     return manifest, tuple(notes)

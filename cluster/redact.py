@@ -25,6 +25,9 @@ _SECRET_KEYS = frozenset(
         "accountkey",
         "sastoken",
         "sas",
+        "token",  # s3fs, gcsfs
+        "sessiontoken",
+        "privatekey",
         "credential",
         "credentials",
         "connectionstring",

@@ -1,7 +1,7 @@
 """cluster.json as written: the flat form and the legacy Batch AI form as pydantic models,
 and pydantic's errors turned into one line that names the field and the fix.
 
-`cluster.spec` turns a validated document into a `ClusterSpec`; the field meanings are
+`cluster.clusterjson` turns a validated document into a `ClusterSpec`; the field meanings are
 documented there. Unknown keys are refused in the flat form (a misspelt key is reported with
 the closest known one); Batch AI sections accept keys we do not use, which become notes.
 """

@@ -28,7 +28,8 @@ import pyproj
 from shapely.geometry import Polygon, mapping
 from shapely.ops import transform as shapely_transform
 
-from cluster.spec import ClusterSpec, load_cluster_spec, local_spec
+from cluster.clusterjson import load_cluster_spec
+from cluster.spec import ClusterSpec, local_spec
 from landcover.atomic import write_text_atomic
 from landcover.errors import LandcoverError
 from landcover.evaluation import EvaluateConfig, Evaluation, evaluate_prediction, write_report
@@ -37,6 +38,7 @@ from landcover.prediction.runner import PredictConfig, PredictResult, predict_re
 from landcover.scaling.report import ReportPaths, write_scaling_report
 from landcover.scaling.runs import load_runs
 from landcover.scaling.sweep import SweepConfig, SweepResult, run_sweep, spec_for_workers
+from landcover.training.config import TrainConfig
 from tiling.synth import SynthConfig, SynthResult, synthesize_scenes
 from tiling.tile import TileConfig, TileResult, tile
 
@@ -130,12 +132,13 @@ def run_demo(config: DemoConfig, *, on_stage: Stage | None = None) -> DemoResult
             epochs=config.epochs,
             out_dir=str(out / "scaling"),
             extra_args=(
-                "--model",
-                config.model,
-                "--batch-size",
-                str(config.batch_size),
-                "--seed",
-                str(config.seed),
+                *TrainConfig(
+                    store_url=store_url,
+                    out_dir=str(out / "scaling"),
+                    model=config.model,
+                    batch_size=config.batch_size,
+                    seed=config.seed,
+                ).to_argv(options_only=True),
                 *config.extra_train_args,
             ),
             cluster=cluster,

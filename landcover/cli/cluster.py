@@ -3,55 +3,46 @@
 The training arguments come after `--`, as `landcover train` takes them:
 `landcover cluster launch cluster.json -- train chips.zarr --out runs/a --epochs 3`.
 
-They are parsed here by the training command's own parser (the cluster package knows nothing
-of landcover's options), so a bad one is refused before anything is planned or started, and the
-storage options leave the worker arguments for the workers' environment (`TrainJob.secret_env`).
-On the local engine the parent also checks the store and the run dir once
-(`landcover.training.preflight`) before starting any worker.
+They are parsed here by the worker's own options (`TrainConfig.from_argv`; the cluster package
+knows nothing of landcover's options), so a bad one is refused before anything is planned or
+started, and the job is built from the configuration (`landcover.training.launch`), the storage
+options going to the workers' environment. On the local engine the parent also checks the store
+and the run dir once (`landcover.training.preflight`) before starting any worker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-from cluster.engine import (
-    DEFAULT_ENTRY_MODULE,
-    LaunchOptions,
-    TrainJob,
-    launch_plan,
-    parse_train_args,
-    plan_job,
-    write_plan_files,
-)
+from cluster.clusterjson import load_cluster_spec
+from cluster.engine import Job, LaunchOptions, launch_plan, plan_job, write_plan_files
 from cluster.errors import LaunchError
-from cluster.spec import ClusterSpec, load_cluster_spec
-from landcover.cli.options import overwrite_option
+from cluster.spec import ClusterSpec
+from landcover.errors import TrainingError
+from landcover.options import overwrite_option
 from landcover.scaling.sweep import (
-    RUN_PREFIX,
     SweepConfig,
     SweepRun,
-    check_extra_args,
     format_sweep_table,
     parse_worker_counts,
     run_sweep,
+    sweep_training,
 )
-
-if TYPE_CHECKING:
-    from landcover.training import TrainConfig
+from landcover.training.config import TrainConfig, split_argv
+from landcover.training.launch import WORKER_MODULE, check_run_dir, overwrite_once, training_job
 
 _PASS_THROUGH = {"ignore_unknown_options": True}
 
 _entry_module_option = click.option(
     "--entry-module",
-    default=DEFAULT_ENTRY_MODULE,
+    default=WORKER_MODULE,
     show_default=True,
     hidden=True,
-    help="Python module every worker runs with `python -m`.",
+    help="Python module every worker runs with `python -m` (a stand-in for the training "
+    "worker: it gets the same arguments, and its own after them).",
 )
 _train_args_argument = click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 
@@ -61,19 +52,48 @@ def _quiet(ctx: click.Context) -> bool:
     return bool(obj.get("quiet")) if isinstance(obj, dict) else False
 
 
-def training_job(
-    train_args: Sequence[str], spec: ClusterSpec, entry_module: str
-) -> tuple[TrainJob, TrainConfig | None]:
-    """The job for the arguments after `--`, validated by the training command's parser and
-    TrainConfig; (job, None) for another entry module, which parses its own arguments."""
-    from landcover.cli.train import config_from_params, job_from_context, parse_training_args
+def train_argv(args: Sequence[str], *, default_store: str | None = None) -> list[str]:
+    """`train STORE --out RUN_DIR [options]` (what follows `--` on the command line) as the
+    worker's argv. The leading word `train` is optional; STORE may be left out when
+    cluster.json gives `data.url`. `--nproc` is refused: on a cluster the spec decides the
+    processes. --out is checked here, to say what it is for."""
+    tokens = list(args)
+    if tokens and tokens[0] == "train":
+        tokens.pop(0)
+    if not tokens or tokens[0].startswith("-"):
+        if not default_store:
+            raise TrainingError(
+                "no chip store: give it after `train` (`-- train STORE --out RUN_DIR ...`) "
+                'or set "data": {"url": ...} in cluster.json'
+            )
+        tokens.insert(0, default_store)
+    outs = [i for i, t in enumerate(tokens) if t == "--out" or t.startswith("--out=")]
+    if len(outs) > 1:
+        raise TrainingError("--out is given twice in the training arguments; keep one")
+    if not outs or tokens[outs[0]] == "--out=":
+        raise TrainingError(
+            "the training arguments need --out RUN_DIR (where the run directory goes)"
+        )
+    if tokens[outs[0]] == "--out" and outs[0] + 1 >= len(tokens):
+        raise TrainingError("--out needs a value: `--out RUN_DIR`")
+    if any(t == "--nproc" or t.startswith("--nproc=") for t in tokens):
+        raise TrainingError(
+            "--nproc is for `landcover train` on one machine; on a cluster set "
+            "processesPerNode (and targetNodeCount) in cluster.json instead"
+        )
+    return tokens
 
-    job = parse_train_args(train_args, default_store=spec.data.url, entry_module=entry_module)
-    if entry_module != DEFAULT_ENTRY_MODULE:
-        return job, None
-    ctx = parse_training_args([job.store, "--out", job.out, *job.args])
-    config = config_from_params(ctx.params)
-    return job_from_context(ctx, entry_module=entry_module), config
+
+def cluster_training(
+    train_args: Sequence[str], spec: ClusterSpec, entry_module: str
+) -> tuple[Job, TrainConfig]:
+    """The job for the arguments after `--`, and their configuration, refused as a worker
+    would refuse them (a stand-in entry module also gets the arguments it alone takes)."""
+    argv = train_argv(train_args, default_store=spec.data.url)
+    config, stand_in_args = split_argv(argv, strict=entry_module == WORKER_MODULE)
+    check_run_dir(spec, config)
+    job = training_job(spec, config, entry_module=entry_module, extra_args=stand_in_args)
+    return job, config
 
 
 @click.group("cluster")
@@ -108,7 +128,7 @@ def plan_command(
 ) -> None:
     """Print exactly what `launch` would do (secrets redacted)."""
     spec = load_cluster_spec(cluster_json)
-    job, _ = training_job(train_args, spec, entry_module)
+    job, _ = cluster_training(train_args, spec, entry_module)
     plan = plan_job(spec, job)
     click.echo(plan.describe())
     if out_dir is not None:
@@ -144,9 +164,9 @@ def launch_command(
 ) -> None:
     """Run the training on the engine of cluster.json (local: stream the workers' output)."""
     spec = load_cluster_spec(cluster_json)
-    job, config = training_job(train_args, spec, entry_module)
-    if config is not None and spec.engine == "local":
-        from landcover.training.preflight import check_local_training
+    job, config = cluster_training(train_args, spec, entry_module)
+    if entry_module == WORKER_MODULE and spec.engine == "local":
+        from landcover.training.preflight import check_local_training  # imports torch
 
         check_local_training(config, world_sizes=(spec.workers,))
     plan = plan_job(spec, job)
@@ -154,6 +174,7 @@ def launch_command(
     if not quiet:
         click.echo(plan.describe(), err=True)
     options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
+    overwrite_once(spec, config)
     result = launch_plan(plan, options)
     where = f"; {result.url}" if result.url else ""
     if result.status == "submitted":
@@ -163,7 +184,7 @@ def launch_command(
     else:
         click.echo(
             f"done: {result.engine} job {result.job_id} in {result.wall_time_s:.1f} s; "
-            f"run dir {result.run_dir or job.out}; logs {result.log_location}{where}"
+            f"run dir {result.run_dir or config.out_dir}; logs {result.log_location}{where}"
         )
 
 
@@ -221,8 +242,8 @@ def scale_command(
         entry_module=entry_module,
         overwrite=overwrite,
     )
-    if entry_module == DEFAULT_ENTRY_MODULE:
-        config = _checked_sweep(config)
+    if entry_module == WORKER_MODULE:
+        _check_sweep(config)
     quiet = _quiet(ctx)
 
     def worker_output(line: str) -> None:
@@ -245,19 +266,12 @@ def scale_command(
         )
 
 
-def _checked_sweep(config: SweepConfig) -> SweepConfig:
-    """The sweep with its training arguments validated by the training command's parser, the
-    storage options moved to the workers' environment, and, on the local engine, the store
-    checked once for every worker count."""
-    from landcover.cli.train import config_from_params, job_from_context, parse_training_args
-    from landcover.training.preflight import check_local_training
+def _check_sweep(config: SweepConfig) -> None:
+    """Refuse bad training arguments before any run (parsed as the workers parse them), and
+    on the local engine check the store once for every worker count."""
+    from landcover.training.preflight import check_local_training  # imports torch
 
-    check_extra_args(config.extra_args)  # --out and --epochs are the sweep's
-    run_dir = str(Path(config.out_dir) / f"{RUN_PREFIX}{config.workers[0]}")
-    ctx = parse_training_args([config.store, "--out", run_dir, *config.extra_args])
-    train_config = config_from_params(ctx.params)
+    training, _ = sweep_training(config)
     if config.cluster is None or config.cluster.engine == "local":
         # the sweep replaces its own run dirs: only the store is checked
-        check_local_training(train_config, world_sizes=config.workers, check_out_dir=False)
-    job = job_from_context(ctx, entry_module=config.entry_module)
-    return replace(config, extra_args=job.args, secret_env=job.secret_env)
+        check_local_training(training, world_sizes=config.workers, check_out_dir=False)

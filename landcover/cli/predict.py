@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from landcover.cli.options import overwrite_option, storage_options_option
+from landcover.options import overwrite_option, storage_options_option
 from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
 
 logger = logging.getLogger(__name__)

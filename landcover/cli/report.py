@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from landcover.cli.options import overwrite_option
+from landcover.options import overwrite_option
 from landcover.scaling.projection import DEFAULT_NETWORK, parse_network
 from landcover.scaling.report import (
     DEFAULT_PROJECT_TO,

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from landcover.cli.options import overwrite_option, storage_options_option
+from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
 from tiling.errors import StoreCorruptError
 from tiling.store import StoreSummary, open_store

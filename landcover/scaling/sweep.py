@@ -17,28 +17,20 @@ run is also written alone as `DIR/workers-N/launch.json`.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import shutil
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cluster.engine import (
-    DEFAULT_ENTRY_MODULE,
-    LaunchOptions,
-    TrainJob,
-    job_redactor,
-    launch_plan,
-    plan_job,
-    threads_per_worker,
-)
+from cluster.engine import Job, LaunchOptions, job_redactor, launch_plan, plan_job
 from cluster.errors import ClusterError, LaunchError
+from cluster.machine import local_cpu_count
 from cluster.redact import Redactor
-from cluster.spec import ClusterSpec, ElasticSpec, local_cpu_count, local_spec
+from cluster.spec import ClusterSpec, ElasticSpec, local_spec
 from landcover.scaling.metricsfile import read_finished_epochs
 from landcover.scaling.sweepfile import (
     SWEEP_FILE,
@@ -49,6 +41,8 @@ from landcover.scaling.sweepfile import (
     write_launch,
     write_sweep,
 )
+from landcover.training.config import TrainConfig, split_argv
+from landcover.training.launch import WORKER_MODULE, training_job, worker_config
 from landcover.training.records import steady_epoch_time_s, steady_samples_per_s
 from landcover.training.rundir import METRICS_FILE
 
@@ -73,18 +67,18 @@ _RESERVED_ARGS = ("--out", "--epochs", "--nproc")
 
 @dataclass(frozen=True, slots=True)
 class SweepConfig:
-    """One sweep: the store, the worker counts, epochs per run, where the runs go;
-    `secret_env` reaches every run's workers as `TrainJob.secret_env` does."""
+    """One sweep: the store, the worker counts, epochs per run, where the runs go, and the
+    other training options (`extra_args`, as after `landcover scale ... --`; storage options
+    among them reach the workers through their environment)."""
 
     store: str
     workers: tuple[int, ...]
     epochs: int
     out_dir: str
-    extra_args: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = field(default=(), repr=False)  # may hold an account key
     cluster: ClusterSpec | None = None
-    entry_module: str = DEFAULT_ENTRY_MODULE
+    entry_module: str = WORKER_MODULE
     overwrite: bool = False
-    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +156,12 @@ def run_sweep(
     on_run: Callable[[SweepRun], None] | None = None,
 ) -> SweepResult:
     """Train at each worker count; returns every run (failed ones included, never raised)."""
-    check_extra_args(config.extra_args)
+    training, stand_in_args = sweep_training(config)
     options = replace(options or LaunchOptions(), wait=True)
     out = Path(config.out_dir)
     redactor = job_redactor(
-        config.cluster or local_spec(1), _job(config, str(out / f"{RUN_PREFIX}1"))
+        config.cluster or local_spec(1),
+        training_job(local_spec(1), training, extra_args=stand_in_args),
     )
     record = _record(config, redactor)
     sweep_path = out / SWEEP_FILE
@@ -181,7 +176,11 @@ def run_sweep(
             logger.info("reusing the finished run %s", run_dir)
             run = reused
         else:
-            run = _run_one(config, spec, run_dir, options, redactor)
+            point = replace(training, out_dir=str(run_dir))
+            job = training_job(
+                spec, point, entry_module=config.entry_module, extra_args=stand_in_args
+            )
+            run = _run_one(spec, job, worker_config(spec, point), options, redactor)
             if run_dir.is_dir():
                 write_launch(run_dir, run)
         runs.append(run)
@@ -224,26 +223,31 @@ def _previous_runs(path: Path, record: SweepRecord, overwrite: bool) -> dict[int
     return {r.workers: r for r in old.runs if r.status == "done"}
 
 
-def _job(config: SweepConfig, run_dir: str) -> TrainJob:
-    return TrainJob(
-        store=config.store,
-        out=run_dir,
-        args=("--epochs", str(config.epochs), *config.extra_args),
-        entry_module=config.entry_module,
-        secret_env=config.secret_env,
-    )
+def sweep_training(config: SweepConfig) -> tuple[TrainConfig, tuple[str, ...]]:
+    """The training configuration of every run (its run dir aside: the first run's), parsed
+    from the sweep's store, epochs and `extra_args` by the worker's own options, and the
+    arguments of a stand-in entry module that the worker does not take."""
+    check_extra_args(config.extra_args)
+    given = {
+        "out_dir": str(Path(config.out_dir) / f"{RUN_PREFIX}{config.workers[0]}"),
+        "epochs": config.epochs,
+    }
+    strict = config.entry_module == WORKER_MODULE
+    # STORE first, as the worker takes it: a stand-in's own option values stay its own
+    return split_argv([config.store, *config.extra_args], strict=strict, given=given)
 
 
 def _run_one(
-    config: SweepConfig,
     spec: ClusterSpec,
-    run_dir: Path,
+    job: Job,
+    worker: TrainConfig,
     options: LaunchOptions,
     redactor: Redactor,
 ) -> SweepRun:
+    run_dir = Path(worker.out_dir)
     if run_dir.exists():  # an unfinished or replaced run of ours: never trusted
         shutil.rmtree(run_dir)
-    plan = plan_job(spec, _job(config, str(run_dir)))
+    plan = plan_job(spec, job)
     local = spec.engine == "local"
     cores = local_cpu_count() if local else _remote_cores(spec)
     logger.info("sweep: %d worker(s) into %s", spec.workers, run_dir)
@@ -264,7 +268,7 @@ def _run_one(
         workers=spec.workers,
         nodes=spec.node_count,
         processes_per_node=spec.processes_per_node,
-        threads_per_worker=_given_threads(config.extra_args) or threads_per_worker(spec),
+        threads_per_worker=worker.threads,
         cores=cores,
         oversubscribed=local and spec.workers > local_cpu_count(),
         run_dir=run_dir.name,
@@ -277,18 +281,6 @@ def _run_one(
         epoch_time_s=epoch_time_s,
         samples_per_s=samples_per_s,
     )
-
-
-def _given_threads(args: tuple[str, ...]) -> int | None:
-    """The user's own --threads N (it wins over the fair share the engine would add)."""
-    for i, arg in enumerate(args):
-        value = arg.split("=", 1)[1] if arg.startswith("--threads=") else None
-        if arg == "--threads" and i + 1 < len(args):
-            value = args[i + 1]
-        if value is not None:
-            with contextlib.suppress(ValueError):
-                return int(value)
-    return None
 
 
 def _remote_cores(spec: ClusterSpec) -> int | None:

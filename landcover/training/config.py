@@ -1,79 +1,196 @@
-"""`TrainConfig`: every option of a training run, identical on every rank.
+"""`TrainConfig`: every option of a training run, identical on every rank, and the one
+definition of those options.
 
-Torch-free, so the CLI and the cluster launchers can build and check a configuration without
-paying for importing torch.
+Each field declares its command-line flag and help (`_flag`); its type gives the kind of value
+and, for a `Literal`, the choices. From that one table come the click options of `landcover
+train` and of the worker (`train_options`), the checks (`TrainConfig.__post_init__`), the argv
+that gives a worker this configuration (`to_argv`) and the parse of such an argv (`from_argv`,
+with the worker's own options, so that a launcher refuses what every worker would).
+
+The storage options never go into an argv: a launcher gives them to its workers through their
+environment (`landcover.options.storage_options_env`), where `--storage-options` falls back
+to reading them. Torch-free, so the CLI and the launchers can build and check a configuration
+without paying for importing torch.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
+import click
+
+from cluster.redact import Redactor
+from landcover.comm.spec import parse_compression
 from landcover.errors import TrainingError
+from landcover.options import storage_options_option
 
 Optimizer = Literal["adamw", "sgd"]
 Loss = Literal["ce", "ce+dice"]
 ClassWeights = Literal["auto", "none"]
 Device = Literal["auto", "cpu", "cuda"]
 LrScaling = Literal["linear", "sqrt", "none"]
-
-OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd")
-LOSSES: tuple[str, ...] = ("ce", "ce+dice")
-CLASS_WEIGHT_MODES: tuple[str, ...] = ("auto", "none")
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-LR_SCALINGS: tuple[str, ...] = ("linear", "sqrt", "none")
+Pretrained = Literal["imagenet"]
 DEFAULT_LR: Mapping[str, float] = {"adamw": 2e-3, "sgd": 0.02}
-# Storage options that must not end up in run.json or checkpoints (adlfs/s3fs/gcsfs names).
-SECRET_OPTION = re.compile(r"key|secret|token|password|credential|sas|connection", re.IGNORECASE)
+WORKER_PROG = "python -m landcover.training"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How a TrainConfig field is written on a command line: `--name VALUE`, a boolean flag
+    (`--name`, and `off` for the form that sets it False), or the positional STORE."""
+
+    name: str
+    help: str | None = None
+    off: str | None = None
+
+    @property
+    def positional(self) -> bool:
+        return not self.name.startswith("-")
+
+
+def _flag(name: str, help: str | None = None, *, off: str | None = None) -> dict[str, Flag]:
+    """A field's metadata: how it is written on a command line."""
+    return {"flag": Flag(name, help, off)}
+
+
+_BMUF = "BMUF: "
 
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
     """Everything a training run needs; built by the CLI, identical on every rank."""
 
-    store_url: str
-    out_dir: str
-    model: str = "small_unet"
-    pretrained: str | None = None
-    epochs: int = 10
-    batch_size: int = 16
-    lr: float | None = None  # None: DEFAULT_LR of the optimizer
-    lr_scaling: LrScaling = "linear"
-    warmup_epochs: float = 1.0
-    weight_decay: float = 1e-4
-    optimizer: Optimizer = "adamw"
-    loss: Loss = "ce"
-    class_weights: ClassWeights = "auto"
-    augment: bool = True
-    seed: int = 0
-    patience: int | None = None
-    resume: bool = False
-    overwrite: bool = False
-    device: Device = "auto"
-    amp: bool | None = None  # None: bf16 autocast on CUDA, off on CPU
-    threads: int | None = None  # None: cores / local world size
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    compression: str = "none"
-    block_momentum: bool = False
-    block_size: int = 8
-    block_momentum_value: float | None = None
-    block_lr: float = 1.0
-    nesterov: bool = True
-    reset_local_momentum: bool = True
-    allow_incomplete: bool = False  # train on a store whose tiling was interrupted
-    sync_bn: bool = False
+    store_url: str = field(metadata=_flag("STORE"))
+    out_dir: str = field(metadata=_flag("--out", "Run directory (RUN_DIR)."))
+    model: str = field(
+        default="small_unet",
+        metadata=_flag("--model", "Model registry name (landcover.models.registry.available())."),
+    )
+    pretrained: Pretrained | None = field(
+        default=None,
+        metadata=_flag(
+            "--pretrained", "Start the encoder from ImageNet weights (needs the torch hub cache)."
+        ),
+    )
+    epochs: int = field(default=10, metadata=_flag("--epochs"))
+    batch_size: int = field(
+        default=16, metadata=_flag("--batch-size", "Chips per step per worker.")
+    )
+    lr: float | None = field(
+        default=None,
+        metadata=_flag(
+            "--lr",
+            "Base learning rate (default 2e-3 adamw, 0.02 sgd), scaled by the world size per "
+            "--lr-scaling, linear warm-up then cosine decay.",
+        ),
+    )  # None: DEFAULT_LR of the optimizer
+    lr_scaling: LrScaling = field(
+        default="linear",
+        metadata=_flag(
+            "--lr-scaling", "How the base lr grows with the number of workers (not with BMUF)."
+        ),
+    )
+    warmup_epochs: float = field(default=1.0, metadata=_flag("--warmup-epochs"))
+    weight_decay: float = field(default=1e-4, metadata=_flag("--weight-decay"))
+    optimizer: Optimizer = field(default="adamw", metadata=_flag("--optimizer"))
+    loss: Loss = field(
+        default="ce", metadata=_flag("--loss", "Cross-entropy ignoring nodata, optionally + Dice.")
+    )
+    class_weights: ClassWeights = field(
+        default="auto",
+        metadata=_flag(
+            "--class-weights", "auto: median-frequency weights from the store's class counts."
+        ),
+    )
+    augment: bool = field(
+        default=True,
+        metadata=_flag("--augment", "Random flips and 90-degree rotations.", off="--no-augment"),
+    )
+    seed: int = field(default=0, metadata=_flag("--seed"))
+    patience: int | None = field(
+        default=None,
+        metadata=_flag("--patience", "Stop after this many epochs without a better val mIoU."),
+    )
+    resume: bool = field(
+        default=False,
+        metadata=_flag(
+            "--resume", "Continue from RUN_DIR/checkpoints/last.pt (fresh start if none)."
+        ),
+    )
+    overwrite: bool = field(
+        default=False, metadata=_flag("--overwrite", "Replace existing output.")
+    )
+    device: Device = field(default="auto", metadata=_flag("--device"))
+    amp: bool | None = field(
+        default=None,
+        metadata=_flag(
+            "--amp", "bf16 autocast (default: on for CUDA, off on CPU).", off="--no-amp"
+        ),
+    )
+    threads: int | None = field(
+        default=None,
+        metadata=_flag("--threads", "Torch threads per worker (default: cores / local workers)."),
+    )
+    # never in an argv: workers read them from their environment (see the module docstring)
+    storage_options: Mapping[str, Any] = field(
+        default_factory=dict, metadata=_flag("--storage-options")
+    )
+    compression: str = field(
+        default="none",
+        metadata=_flag(
+            "--compression", "DDP gradient compression: none, fp16, bf16, powersgd[:RANK], onebit."
+        ),
+    )
+    block_momentum: bool = field(
+        default=False,
+        metadata=_flag(
+            "--block-momentum", "BMUF: local steps, then a block-level model average with momentum."
+        ),
+    )
+    block_size: int = field(
+        default=8, metadata=_flag("--block-size", _BMUF + "local steps per block.")
+    )
+    block_momentum_value: float | None = field(
+        default=None,
+        metadata=_flag("--block-momentum-value", "BMUF block momentum (default 1 - 1/workers)."),
+    )
+    block_lr: float = field(default=1.0, metadata=_flag("--block-lr", "BMUF block learning rate."))
+    nesterov: bool = field(
+        default=True,
+        metadata=_flag("--nesterov", _BMUF + "Nesterov-style block momentum.", off="--no-nesterov"),
+    )
+    reset_local_momentum: bool = field(
+        default=True,
+        metadata=_flag(
+            "--reset-local-momentum",
+            _BMUF + "zero each worker's optimizer momentum after every block end.",
+            off="--keep-local-momentum",
+        ),
+    )
+    allow_incomplete: bool = field(
+        default=False,
+        metadata=_flag(
+            "--allow-incomplete",
+            "Train on a store whose tiling was interrupted (default: refuse it).",
+        ),
+    )
+    sync_bn: bool = field(
+        default=False,
+        metadata=_flag(
+            "--sync-bn",
+            "SyncBatchNorm: normalise with the whole step's batch statistics (CUDA only; without "
+            "it, BatchNorm statistics are averaged over the workers after every epoch).",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        choices = {
-            "optimizer": OPTIMIZERS,
-            "loss": LOSSES,
-            "class_weights": CLASS_WEIGHT_MODES,
-            "device": DEVICES,
-            "lr_scaling": LR_SCALINGS,
-        }
         checks: list[tuple[bool, str]] = [
             (self.epochs >= 1, f"--epochs {self.epochs} must be >= 1"),
             (self.batch_size >= 1, f"--batch-size {self.batch_size} must be >= 1"),
@@ -93,10 +210,12 @@ class TrainConfig:
             ),
             *(
                 (
-                    getattr(self, name) in allowed,
-                    f"--{name.replace('_', '-')} {getattr(self, name)!r}: use one of {allowed}",
+                    getattr(self, o.name) in o.choices
+                    or (o.optional and getattr(self, o.name) is None),
+                    f"{o.flag.name} {getattr(self, o.name)!r}: use one of {o.choices}",
                 )
-                for name, allowed in choices.items()
+                for o in OPTIONS
+                if o.choices is not None
             ),
             (
                 not (self.resume and self.overwrite),
@@ -117,8 +236,6 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise TrainingError(message)
-        from landcover.comm import parse_compression
-
         parse_compression(self.compression)  # a bad value fails here, not after the load
 
     @property
@@ -126,13 +243,139 @@ class TrainConfig:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
 
     def to_json(self) -> dict[str, Any]:
-        """Plain values for run.json and checkpoints; secrets in storage options redacted."""
+        """Plain values for run.json and checkpoints; secrets in storage options redacted
+        (`cluster.redact`: secret-named keys, and secret-looking text such as SAS signatures)."""
         values = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
-        values["storage_options"] = {
-            k: "<redacted>" if SECRET_OPTION.search(k) else _plain(v)
-            for k, v in self.storage_options.items()
-        }
+        values["storage_options"] = Redactor().data(_plain(self.storage_options))
         return values
+
+    def to_argv(self, *, options_only: bool = False) -> list[str]:
+        """`STORE --out RUN_DIR [options]` for a worker: the options whose values differ from
+        the defaults, storage options never (they go through the workers' environment).
+        `options_only`: without STORE and --out RUN_DIR (a sweep's training options)."""
+        argv: list[str] = []
+        for option in OPTIONS:
+            value = getattr(self, option.name)
+            flag = option.flag
+            if not option.has_default:  # STORE and --out RUN_DIR
+                if not options_only:
+                    argv += [str(value)] if flag.positional else [flag.name, str(value)]
+            elif option.kind is dict or value == option.default:
+                continue
+            elif option.kind is bool:
+                if value or flag.off is not None:
+                    argv.append(flag.name if value else str(flag.off))
+            else:
+                argv += [flag.name, str(value)]
+        return argv
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> TrainConfig:
+        """The configuration `python -m landcover.training ARGV` would train with; a bad
+        argument is one TrainingError line."""
+        config, _ = split_argv(argv, strict=True)
+        return config
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One field of TrainConfig as an option: its flag, the kind of value (int, float, str,
+    bool, or dict for the storage options), the choices of a Literal, its default."""
+
+    name: str
+    flag: Flag
+    kind: type
+    choices: tuple[str, ...] | None
+    default: Any
+    optional: bool  # None is a value (`X | None`)
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not MISSING
+
+
+def _option_specs() -> tuple[OptionSpec, ...]:
+    hints = typing.get_type_hints(TrainConfig)
+    specs = []
+    for f in fields(TrainConfig):
+        hint = hints[f.name]
+        # `X | None` is X that may be left out
+        union = get_origin(hint) in (types.UnionType, typing.Union)
+        (kind,) = [a for a in get_args(hint) if a is not type(None)] if union else [hint]
+        choices = None
+        if get_origin(kind) is Literal:
+            choices, kind = tuple(get_args(kind)), str
+        elif get_origin(kind) is not None or kind is Mapping:
+            kind = dict
+        default = {} if f.default_factory is not MISSING else f.default
+        optional = union and type(None) in get_args(hint)
+        specs.append(OptionSpec(f.name, f.metadata["flag"], kind, choices, default, optional))
+    return tuple(specs)
+
+
+OPTIONS: tuple[OptionSpec, ...] = _option_specs()
+
+
+def train_options(f: F) -> F:
+    """STORE, --out and every training option as click parameters (of `landcover train` and
+    the worker command), in TrainConfig's order."""
+    for option in reversed(OPTIONS):
+        f = _click_decorator(option)(f)
+    return f
+
+
+def _click_decorator(option: OptionSpec) -> Callable[[F], F]:
+    flag = option.flag
+    if flag.positional:
+        return click.argument(option.name, metavar=flag.name)
+    if option.kind is dict:
+        return storage_options_option
+    attrs: dict[str, Any] = {"help": flag.help}
+    if not option.has_default:
+        attrs["required"] = True
+    elif option.kind is bool:
+        decls = f"{flag.name}/{flag.off}" if flag.off else flag.name
+        attrs.update(default=option.default, show_default=option.default is not None)
+        if flag.off is None:
+            attrs["is_flag"] = True
+        return click.option(decls, option.name, **attrs)
+    else:
+        attrs.update(default=option.default, show_default=option.default is not None)
+    if option.choices is not None:
+        attrs["type"] = click.Choice(option.choices)
+    elif option.kind is not str:
+        attrs["type"] = option.kind
+    return click.option(flag.name, option.name, **attrs)
+
+
+@click.command("worker", add_help_option=False)
+@train_options
+def _parser(**params: Any) -> None:
+    """Parses a worker's argv (never run)."""
+
+
+def config_from_params(params: Mapping[str, Any]) -> TrainConfig:
+    """The TrainConfig of parsed click parameters (other parameters, such as -v, ignored)."""
+    return TrainConfig(**{o.name: params[o.name] for o in OPTIONS if o.name in params})
+
+
+def split_argv(
+    argv: Sequence[str], *, strict: bool, given: Mapping[str, Any] | None = None
+) -> tuple[TrainConfig, tuple[str, ...]]:
+    """The configuration of a worker's argv, and the arguments it does not know: none when
+    `strict` (they are refused); a stand-in entry module's own ones otherwise. `given` holds
+    field values for what argv leaves out (a sweep's run dir and epochs)."""
+    try:
+        ctx = _parser.make_context(
+            WORKER_PROG,
+            list(argv),
+            default_map=dict(given or {}),
+            ignore_unknown_options=not strict,
+            allow_extra_args=not strict,
+        )
+    except click.UsageError as exc:
+        raise TrainingError(f"training arguments: {exc.format_message()}") from None
+    return config_from_params(ctx.params), tuple(ctx.args)
 
 
 def _plain(value: Any) -> Any:

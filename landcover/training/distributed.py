@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cluster.spec import local_cpu_count
+from cluster.machine import local_cpu_count
 from landcover.errors import TrainingError
 
 logger = logging.getLogger(__name__)

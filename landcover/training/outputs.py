@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import landcover
-from cluster.spec import local_cpu_count
+from cluster.machine import local_cpu_count
 from landcover.models.modelfile import ModelMeta
 from landcover.training.builders import Optimization, TrainingData
 from landcover.training.config import TrainConfig

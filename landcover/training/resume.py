@@ -33,10 +33,11 @@ import torch
 from torch import nn
 
 from landcover.errors import TrainingError
+from landcover.training.checkpoint import read_checkpoint
 from landcover.training.config import TrainConfig
 from landcover.training.distributed import Collectives
 from landcover.training.records import Checkpoint, EpochRecord
-from landcover.training.rundir import read_checkpoint, rewrite_metrics
+from landcover.training.rundir import rewrite_metrics
 
 if TYPE_CHECKING:
     from tiling.store import StoreSummary

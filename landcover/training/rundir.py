@@ -7,6 +7,9 @@ RUN_DIR/checkpoints/      last.pt: everything a resume needs
 RUN_DIR/model.pt          the self-describing model file (landcover.models.modelfile)
 ```
 
+Checkpoints themselves are read and written by `landcover.training.checkpoint` (torch);
+this module imports no torch, so readers of a run (the scaling report) do not pay for it.
+
 Nothing half-written is ever trusted: run.json, checkpoints and model.pt are written under a
 temp name and renamed. metrics.jsonl grows by one line per epoch, written before that epoch's
 checkpoint, so a worker killed between the two leaves a line the checkpoint does not know; a
@@ -27,15 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from landcover import atomic
 from landcover.errors import TrainingError
-from landcover.training.records import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_VERSION,
-    RUN_KEYS,
-)
+from landcover.training.records import RUN_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -124,49 +122,6 @@ def rewrite_metrics(run_dir: str | os.PathLike[str], records: Sequence[Mapping[s
     write_atomic(Path(run_dir) / METRICS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
-def save_checkpoint(run_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
-    """checkpoints/last.pt from `Checkpoint.to_payload()`: plain values and CPU tensors
-    (loads with weights_only=True), under the current format and version."""
-    content = {**payload, "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION}
-    path = Path(run_dir) / CHECKPOINT_DIR / LAST_CHECKPOINT
-    write_atomic(path, lambda tmp: torch.save(content, tmp))
-
-
-def read_checkpoint(path: Path, *, must_match: Mapping[str, Any]) -> dict[str, Any]:
-    """The payload of a checkpoint written by `save_checkpoint` (any version: see
-    `Checkpoint.from_payload`), refused unless its config has the values of `must_match`
-    (options a resumed run cannot change)."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise TrainingError(
-            f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or pass --overwrite"
-        ) from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise TrainingError(f"{path}: not a landcover checkpoint; pass --overwrite to start over")
-    if int(payload.get("version", 0)) > CHECKPOINT_VERSION:
-        raise TrainingError(f"{path}: checkpoint from a newer landcover; upgrade landcover")
-    saved = payload["config"]
-    for key, value in must_match.items():
-        if saved.get(key) != value:
-            raise TrainingError(
-                f"{path}: checkpoint was trained with --{key.replace('_', '-')} "
-                f"{saved.get(key)}, not {value}; pass the same value or --overwrite"
-            )
-    return dict(payload)
-
-
-def to_cpu(obj: Any) -> Any:
-    """A copy of nested dicts/lists/tuples with every tensor detached onto the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().clone()
-    if isinstance(obj, Mapping):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
-
-
 def jsonable(obj: Any) -> Any:
     """Plain JSON values from configs, store summaries, numpy scalars; NaN becomes null."""
     if obj is None or isinstance(obj, bool | int | str):
@@ -179,10 +134,10 @@ def jsonable(obj: Any) -> Any:
         return {f.name: jsonable(getattr(obj, f.name)) for f in fields(obj) if f.init}
     if isinstance(obj, Mapping):
         return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, np.ndarray | torch.Tensor):
-        return jsonable(obj.tolist())
     if isinstance(obj, np.generic):
         return jsonable(obj.item())
+    if hasattr(obj, "tolist"):  # numpy arrays and torch tensors, without importing torch
+        return jsonable(obj.tolist())
     if isinstance(obj, list | tuple | set | frozenset):
         return [jsonable(v) for v in obj]
     if isinstance(obj, os.PathLike):

@@ -24,9 +24,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from landcover.comm import CommMeter, install_comm_hook, parse_compression
 from landcover.comm.bmuf import BlockMomentum, reset_local_momentum
+from landcover.training.checkpoint import to_cpu
 from landcover.training.config import TrainConfig
 from landcover.training.distributed import Collectives
-from landcover.training.rundir import to_cpu
 
 __all__ = ["BmufSync", "DdpSync", "SyncStrategy", "build_sync"]
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from landcover.data.shards import Batch, derive_seed
 from landcover.models.modelfile import save_model_file
 from landcover.training.builders import Optimization, TrainingData
+from landcover.training.checkpoint import save_checkpoint, to_cpu
 from landcover.training.config import TrainConfig
 from landcover.training.losses import (
     Scores,
@@ -41,13 +42,7 @@ from landcover.training.outputs import EpochStats, Validation, epoch_record, mod
 from landcover.training.placement import Placement
 from landcover.training.records import Checkpoint, EpochRecord
 from landcover.training.resume import ResumeState
-from landcover.training.rundir import (
-    MODEL_FILE,
-    append_metrics,
-    jsonable,
-    save_checkpoint,
-    to_cpu,
-)
+from landcover.training.rundir import MODEL_FILE, append_metrics, jsonable
 from landcover.training.sync import SyncStrategy
 
 __all__ = ["TrainCallbacks", "TrainResult", "Trainer"]

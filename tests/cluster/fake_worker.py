@@ -20,8 +20,25 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from cluster.engine import Job, input_ref, output_ref
+
+ENTRY_MODULE = "tests.cluster.fake_worker"
+
+
+def fake_job(store: str, out: str, *args: str, secret_env: Mapping[str, str] | None = None) -> Job:
+    """A job of this stand-in, `STORE --out RUN_DIR ARGS...`, its store the input `store` and
+    its run dir the output `run`, as landcover's training jobs are."""
+    return Job(
+        ENTRY_MODULE,
+        (input_ref("store"), "--out", output_ref("run"), *args),
+        inputs={"store": store},
+        outputs={"run": out},
+        secret_env=secret_env or {},
+    )
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

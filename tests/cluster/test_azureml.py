@@ -12,9 +12,11 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from cluster import azureml
 from cluster.azureml import AzureMLEngine, AzureMLPlan, credential_sources, input_path_for
-from cluster.engine import LaunchOptions, TrainJob, launch_plan, plan_job, write_plan_files
+from cluster.clusterjson import parse_cluster_spec
+from cluster.engine import LaunchOptions, launch_plan, plan_job, write_plan_files
 from cluster.errors import ClusterError, EngineUnavailableError
-from cluster.spec import ClusterSpec, parse_cluster_spec
+from cluster.spec import ClusterSpec
+from tests.cluster.fake_worker import fake_job
 
 # azure-ai-ml's schemas still use marshmallow 3 idioms: hundreds of warnings that are not ours
 pytestmark = pytest.mark.filterwarnings("ignore::marshmallow.warnings.Marshmallow4Warning")
@@ -56,10 +58,13 @@ def test_planned_yaml_loads_with_azure_ai_ml(tmp_path: Path) -> None:
     from azure.ai.ml import load_compute, load_job
 
     spec = aml_spec(elastic={"maxRestarts": 1})
-    job = TrainJob(
+    job = fake_job(
         "az://chips/naip.zarr",
         "runs/a",
-        ("--epochs", "3", "--storage-options", f'{{"sas_token": "{SAS}"}}'),
+        "--epochs",
+        "3",
+        "--storage-options",
+        f'{{"sas_token": "{SAS}"}}',
     )
     plan = plan_job(spec, job)
     assert isinstance(plan, AzureMLPlan)
@@ -78,11 +83,11 @@ def test_planned_yaml_loads_with_azure_ai_ml(tmp_path: Path) -> None:
     assert store.path == "https://landcoverdata.blob.core.windows.net/chips/naip.zarr"
     assert loaded.outputs["run"].type == "uri_folder"
     command = loaded.command
+    # Azure ML binds the references itself
     assert command.startswith(
-        "python -m landcover.training ${{inputs.store}} --out ${{outputs.run}} --epochs 3"
+        "python -m tests.cluster.fake_worker ${{inputs.store}} --out ${{outputs.run}} --epochs 3"
     )
-    assert command.endswith("--resume --threads 6")  # 24 vCPUs / 4 processes
-    assert loaded.environment_variables == {"OMP_NUM_THREADS": "6"}
+    assert loaded.environment_variables == {"OMP_NUM_THREADS": "6"}  # 24 vCPUs / 4 processes
 
     compute: Any = load_compute(compute_yaml)  # an AmlCompute
     assert compute.type == "amlcompute"
@@ -107,7 +112,7 @@ def test_a_broken_job_document_is_refused_by_the_sdk(tmp_path: Path) -> None:
     from azure.ai.ml.exceptions import ValidationException
     from marshmallow.exceptions import ValidationError
 
-    plan = plan_job(aml_spec(), TrainJob("az://chips/x.zarr", "r"))
+    plan = plan_job(aml_spec(), fake_job("az://chips/x.zarr", "r"))
     assert isinstance(plan, AzureMLPlan)
     document = yaml.safe_load(plan.files()["job.yaml"])
     document["distribution"]["processes_per_node"] = document["distribution"].pop(
@@ -137,7 +142,7 @@ def test_store_urls_become_azure_ml_inputs(tmp_path: Path) -> None:
         input_path_for("memory://a.zarr", spec)
     path, note = input_path_for(str(tmp_path / "chips.zarr"), spec)
     assert path == str(tmp_path / "chips.zarr") and note and "uploaded at submit" in note
-    plan = plan_job(spec, TrainJob("az://chips/a.zarr", "azureml://datastores/runs/paths/a"))
+    plan = plan_job(spec, fake_job("az://chips/a.zarr", "azureml://datastores/runs/paths/a"))
     assert isinstance(plan, AzureMLPlan)
     assert plan.job_document["inputs"]["store"]["mode"] == "ro_mount"
     assert plan.job_document["outputs"]["run"]["path"] == "azureml://datastores/runs/paths/a"
@@ -164,7 +169,7 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.mark.usefixtures("no_credentials")
 def test_launch_without_credentials_fails_fast_and_clearly() -> None:
     assert credential_sources() == []
-    plan = plan_job(aml_spec(), TrainJob("az://chips/a.zarr", "r"))
+    plan = plan_job(aml_spec(), fake_job("az://chips/a.zarr", "r"))
     with pytest.raises(EngineUnavailableError) as info:
         launch_plan(plan, LaunchOptions())
     assert str(info.value) == (
@@ -223,6 +228,6 @@ def test_a_credential_that_hangs_or_fails_is_one_line(monkeypatch: pytest.Monkey
 
 
 def test_engine_refuses_another_engines_plan() -> None:
-    local_plan = plan_job(parse_cluster_spec({"targetNodeCount": 1}), TrainJob("s", "r"))
+    local_plan = plan_job(parse_cluster_spec({"targetNodeCount": 1}), fake_job("s", "r"))
     with pytest.raises(TypeError, match="cannot launch a local plan"):
         AzureMLEngine().launch(local_plan, LaunchOptions())

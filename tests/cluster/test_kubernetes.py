@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from cluster.engine import LaunchOptions, TrainJob, launch_plan, plan_job, write_plan_files
+from cluster.clusterjson import parse_cluster_spec
+from cluster.engine import LaunchOptions, launch_plan, plan_job, write_plan_files
 from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.kubernetes import KubernetesPlan
-from cluster.spec import ClusterSpec, parse_cluster_spec
+from cluster.spec import ClusterSpec
+from tests.cluster.fake_worker import fake_job
 
 CONNECTION_STRING = (
     "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=S2V5Rm9yS3ViZXJuZXRlcw==;"
@@ -40,7 +42,7 @@ def k8s_spec(**overrides: Any) -> ClusterSpec:
 
 
 def plan_of(spec: ClusterSpec, *args: str) -> KubernetesPlan:
-    plan = plan_job(spec, TrainJob("az://chips/naip.zarr", "/shared/runs/a", tuple(args)))
+    plan = plan_job(spec, fake_job("az://chips/naip.zarr", "/shared/runs/a", *args))
     assert isinstance(plan, KubernetesPlan)
     return plan
 
@@ -96,11 +98,10 @@ def test_manifest_has_the_structure_kubeflow_requires() -> None:
     command = container["command"]
     assert command[:2] == ["/bin/sh", "-c"]
     assert "python -m torch.distributed.run" in command[2]
-    assert (
-        "--nproc-per-node 4 --max-restarts 2 -m landcover.training az://chips/naip.zarr"
-        in (command[2])
+    assert command[2].endswith(
+        "--nproc-per-node 4 --max-restarts 2 -m tests.cluster.fake_worker az://chips/naip.zarr "
+        "--out /shared/runs/a"
     )
-    assert command[2].endswith("--out /shared/runs/a --resume --threads 6")
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert env["OMP_NUM_THREADS"] == "6"

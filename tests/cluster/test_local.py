@@ -18,14 +18,15 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped,unused-ignore]
 import pytest
 
-from cluster import local
-from cluster.engine import LaunchOptions, TrainJob, launch_plan, plan_job
-from cluster.errors import ClusterError, LaunchError
-from cluster.local import LocalPlan
-from cluster.spec import local_cpu_count, local_spec, parse_cluster_spec
+from cluster import localplan
+from cluster.clusterjson import parse_cluster_spec
+from cluster.engine import LaunchOptions, launch_plan, plan_job
+from cluster.errors import LaunchError
+from cluster.localplan import LocalPlan
+from cluster.machine import local_cpu_count
+from cluster.spec import local_spec
+from tests.cluster.fake_worker import ENTRY_MODULE, fake_job
 from tests.conftest import REPO_ROOT
-
-FAKE_WORKER = "tests.cluster.fake_worker"
 
 
 def local_plan(tmp_path: Path, **spec_fields: object) -> LocalPlan:
@@ -33,7 +34,7 @@ def local_plan(tmp_path: Path, **spec_fields: object) -> LocalPlan:
         {"targetNodeCount": 2, "processesPerNode": 1, "elastic": {"maxRestarts": 2}}
     )
     spec = replace(spec, **spec_fields)  # type: ignore[arg-type]
-    plan = plan_job(spec, TrainJob("chips.zarr", str(tmp_path / "run"), ("--epochs", "2")))
+    plan = plan_job(spec, fake_job("chips.zarr", str(tmp_path / "run"), "--epochs", "2"))
     assert isinstance(plan, LocalPlan)
     return plan
 
@@ -49,8 +50,10 @@ def test_plan_is_one_torchrun_agent_per_simulated_node(tmp_path: Path) -> None:
         assert command[:3] == (sys.executable, "-m", "torch.distributed.run")
         assert f"--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {host}" in text
         assert f"--rdzv-conf is_host={1 - min(node, 1)},last_call_timeout=1" in text
-        assert "--max-restarts 2 -m landcover.training chips.zarr --out" in text
-        assert text.endswith(f"--epochs 2 --resume --threads {threads}")
+        # the run dir takes the place of its reference; the arguments are the job's own
+        assert text.endswith(
+            f"--max-restarts 2 -m {ENTRY_MODULE} chips.zarr --out {tmp_path / 'run'} --epochs 2"
+        )
     assert plan.env["OMP_NUM_THREADS"] == str(threads)
     assert plan.log_dir == str(tmp_path / "run" / "logs")
     script = plan.files()["torchrun.sh"]
@@ -60,11 +63,11 @@ def test_plan_is_one_torchrun_agent_per_simulated_node(tmp_path: Path) -> None:
 
 def test_more_workers_than_cores_is_marked_oversubscribed(tmp_path: Path) -> None:
     cores = local_cpu_count()
-    plan = plan_job(local_spec(cores + 1), TrainJob("s", str(tmp_path / "r")))
+    plan = plan_job(local_spec(cores + 1), fake_job("s", str(tmp_path / "r")))
     assert isinstance(plan, LocalPlan)
     assert plan.oversubscribed and plan.threads_per_worker == 1
     assert f"OVERSUBSCRIBED: {cores + 1} workers on {cores} cores" in plan.describe()
-    assert not plan_job(local_spec(1), TrainJob("s", "r")).describe().count("OVERSUBSCRIBED")
+    assert not plan_job(local_spec(1), fake_job("s", "r")).describe().count("OVERSUBSCRIBED")
 
 
 def scripted_plan(tmp_path: Path, *scripts: str) -> LocalPlan:
@@ -119,7 +122,7 @@ def test_a_job_past_its_time_limit_is_stopped(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_a_failing_worker_under_torchrun_is_a_launch_error(tmp_path: Path) -> None:
     spec = parse_cluster_spec({"targetNodeCount": 1, "processesPerNode": 1})
-    job = TrainJob("chips.zarr", str(tmp_path / "run"), ("--fail",), entry_module=FAKE_WORKER)
+    job = fake_job("chips.zarr", str(tmp_path / "run"), "--fail")
     env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     with pytest.raises(LaunchError) as info:
         launch_plan(plan_job(spec, job), LaunchOptions(env=env, cwd=str(REPO_ROOT)))
@@ -129,24 +132,6 @@ def test_a_failing_worker_under_torchrun_is_a_launch_error(tmp_path: Path) -> No
         f"ValueError: fake worker failing on purpose; logs: {log}"
     )
     assert "fake worker failing on purpose" in log.read_text()
-
-
-def test_an_old_run_is_never_resumed_silently(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / "last.pt").write_text("old")
-    (run / "metrics.jsonl").write_text("{}\n")
-    spec = parse_cluster_spec({"targetNodeCount": 1, "elastic": {"maxRestarts": 1}})
-    with pytest.raises(ClusterError, match=r"already holds a training run \(metrics.jsonl, "):
-        plan_job(spec, TrainJob("s", str(run)))
-    assert plan_job(spec, TrainJob("s", str(run), ("--resume",))).job.out == str(run)
-    # --overwrite: cleared once by the launcher; every worker group itself only resumes
-    plan = plan_job(spec, TrainJob("s", str(run), ("--overwrite",)))
-    assert isinstance(plan, LocalPlan)
-    assert plan.agent_commands[0][-3:] == ("--resume", "--threads", str(local_cpu_count()))
-    assert "--overwrite" not in plan.agent_commands[0]
-    launch_plan(replace(plan, agent_commands=((sys.executable, "-c", "pass"),)), LaunchOptions())
-    assert sorted(p.name for p in run.iterdir()) == ["logs"]
 
 
 @pytest.mark.parametrize(
@@ -166,7 +151,7 @@ def test_simulated_nodes_share_out_the_gpus_or_use_none(
     per_node: int,
     expected: list[dict[str, str]],
 ) -> None:
-    monkeypatch.setattr(local, "local_gpu_count", lambda: gpus)
+    monkeypatch.setattr(localplan, "local_gpu_count", lambda: gpus)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     plan = local_plan(tmp_path, node_count=nodes, processes_per_node=per_node)
     assert [dict(e) for e in plan.agent_env] == expected
@@ -214,7 +199,7 @@ def test_secrets_reach_the_workers_only_through_their_environment(tmp_path: Path
     key = "QWNjb3VudEtleVNob3VsZE5vdExlYWs="
     options = json.dumps({"account_name": "acct", "account_key": key})
     spec = parse_cluster_spec({"targetNodeCount": 1, "processesPerNode": 1})
-    job = TrainJob("s", str(tmp_path / "run"), secret_env={"LANDCOVER_STORAGE_OPTIONS": options})
+    job = fake_job("s", str(tmp_path / "run"), secret_env={"LANDCOVER_STORAGE_OPTIONS": options})
     plan = plan_job(spec, job)
     assert isinstance(plan, LocalPlan)
     assert not any(key in arg for command in plan.agent_commands for arg in command)

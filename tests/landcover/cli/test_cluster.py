@@ -18,14 +18,16 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from click.testing import CliRunner, Result
 
-from cluster import azureml, local
-from cluster.engine import LaunchOptions, LaunchResult, Plan, TrainJob
+from cluster import agents, azureml
+from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.errors import LaunchError
-from cluster.spec import local_cpu_count
+from cluster.machine import local_cpu_count
 from landcover.cli.app import main
+from landcover.cli.cluster import train_argv
 from landcover.cli.train import worker_command
+from landcover.errors import TrainingError
 from landcover.scaling import sweep
-from tests.cluster.test_spec import ACCOUNT_KEY, LEGACY_TUTORIAL
+from tests.cluster.test_clusterjson import ACCOUNT_KEY, LEGACY_TUTORIAL
 from tests.conftest import REPO_ROOT
 from tests.landcover.cli.test_main import incomplete_copy, incomplete_store_error
 
@@ -169,7 +171,9 @@ def test_killed_worker_is_restarted_and_resumes_with_nothing_lost(tmp_path: Path
     starts = read_jsonl(run / "starts.jsonl")
     assert [s["resumed_from_epoch"] for s in starts] == [0, 1]
     threads = str(max(1, local_cpu_count() // 2))
-    assert starts[0]["argv"][-3:] == ["--resume", "--threads", threads]
+    argv = starts[0]["argv"]
+    assert argv[:3] == ["chips.zarr", "--out", str(run)]
+    assert "--resume" in argv and argv[argv.index("--threads") + 1] == threads
     assert starts[0]["omp_num_threads"] == threads
     assert {p.name for p in (run / "logs").iterdir()} == {"node-0.log", "node-1.log"}
 
@@ -254,7 +258,7 @@ def no_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
             raise AssertionError(f"a worker was started: {command}")
         return real_popen(command, *args, **kwargs)
 
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    monkeypatch.setattr(agents.subprocess, "Popen", popen)
 
 
 LOCAL_LAUNCHES = {
@@ -300,7 +304,7 @@ def test_workers_read_the_storage_options_from_their_environment(
 def test_scale_gives_storage_options_to_workers_as_environment(
     tiny_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs: list[TrainJob] = []
+    jobs: list[Job] = []
 
     def launch(plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
         jobs.append(plan.job)
@@ -314,7 +318,11 @@ def test_scale_gives_storage_options_to_workers_as_environment(
     )  # fmt: skip
     assert result.exit_code == 2
     (job,) = jobs
-    assert job.args == ("--epochs", "1", "--batch-size", "8")
+    threads = str(local_cpu_count())
+    assert job.argv == (
+        "${{inputs.store}}", "--out", "${{outputs.run}}", "--epochs", "1", "--batch-size", "8",
+        "--threads", threads,
+    )  # fmt: skip
     assert json.loads(job.secret_env["LANDCOVER_STORAGE_OPTIONS"])["account_key"] == ACCOUNT_KEY
     assert ACCOUNT_KEY not in result.output
     for path in (tmp_path / "s").rglob("*"):
@@ -360,7 +368,7 @@ def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
         started.append((list(command), dict(kwargs.get("env") or {})))
         return real_popen(command, **kwargs)
 
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    monkeypatch.setattr(agents.subprocess, "Popen", popen)
     caplog.set_level(logging.DEBUG)
     run = tmp_path / "run"
     storage = f'{{"account_name": "acct", "account_key": "{ACCOUNT_KEY}"}}'
@@ -378,3 +386,30 @@ def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
     # the workers got the options (run.json keeps them, the key redacted)
     config = json.loads((run / "run.json").read_text())["config"]
     assert config["storage_options"] == {"account_name": "acct", "account_key": "<redacted>"}
+
+
+# -- the training arguments after `--` --------------------------------------------------------
+
+
+def test_train_args_give_the_workers_argv() -> None:
+    argv = train_argv(["train", "chips.zarr", "--epochs", "3", "--out=runs/a", "--resume"])
+    assert argv == ["chips.zarr", "--epochs", "3", "--out=runs/a", "--resume"]
+    # no `train` word, store from cluster.json's data.url
+    assert train_argv(["--out", "r", "--model", "x"], default_store="az://c/chips.zarr") == [
+        "az://c/chips.zarr", "--out", "r", "--model", "x",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "--out", "r"], "no chip store: give it after `train`"),
+        (["train", "s"], "the training arguments need --out RUN_DIR"),
+        (["train", "s", "--out"], "--out needs a value"),
+        (["train", "s", "--out", "a", "--out", "b"], "--out is given twice"),
+        (["train", "s", "--out", "a", "--nproc", "2"], "--nproc is for `landcover train`"),
+    ],
+)
+def test_bad_train_args(args: list[str], message: str) -> None:
+    with pytest.raises(TrainingError, match=message.replace("(", r"\(")):
+        train_argv(args)

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from cluster.engine import LaunchOptions, LaunchResult, Plan, TrainJob
+from cluster.clusterjson import parse_cluster_spec
+from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.errors import ClusterError, LaunchError
-from cluster.spec import parse_cluster_spec
 from landcover.scaling import sweep
 from landcover.scaling.runs import load_runs
 from landcover.scaling.sweep import (
@@ -101,12 +101,13 @@ class FakeLaunch:
         assert options is not None and options.wait  # sweeps wait for every run
         workers = plan.spec.workers
         self.calls.append(workers)
-        out = Path(plan.job.out)
+        out = Path(str(plan.job.output_dir))
         out.mkdir(parents=True)
         (out / "logs").mkdir()
         if workers == self.fail_at:
             raise LaunchError(f"training failed on simulated node 0 (exit code 1); logs: {out}")
-        epochs = int(plan.job.args[plan.job.args.index("--epochs") + 1])
+        argv = plan.job.argv
+        epochs = int(argv[argv.index("--epochs") + 1])
         with (out / "metrics.jsonl").open("w") as f:
             for epoch in range(1, epochs + 1):
                 # the first epoch pays warm-up: three times the others
@@ -251,8 +252,9 @@ def test_secret_environment_reaches_every_run_and_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = "c3dlZXAtc2VjcmV0LWtleQ=="
-    secret_env = {"LANDCOVER_STORAGE_OPTIONS": json.dumps({"account_key": key})}
-    jobs: list[TrainJob] = []
+    storage_options = json.dumps({"account_key": key})
+    secret_env = {"LANDCOVER_STORAGE_OPTIONS": storage_options}
+    jobs: list[Job] = []
     fake = FakeLaunch()
 
     def launch(plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
@@ -261,11 +263,16 @@ def test_secret_environment_reaches_every_run_and_no_file(
 
     monkeypatch.setattr(sweep, "launch_plan", launch)
     config = SweepConfig(
-        "chips.zarr", (1, 2), 1, str(tmp_path / "sweep"), ("--lr", "0.01"), secret_env=secret_env
+        "chips.zarr",
+        (1, 2),
+        1,
+        str(tmp_path / "sweep"),
+        ("--lr", "0.01", "--storage-options", storage_options),
     )
     assert key not in repr(config)
     run_sweep(config)
     assert [dict(job.secret_env) for job in jobs] == [secret_env, secret_env]
-    assert all(key not in " ".join(job.args) for job in jobs)
+    assert all(key not in " ".join(job.argv) for job in jobs)
+    assert all("--lr" in job.argv for job in jobs)
     for path in (tmp_path / "sweep").rglob("*"):
         assert path.is_dir() or key not in path.read_text()

@@ -11,16 +11,15 @@ import pytest
 import torch
 
 from landcover.errors import TrainingError
+from landcover.training.checkpoint import read_checkpoint, save_checkpoint
 from landcover.training.rundir import (
     RUN_KEYS,
     append_metrics,
     check_run_dir,
     jsonable,
     prepare_run_dir,
-    read_checkpoint,
     read_metrics,
     rewrite_metrics,
-    save_checkpoint,
     write_atomic,
     write_run_json,
 )

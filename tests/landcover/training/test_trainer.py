@@ -21,9 +21,8 @@ import torch.multiprocessing as mp
 from click.testing import CliRunner
 from torch import nn
 
-from cluster.spec import local_cpu_count
+from cluster.machine import local_cpu_count
 from landcover import cli
-from landcover.cli.train import params_to_argv, worker_command
 from landcover.errors import TrainingError
 from landcover.models.modelfile import load_model_file
 from landcover.models.registry import build_model
@@ -35,6 +34,7 @@ from landcover.training import (
     train,
     warmup_cosine,
 )
+from landcover.training import checkpoint as checkpoint_file
 from landcover.training.distributed import DistEnv
 from landcover.training.losses import Scores
 from tests.multiprocess import free_ports
@@ -227,7 +227,7 @@ def test_resume_drops_the_metrics_line_of_an_epoch_without_checkpoint(
 ) -> None:
     """A worker killed after epoch 2's metrics line but before its checkpoint: the resumed run
     repeats epoch 2 and metrics.jsonl holds it once."""
-    save_checkpoint = rundir.save_checkpoint
+    save_checkpoint = checkpoint_file.save_checkpoint
 
     def killed_before_epoch_2_checkpoint(out: Path, payload: Mapping[str, Any]) -> None:
         if payload["epoch"] == 2:
@@ -640,19 +640,6 @@ def test_cli_nproc_2_runs_torchrun(tiny_store: str, run_dir: Path) -> None:
     # Same command again: the run dir is refused before any worker starts.
     again = CliRunner().invoke(cli.main, args)
     assert again.exit_code == 2 and "pass --resume to continue it" in again.output
-
-
-def test_worker_options_round_trip_through_the_command_line() -> None:
-    args = ["s.zarr", "--out", "r", "--epochs", "3", "--no-augment", "--amp", "--resume",
-            "--storage-options", '{"account_name": "x"}', "--compression", "powersgd:4",
-            "--block-size", "5", "--no-nesterov", "--keep-local-momentum", "--patience", "2",
-            "--lr", "0.01", "--sync-bn"]  # fmt: skip
-    parsed = worker_command.make_context("worker", list(args)).params
-    again = worker_command.make_context("worker", params_to_argv(worker_command, parsed)).params
-    assert again == parsed
-    assert parsed["storage_options"] == {"account_name": "x"} and parsed["amp"] is True
-    assert parsed["augment"] is False and parsed["nesterov"] is False
-    assert parsed["reset_local_momentum"] is False and parsed["sync_bn"] is True
 
 
 def test_worker_entry_point_reports_bad_options_in_one_line(

@@ -1,4 +1,6 @@
-"""Options and parameter types shared by several commands."""
+"""Click options and parameter types shared by the commands and by `TrainConfig` (which
+generates the training options): JSON objects, storage options and their worker environment,
+--overwrite."""
 
 from __future__ import annotations
 

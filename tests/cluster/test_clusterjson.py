@@ -8,16 +8,10 @@ from typing import Any
 
 import pytest
 
+from cluster.clusterjson import load_cluster_spec, parse_cluster_spec
 from cluster.errors import ClusterSpecError
-from cluster.spec import (
-    BlobMount,
-    ElasticSpec,
-    load_cluster_spec,
-    local_cpu_count,
-    local_gpu_count,
-    local_spec,
-    parse_cluster_spec,
-)
+from cluster.machine import local_cpu_count, local_gpu_count
+from cluster.spec import BlobMount, ElasticSpec, local_spec
 from tests.conftest import REPO_ROOT
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
