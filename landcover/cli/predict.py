@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from landcover.errors import RegionError
 from landcover.options import overwrite_option, storage_options_option
 from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
 
@@ -99,7 +100,6 @@ def predict_command(
     storage_options: dict[str, Any],
 ) -> None:
     """Predict a land-cover map of a region from MODEL and IMAGES (paths, globs, az:// URLs)."""
-    from landcover.errors import RegionError
     from landcover.prediction.region import DEFAULT_REGION_CRS, parse_bbox, parse_region
     from landcover.prediction.runner import PredictConfig, predict_region
 

@@ -15,6 +15,7 @@ from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
 from tiling.errors import StoreCorruptError
 from tiling.store import StoreSummary, open_store
+from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, TilePlan, available_cores, plan_tiling, tile
 from tiling.urls import check_storage_options
 
@@ -53,7 +54,6 @@ def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None
 @click.option("--seed", type=int, default=0, show_default=True)
 def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     """Write synthetic NAIP-like scenes and Chesapeake labels to OUT_DIR."""
-    from tiling.synth import SynthConfig, synthesize_scenes
 
     result = synthesize_scenes(
         SynthConfig(out_dir=out_dir, scenes=scenes, size_px=size_px, seed=seed)

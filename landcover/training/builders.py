@@ -16,6 +16,7 @@ from torch import nn
 
 from landcover.data.shards import ShardDataset
 from landcover.errors import TrainingError
+from landcover.models.registry import build_model as build_registered
 from landcover.training.config import TrainConfig
 from landcover.training.distributed import (
     Collectives,
@@ -73,7 +74,6 @@ def build_model(
     config: TrainConfig, store: TrainingStore, device: torch.device, *, channels_last: bool
 ) -> nn.Module:
     """The model of `--model` on `device`, the same initial weights on every rank (seeded)."""
-    from landcover.models.registry import build_model as build_registered
 
     torch.manual_seed(config.seed)
     model = build_registered(
