@@ -113,6 +113,14 @@ def main(argv: list[str]) -> int:
                 "epoch_time_s": epoch_time_s,
                 "samples_per_s": world / epoch_time_s,
                 "threads_per_worker": args.threads,
+                # the other fields every metrics.jsonl record has (docs/CONTRACTS.md)
+                "load_time_s": 0.0,
+                "steps": 1,
+                "comm_bytes_per_step": 4.0,  # the one float32 all-reduced above
+                "compression": "none",
+                "block_momentum": False,
+                "batch_size": 1,
+                "device": "cpu",
                 "restart_count": restart_count,
                 "total": state["total"],
             }

@@ -13,7 +13,7 @@ import pytest
 from landcover.scaling.curves import ScalingReport, build_scaling_report
 from landcover.scaling.plots import projection_png, scaling_png
 from landcover.scaling.runs import load_runs
-from tests.landcover.scaling.test_runs import CPU, power_law_runs, write_run
+from tests.landcover.scaling.runfiles import CPU, power_law_runs, write_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -21,7 +21,7 @@ from landcover.scaling.report import (
     write_scaling_report,
 )
 from landcover.scaling.runs import load_runs
-from tests.landcover.scaling.test_runs import BATCH, CPU, only, power_law_runs, steps_for, write_run
+from tests.landcover.scaling.runfiles import BATCH, CPU, only, power_law_runs, steps_for, write_run
 
 GPU = "cuda: NVIDIA H100 80GB HBM3"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

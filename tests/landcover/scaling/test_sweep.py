@@ -29,7 +29,7 @@ from landcover.scaling.sweep import (
     spec_for_workers,
     summarize_metrics,
 )
-from tests.landcover.scaling.test_runs import metrics_line, write_run
+from tests.landcover.scaling.runfiles import metrics_line, write_run
 
 
 def test_worker_counts() -> None:
