@@ -1,5 +1,6 @@
-"""Training data in RAM: a worker's shard as tensors, its epoch batches with augmentation, and
-`normalise`, the one normalisation training and prediction share."""
+"""Training data in RAM: a worker's shard as tensors and its epoch batches (`shards`), the
+augmentation applied while a batch is gathered (`augment`), and `normalise`, the one
+normalisation training and prediction share (`normalise`)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,31 @@ from typing import TYPE_CHECKING
 from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from landcover.data.shards import (
-        Batch,
-        ShardDataset,
-        check_band_stats,
-        derive_seed,
-        normalise,
-    )
+    from landcover.data.augment import dihedral, gather_chips, random_ops
+    from landcover.data.normalise import check_band_stats, normalise
+    from landcover.data.shards import Batch, ShardDataset, derive_seed
 
-__all__ = ["Batch", "ShardDataset", "check_band_stats", "derive_seed", "normalise"]
+__all__ = [
+    "Batch",
+    "ShardDataset",
+    "check_band_stats",
+    "derive_seed",
+    "dihedral",
+    "gather_chips",
+    "normalise",
+    "random_ops",
+]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "Batch": "shards",
         "ShardDataset": "shards",
-        "check_band_stats": "shards",
         "derive_seed": "shards",
-        "normalise": "shards",
+        "dihedral": "augment",
+        "gather_chips": "augment",
+        "random_ops": "augment",
+        "check_band_stats": "normalise",
+        "normalise": "normalise",
     },
 )

@@ -3,8 +3,7 @@
 The shard is loaded once (`tiling.store.load_shard_into_memory`) and kept as one uint8 tensor
 (on the GPU when it fits). A batch is gathered from it chip by chip, each chip under a random
 flip/rot90 (the same for image and mask) and converted to float32 in the same strided copy,
-then normalised in place by `normalise`, the one function prediction calls too: `(x - mean) /
-std` per band, and 0 (the band mean) in every band where the pixel is not valid. No
+then normalised in place by `landcover.data.normalise`, the function prediction calls too. No
 DataLoader workers: producing a batch this way costs well under 1 % of a training step
 (benchmarks/bench_train.py), and no process pool means no copies of the shard.
 
@@ -23,7 +22,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from landcover.errors import LandcoverError, TrainingError
+from landcover.data.augment import gather_chips, random_ops
+from landcover.data.normalise import check_band_stats, normalise
+from landcover.errors import TrainingError
 
 
 def derive_seed(*parts: int) -> int:
@@ -47,54 +48,6 @@ def steps_per_epoch(shard_lengths: Sequence[int], batch_size: int) -> int:
 class Batch:
     images: torch.Tensor  # float (B, bands, C, C), normalised
     labels: torch.Tensor  # int64 (B, C, C), class codes, 0 = nodata
-
-
-def check_band_stats(
-    band_mean: Sequence[float],
-    band_std: Sequence[float],
-    *,
-    bands: int,
-    error: type[LandcoverError],
-    fix: str,
-    where: str = "",
-) -> None:
-    """Refuse band statistics that `normalise` cannot use: one mean and one std per band, every
-    std > 0. Raises `error` with a line that starts with `where` (a file, if any) and ends with
-    `fix`; training (the store's stats) and prediction (the model file's) both call this."""
-    prefix = f"{where}: " if where else ""
-    if len(band_mean) != bands or len(band_std) != bands:
-        raise error(
-            f"{prefix}band stats have {len(band_mean)} means and {len(band_std)} stds for "
-            f"{bands} bands; {fix}"
-        )
-    if any(not s > 0 for s in band_std):
-        raise error(f"{prefix}band std {list(band_std)} must be > 0; {fix}")
-
-
-def normalise(
-    pixels: torch.Tensor,
-    mean: torch.Tensor,
-    std: torch.Tensor,
-    *,
-    valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Pixels (n, bands, h, w) as the model sees them: float32 `(x - mean) / std` per band, and
-    exactly 0 (the band mean) in every band of each pixel that is not valid.
-
-    Training and prediction both call this, so a pixel without data looks the same to the model
-    in both. `mean` and `std` broadcast against the pixels ((1, bands, 1, 1)). `valid` is a bool
-    (n, h, w) mask; by default a pixel is valid when any band is non-zero, since the chip store
-    holds pixels without data as 0 in all four bands. uint8 pixels give a new tensor; float32
-    pixels (a fresh batch) are normalised in place, which saves a copy of the batch.
-    """
-    x = pixels if pixels.dtype == torch.float32 else pixels.to(torch.float32)
-    if valid is None:
-        valid = (x != 0).any(dim=1)
-    elif valid.shape != (x.shape[0], *x.shape[2:]):
-        raise ValueError(f"validity mask {tuple(valid.shape)} for pixels {tuple(x.shape)}")  # a bug
-    x.sub_(mean).div_(std)
-    # masked_fill, not a multiply: invalid pixels become +0.0 (a multiply leaves -0.0).
-    return x.masked_fill_(~valid.to(torch.bool).unsqueeze(1), 0.0)
 
 
 class ShardDataset:
@@ -218,55 +171,6 @@ class EpochBatches:
             batch = self.dataset.batch(indices, generator=self.generator if self.augment else None)
             self.data_time_s += time.perf_counter() - start
             yield batch
-
-
-def random_ops(n: int, generator: torch.Generator) -> list[int]:
-    """One of the 8 symmetries of the square (see `dihedral`) per chip."""
-    ops: list[int] = torch.randint(0, 8, (n,), generator=generator).tolist()
-    return ops
-
-
-def gather_chips(
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    indices: torch.Tensor,
-    ops: Sequence[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chips `indices` of uint8 images (n, b, C, C) and labels (n, C, C) as float32 images and
-    int64 labels; chip k under `dihedral(., ops[k])`, the same for image and mask.
-
-    With ops, one strided copy per chip straight from the shard into the batch, converting the
-    dtype on the way: a chip stays in cache while it is transposed, which measured ~15x faster
-    on CPU than whole-batch masked selects (`torch.where` per transform) and ~25 % faster than
-    gathering uint8 first and converting the batch after.
-    """
-    if ops is None:
-        where = indices.to(images.device)
-        return (
-            images.index_select(0, where).to(torch.float32),
-            labels.index_select(0, where).to(torch.int64),
-        )
-    if len(ops) != len(indices):
-        raise TrainingError(f"{len(ops)} augmentation ops for {len(indices)} chips")
-    n = len(ops)
-    out_images = torch.empty((n, *images.shape[1:]), dtype=torch.float32, device=images.device)
-    out_labels = torch.empty((n, *labels.shape[1:]), dtype=torch.int64, device=labels.device)
-    for slot, (chip, op) in enumerate(zip(indices.tolist(), ops, strict=True)):
-        out_images[slot].copy_(dihedral(images[chip], op))
-        out_labels[slot].copy_(dihedral(labels[chip], op))
-    return out_images, out_labels
-
-
-def dihedral(x: torch.Tensor, op: int) -> torch.Tensor:
-    """Element `op` (0..7) of the square's symmetry group on the last two axes: bit 2
-    transposes, bit 0 flips columns, bit 1 flips rows (0 is the identity). May be a view."""
-    if op & 4:
-        x = x.transpose(-2, -1)
-    if op & 1:
-        x = x.flip(-1)
-    if op & 2:
-        x = x.flip(-2)
-    return x
 
 
 def _as_uint8_tensor(array: npt.NDArray[np.uint8] | torch.Tensor, name: str) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from rasterio.errors import NotGeoreferencedWarning
 
-from landcover.data.shards import check_band_stats
+from landcover.data.normalise import check_band_stats
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.warnlog import warnings_logged

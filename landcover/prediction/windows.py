@@ -16,7 +16,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from landcover.data.shards import normalise
+from landcover.data.normalise import normalise
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout

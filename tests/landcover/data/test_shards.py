@@ -1,4 +1,4 @@
-"""The in-RAM shard dataset: batches, augmentation, normalisation, determinism."""
+"""The in-RAM shard dataset: batches, epochs, determinism, bad shards."""
 
 from __future__ import annotations
 
@@ -6,28 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from landcover.data.shards import (
-    ShardDataset,
-    check_band_stats,
-    derive_seed,
-    dihedral,
-    gather_chips,
-    random_ops,
-    steps_per_epoch,
-)
+from landcover.data.shards import ShardDataset, derive_seed, steps_per_epoch
 from landcover.errors import TrainingError
+from tests.landcover.data.chips import MEAN, STD, make_dataset
 from tiling.store import load_shard_into_memory, open_store
-
-MEAN = (100.0, 90.0, 80.0, 120.0)
-STD = (40.0, 30.0, 20.0, 50.0)
-
-
-def make_dataset(n: int = 23, chip: int = 12, seed: int = 0) -> ShardDataset:
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, (n, 4, chip, chip), dtype=np.uint8)
-    # Labels that are a function of the image, so a joint transform keeps them in register.
-    labels = (images[:, 0] % 5).astype(np.uint8)
-    return ShardDataset(images, labels, band_mean=MEAN, band_std=STD)
 
 
 def test_derive_seed_is_pure_and_mixes_every_part() -> None:
@@ -43,46 +25,6 @@ def test_steps_per_epoch_is_set_by_the_shortest_shard() -> None:
     assert steps_per_epoch([7, 8], 8) == 0
     with pytest.raises(TrainingError, match="batch size 0 must be >= 1"):
         steps_per_epoch([10], 0)
-
-
-def test_normalisation_is_prediction_arithmetic() -> None:
-    ds = make_dataset()
-    batch = ds.batch(torch.arange(5))
-    mean = np.array(MEAN, np.float32).reshape(1, 4, 1, 1)
-    std = np.array(STD, np.float32).reshape(1, 4, 1, 1)
-    expected = (ds.images[:5].numpy().astype(np.float32) - mean) / std
-    assert batch.images.dtype == torch.float32
-    np.testing.assert_array_equal(batch.images.numpy(), expected)
-    assert batch.labels.dtype == torch.int64
-    np.testing.assert_array_equal(batch.labels.numpy(), ds.labels[:5].numpy())
-
-
-def test_dihedral_ops_are_the_eight_symmetries_of_a_square() -> None:
-    x = torch.arange(16).view(4, 4)
-    results = {tuple(dihedral(x, op).flatten().tolist()) for op in range(8)}
-    a = x.numpy()
-    numpy_group = {tuple(np.rot90(m, k).flatten()) for m in (a, a.T) for k in range(4)}
-    assert results == numpy_group
-
-
-def test_augmentation_moves_image_and_mask_together() -> None:
-    ds = make_dataset()
-    indices = torch.tensor([4, 0, 22, 9, 9, 13, 2, 17])
-    ops = random_ops(len(indices), torch.Generator().manual_seed(3))
-    images, labels = gather_chips(ds.images, ds.labels, indices, ops)
-    assert images.dtype == torch.float32 and labels.dtype == torch.int64
-    assert torch.equal(labels, images[:, 0].to(torch.int64) % 5)
-    for slot, (chip, op) in enumerate(zip(indices.tolist(), ops, strict=True)):
-        assert torch.equal(images[slot], dihedral(ds.images[chip], op).float())
-    # Without ops: the chips as they are.
-    plain, _ = gather_chips(ds.images, ds.labels, indices)
-    assert torch.equal(plain, ds.images[indices].float())
-
-
-def test_every_symmetry_is_drawn() -> None:
-    ops = random_ops(200, torch.Generator().manual_seed(0))
-    assert set(ops) == set(range(8))
-    assert ops == random_ops(200, torch.Generator().manual_seed(0))
 
 
 def test_augmented_batches_are_normalised_like_plain_ones() -> None:
@@ -164,22 +106,6 @@ def test_zero_std_and_wrong_dtype_are_refused() -> None:
         ShardDataset(images.astype(np.float32), labels, band_mean=MEAN, band_std=STD)  # type: ignore[arg-type]
 
 
-def test_band_stats_check_names_the_file_and_the_fix() -> None:
-    """One check for the store's stats (training) and the model file's (prediction)."""
-    check_band_stats(MEAN, STD, bands=4, error=TrainingError, fix="re-tile the store")
-    with pytest.raises(
-        TrainingError, match=r"^m\.pt: band stats have 4 means and 3 stds for 4 bands; fix it$"
-    ):
-        check_band_stats(MEAN, STD[:3], bands=4, error=TrainingError, fix="fix it", where="m.pt")
-    with pytest.raises(TrainingError, match=r"band std \[1\.0, nan, 1\.0, 1\.0\] must be > 0"):
-        ShardDataset(
-            np.zeros((2, 4, 8, 8), np.uint8),
-            np.zeros((2, 8, 8), np.uint8),
-            band_mean=MEAN,
-            band_std=(1.0, float("nan"), 1.0, 1.0),
-        )
-
-
 def test_dataset_from_a_loaded_store_shard(tiny_store: str) -> None:
     summary = open_store(tiny_store).summary
     shard = load_shard_into_memory(tiny_store, rank=1, world_size=2, split="train")
@@ -193,58 +119,3 @@ def test_dataset_from_a_loaded_store_shard(tiny_store: str) -> None:
     # Band stats of the store normalise its own pixels to roughly zero mean, unit std.
     whole = ds.normalize(ds.images)
     assert whole.mean().abs() < 0.5 and 0.5 < whole.std() < 2.0
-
-
-def _chips_with_missing_pixels() -> tuple[np.ndarray, np.ndarray]:
-    """2 chips of 16 px; a corner without data (0 in all four bands, as the store holds it) and
-    a pixel that is 0 in three bands only (real data: it stays)."""
-    rng = np.random.default_rng(5)
-    images = rng.integers(1, 256, (2, 4, 16, 16), dtype=np.uint8)
-    images[0, :, :5, :7] = 0
-    images[1, :, 10:, 3:] = 0
-    images[1, :3, 2, 2] = 0
-    labels = np.where(images.any(axis=1), 1 + images[:, 0] % 4, 0).astype(np.uint8)
-    return images, labels
-
-
-def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> None:
-    """Training (ShardDataset batches, augmented or not) and prediction (`WindowRunner`, which
-    gets a validity mask from the mosaic) hand the model the same tensor for the same pixels:
-    0 in every band where there is no data, never (0 - mean) / std."""
-    from landcover.models.modelfile import ModelMeta
-    from landcover.prediction.blend import LogitBlender, WindowLayout
-    from landcover.prediction.windows import Block, WindowRunner
-    from tiling.classes import get_class_map
-
-    images, labels = _chips_with_missing_pixels()
-    ds = ShardDataset(images, labels, band_mean=MEAN, band_std=STD)
-    trained = ds.batch(torch.arange(2)).images
-    missing = torch.from_numpy(~images.any(axis=1))
-    assert missing.sum() == 5 * 7 + 6 * 13
-    assert torch.equal(trained.permute(1, 0, 2, 3)[:, missing], torch.zeros(4, int(missing.sum())))
-    assert trained[1, :, 2, 2].ne(0).all()  # 0 in three bands is data
-    augmented = ds.batch(torch.arange(2), generator=torch.Generator().manual_seed(0)).images
-    assert int((augmented == 0).all(dim=1).sum()) == int(missing.sum())
-
-    seen: list[torch.Tensor] = []
-
-    class Recorder(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            seen.append(x.clone())
-            return torch.zeros(x.shape[0], 5, *x.shape[2:])
-
-    meta = ModelMeta(
-        architecture="recorder",
-        class_map=get_class_map("chesapeake7to5"),  # 5 codes
-        band_names=("red", "green", "blue", "nir"),
-        band_mean=MEAN,
-        band_std=STD,
-        chip_size=16,
-        resolution_m=1.0,
-    )
-    layout = WindowLayout.over(16, 16, size=16, overlap=0)
-    runner = WindowRunner(Recorder(), meta, layout, batch_size=16, where="m.pt", device="cpu")
-    for chip in range(2):
-        block = Block(images[chip], images[chip].any(axis=0), 0, 0, 0, 0, 16, 16)
-        runner.run(block, [(0, 0)], LogitBlender(layout, 5, 0, 0, 16, 16))
-    assert torch.equal(torch.cat(seen), trained)
