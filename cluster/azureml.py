@@ -306,8 +306,9 @@ def check_credentials(timeout_s: float = TOKEN_TIMEOUT_S) -> Any:
         )
     error = outcome["error"]
     if error is not None:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise EngineUnavailableError(f"Azure credentials failed ({first}): {LOGIN_HINT}")
+        raise EngineUnavailableError(
+            f"Azure credentials failed ({_first_line(error)}): {LOGIN_HINT}"
+        )
     return credential
 
 
@@ -339,36 +340,31 @@ def _submit(plan: AzureMLPlan, options: LaunchOptions) -> LaunchResult:
         name = str(submitted.name)
         url = getattr(submitted, "studio_url", None)
         logger.info("submitted Azure ML job %s: %s", name, url)
-        if not options.wait:
-            return LaunchResult(
-                engine="azureml",
-                job_id=name,
-                status="submitted",
-                run_dir=None,
-                log_location=url,
-                wall_time_s=time.monotonic() - started,
-                url=url,
-            )
-        client.jobs.stream(name)
-        status = str(client.jobs.get(name).status)
-        if status != "Completed":
-            raise LaunchError(f"Azure ML job {name} ended {status}; logs: {url}")
-        run_dir = None
-        output = next(iter(plan.job.outputs.items()), None)
-        if output is not None and not is_url(output[1]):
-            run_dir = _download_output(client, name, output[0], Path(output[1]))
+        run_dir = _await_job(client, plan, name, url) if options.wait else None
     except AzureError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LaunchError(redact(f"Azure ML refused the request: {first}")) from None
+        raise LaunchError(redact(f"Azure ML refused the request: {_first_line(exc)}")) from None
     return LaunchResult(
         engine="azureml",
         job_id=name,
-        status="succeeded",
+        status="succeeded" if options.wait else "submitted",
         run_dir=run_dir,
         log_location=url,
         wall_time_s=time.monotonic() - started,
         url=url,
     )
+
+
+def _await_job(client: Any, plan: AzureMLPlan, name: str, url: str | None) -> str | None:
+    """Stream job `name`'s logs until it ends; LaunchError unless it completed. Its output,
+    when that is a local path, is downloaded there (the run directory returned)."""
+    client.jobs.stream(name)
+    status = str(client.jobs.get(name).status)
+    if status != "Completed":
+        raise LaunchError(f"Azure ML job {name} ended {status}; logs: {url}")
+    output = next(iter(plan.job.outputs.items()), None)
+    if output is None or is_url(output[1]):
+        return None
+    return _download_output(client, name, output[0], Path(output[1]))
 
 
 def _download_output(client: Any, name: str, output: str, out: Path) -> str:
@@ -383,3 +379,9 @@ def _download_output(client: Any, name: str, output: str, out: Path) -> str:
             raise LaunchError(f"{out} exists; the run of job {name} stays in Azure ML")
         shutil.move(str(source), str(out))
     return str(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's first line, else its type's name: Azure SDK messages run to pages."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

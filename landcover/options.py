@@ -1,11 +1,12 @@
 """Click options and parameter types shared by the commands and by `TrainConfig` (which
 generates the training options): JSON objects, storage options and their worker environment,
---overwrite."""
+--overwrite, an output directory (--out DIR) and a cluster.json (--cluster)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -70,3 +71,37 @@ def storage_options_env(storage_options: Mapping[str, Any]) -> dict[str, str]:
 def overwrite_option(f: F) -> F:
     """`--overwrite`: replace existing output (never done silently)."""
     return click.option("--overwrite", is_flag=True, help="Replace existing output.")(f)
+
+
+def out_dir_option(
+    help: str, *, required: bool = False, default: str | None = None
+) -> Callable[[F], F]:
+    """`--out DIR` (parameter `out_dir`, a Path): the directory a command writes into."""
+    return _path_option(
+        "--out", "out_dir", help, directory=True, required=required, default=default
+    )
+
+
+def cluster_json_option(help: str) -> Callable[[F], F]:
+    """`--cluster FILE` (parameter `cluster_json`, a Path or None): the cluster.json to run on."""
+    return _path_option("--cluster", "cluster_json", help, directory=False)
+
+
+def _path_option(
+    flag: str,
+    name: str,
+    help: str,
+    *,
+    directory: bool,
+    required: bool = False,
+    default: str | None = None,
+) -> Callable[[F], F]:
+    return click.option(
+        flag,
+        name,
+        type=click.Path(file_okay=not directory, dir_okay=directory, path_type=Path),
+        required=required,
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )

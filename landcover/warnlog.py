@@ -10,11 +10,17 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol, TextIO
+from dataclasses import dataclass
+from typing import TextIO
 
 
-class ShowWarning(Protocol):
-    """The signature of `warnings.showwarning`."""
+@dataclass(frozen=True, slots=True)
+class WarningLogger:
+    """A `warnings.showwarning` replacement that logs `Category: first line of the message`
+    at WARNING, plus `(file:line)` when `verbose`."""
+
+    logger: logging.Logger
+    verbose: bool = False
 
     def __call__(
         self,
@@ -24,26 +30,10 @@ class ShowWarning(Protocol):
         lineno: int,
         file: TextIO | None = None,
         line: str | None = None,
-    ) -> None: ...
-
-
-def warning_logger(logger: logging.Logger, *, verbose: bool = False) -> ShowWarning:
-    """A `warnings.showwarning` replacement that logs `Category: first line of the message`
-    at WARNING, plus `(file:line)` when `verbose`."""
-
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
     ) -> None:
         text = next((part for part in str(message).splitlines() if part.strip()), "")
-        where = f" ({filename}:{lineno})" if verbose else ""
-        logger.warning("%s: %s%s", category.__name__, text.strip(), where)
-
-    return show
+        where = f" ({filename}:{lineno})" if self.verbose else ""
+        self.logger.warning("%s: %s%s", category.__name__, text.strip(), where)
 
 
 @contextmanager
@@ -55,5 +45,5 @@ def warnings_logged(
     with warnings.catch_warnings():
         for category in ignore:
             warnings.simplefilter("ignore", category)
-        warnings.showwarning = warning_logger(logger)
+        warnings.showwarning = WarningLogger(logger)
         yield

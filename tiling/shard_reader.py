@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,16 +174,17 @@ class ShardReader:
                 keys = [lay.key(name, k) for name, _ in targets for k in batch]
                 objects = dict(zip(keys, fetch(lay, keys), strict=True))
                 bytes_read += sum(len(v) for v in objects.values() if v is not None)
-                jobs: list[Callable[[], None]] = []
+                decoding: list[Future[None]] = []
                 for k in batch:
                     lo, hi = np.searchsorted(shard_of, [k, k + 1])
                     rows = sorted_ids[lo:hi] - k * lay.shard_size
                     positions = order[lo:hi]
                     for name, out in targets:
-                        jobs.append(
-                            _job(self, name, k, objects[lay.key(name, k)], rows, positions, out)
+                        data = objects[lay.key(name, k)]
+                        decoding.append(
+                            pool.submit(self.decode_rows, name, k, data, rows, positions, out)
                         )
-                for future in [pool.submit(job) for job in jobs]:
+                for future in decoding:
                     future.result()
         return images, labels, bytes_read
 
@@ -224,18 +225,6 @@ class ShardReader:
             except ChunkChecksumError as exc:
                 chip = k * lay.shard_size + row
                 raise lay.damaged(name, k, f"corrupt: chip {chip}: {exc}") from None
-
-
-def _job(
-    reader: ShardReader,
-    name: str,
-    k: int,
-    data: bytes | None,
-    rows: npt.NDArray[np.int64],
-    positions: npt.NDArray[np.int64],
-    out: npt.NDArray[np.uint8],
-) -> Callable[[], None]:
-    return lambda: reader.decode_rows(name, k, data, rows, positions, out)
 
 
 def missing_objects(layout: StoreLayout) -> list[str]:

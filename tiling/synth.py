@@ -218,15 +218,22 @@ def _check_no_foreign_rasters(folder: Path, ours: Sequence[Path]) -> None:
 
 
 @contextmanager
-def _create_geotiff(path: Path, **profile: Any) -> Iterator[DatasetWriter]:
-    """A tiled, deflated GeoTIFF open for writing under a temporary name, renamed to `path`
-    only once it is complete and closed."""
+def _create_geotiff(
+    path: Path, like: npt.NDArray[np.uint8], **profile: Any
+) -> Iterator[DatasetWriter]:
+    """A tiled, deflated GeoTIFF shaped like `like` ((bands, rows, cols) or (rows, cols)), open
+    for writing under a temporary name, renamed to `path` only once it is complete and closed."""
+    count, height, width = like.shape if like.ndim == 3 else (1, *like.shape)
     with (
         replaced_when_done(path) as tmp,
         rasterio.open(
             tmp,
             "w",
             driver="GTiff",
+            width=width,
+            height=height,
+            count=count,
+            dtype=like.dtype.name,
             tiled=True,
             blockxsize=BLOCK_PX,
             blockysize=BLOCK_PX,
@@ -244,10 +251,7 @@ def _write_image(
 ) -> None:
     with _create_geotiff(
         path,
-        width=image.shape[2],
-        height=image.shape[1],
-        count=4,
-        dtype="uint8",
+        image,
         crs=crs,
         transform=transform,
         nodata=IMAGE_NODATA,
@@ -283,10 +287,7 @@ def _write_labels(
         labels, transform = _reproject_labels(padded, padded_transform, crs, label_crs, size)
     with _create_geotiff(
         path,
-        width=labels.shape[1],
-        height=labels.shape[0],
-        count=1,
-        dtype="uint8",
+        labels,
         crs=crs if label_crs is None else label_crs,
         transform=transform,
         nodata=LABEL_NODATA,

@@ -33,7 +33,7 @@ import click
 
 from cluster.errors import ClusterError
 from landcover.errors import LandcoverError
-from landcover.warnlog import warning_logger
+from landcover.warnlog import WarningLogger
 from tiling.errors import TilingError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (TilingError, LandcoverError, ClusterError)
@@ -102,7 +102,7 @@ def log_warnings(*, verbose: bool) -> None:
     """Send `warnings.warn` through the `py.warnings` logger as one line each (the file and
     line too with `verbose`). Like logging.captureWarnings, lasts until the interpreter exits
     (or a warnings.catch_warnings block ends)."""
-    warnings.showwarning = warning_logger(logging.getLogger("py.warnings"), verbose=verbose)
+    warnings.showwarning = WarningLogger(logging.getLogger("py.warnings"), verbose=verbose)
 
 
 def _stdout_reader_gone() -> bool:

@@ -22,7 +22,7 @@ from cluster.engine import Job, LaunchOptions, launch_plan, plan_job, write_plan
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
 from landcover.errors import TrainingError
-from landcover.options import overwrite_option
+from landcover.options import cluster_json_option, out_dir_option, overwrite_option
 from landcover.scaling.sweep import (
     SweepConfig,
     SweepRun,
@@ -108,13 +108,9 @@ def cluster_group() -> None:
 
 @cluster_group.command("plan", context_settings=_PASS_THROUGH)
 @click.argument("cluster_json", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Also write the plan's files here (torchrun.sh, job.yaml + compute.yaml, or "
-    "pytorchjob.yaml), secrets redacted.",
+@out_dir_option(
+    "Also write the plan's files here (torchrun.sh, job.yaml + compute.yaml, or "
+    "pytorchjob.yaml), secrets redacted."
 )
 @overwrite_option
 @_entry_module_option
@@ -192,20 +188,10 @@ def launch_command(
 @click.argument("store")
 @click.option("--workers", "workers_text", required=True, help="Worker counts, e.g. 1,2,4.")
 @click.option("--epochs", type=click.IntRange(min=1), required=True, help="Epochs per run.")
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Sweep directory: one run dir per worker count (workers-N) and sweep.json.",
+@out_dir_option(
+    "Sweep directory: one run dir per worker count (workers-N) and sweep.json.", required=True
 )
-@click.option(
-    "--cluster",
-    "cluster_json",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="cluster.json to run on (default: this machine, one node, N processes).",
-)
+@cluster_json_option("cluster.json to run on (default: this machine, one node, N processes).")
 @click.option(
     "--overwrite", is_flag=True, help="Redo every run (default: reuse the finished ones)."
 )

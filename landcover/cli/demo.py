@@ -7,17 +7,14 @@ from pathlib import Path
 import click
 
 from landcover.demo import DemoConfig, run_demo
+from landcover.options import cluster_json_option, out_dir_option
 
 
 @click.command("demo")
-@click.option(
-    "--out",
-    "out_dir",
-    default="demo-output",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Output directory. The demo writes only its own names in it (listed in its "
+@out_dir_option(
+    "Output directory. The demo writes only its own names in it (listed in its "
     "demo.json); a rerun replaces what an earlier demo wrote there and keeps everything else.",
+    default="demo-output",
 )
 @click.option(
     "--scenes",
@@ -29,13 +26,9 @@ from landcover.demo import DemoConfig, run_demo
 @click.option("--size", "size_px", default=1024, show_default=True, type=click.IntRange(min=256))
 @click.option("--epochs", default=6, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option(
-    "--cluster",
-    "cluster_json",
-    default=None,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="cluster.json for the training runs [default: ./cluster.json when there is one, "
-    "else this machine].",
+@cluster_json_option(
+    "cluster.json for the training runs [default: ./cluster.json when there is one, "
+    "else this machine]."
 )
 @click.option(
     "--accuracy-floor",

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from landcover.options import overwrite_option
+from landcover.options import out_dir_option, overwrite_option
 from landcover.scaling.projection import DEFAULT_NETWORK, parse_network
 from landcover.scaling.report import (
     DEFAULT_PROJECT_TO,
@@ -49,13 +49,7 @@ def report_group() -> None:
 
 @report_group.command("scaling")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Directory for report.md, report.html and the PNG plots.",
-)
+@out_dir_option("Directory for report.md, report.html and the PNG plots.", required=True)
 @click.option(
     "--project-to",
     type=WorkerCounts(),

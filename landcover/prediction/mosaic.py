@@ -11,6 +11,7 @@ tagged ALPHA keep NIR as data.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,32 @@ from tiling.grid import aligned_offset
 from tiling.reader import RasterReader
 from tiling.sources import RasterInfo
 
-__all__ = ["read_mosaic", "read_source_onto"]
+__all__ = ["GridRect", "Pixels", "read_mosaic", "read_source_onto"]
 
 # Extra source pixels read around a warped window, for the resampling kernel.
 _WARP_MARGIN_PX = 3
+
+# (bands, height, width) values and the (height, width) mask of the pixels with data
+Pixels = tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]
+
+
+@dataclass(frozen=True, slots=True)
+class GridRect:
+    """A rectangle of an output grid in grid pixels; it may extend past the grid."""
+
+    grid: OutputGrid
+    row_off: int
+    col_off: int
+    height: int
+    width: int
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        return self.grid.window_bounds(self.row_off, self.col_off, self.height, self.width)
+
+    @property
+    def transform(self) -> Affine:
+        return self.grid.window_transform(self.row_off, self.col_off)
 
 
 def read_mosaic(
@@ -42,23 +65,24 @@ def read_mosaic(
     col_off: int,
     height: int,
     width: int,
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+) -> Pixels:
     """Pixels of the rectangle (may extend past the grid) from the sources, first one wins.
 
     Returns (bands, height, width) values and a (height, width) mask of the pixels a source
     covers with data. Imagery is warped with `average` where the source is finer than the
     grid and `bilinear` where it is coarser.
     """
-    rect = box(*plan.grid.window_bounds(row_off, col_off, height, width))
+    rect = GridRect(plan.grid, row_off, col_off, height, width)
+    area = box(*rect.bounds)
     bands = max(s.count for s in plan.sources)
     data = np.zeros((bands, height, width), dtype=np.uint8)
     valid = np.zeros((height, width), dtype=bool)
     for source, outline in zip(plan.sources, plan.footprints, strict=True):
         if valid.all():
             break
-        if not outline.intersects(rect):
+        if not outline.intersects(area):
             continue
-        got = read_source_onto(reader, source, plan.grid, row_off, col_off, height, width)
+        got = read_source_onto(reader, source, rect)
         if got is None:
             continue
         values, covered = got
@@ -68,33 +92,20 @@ def read_mosaic(
     return data, valid
 
 
-def read_source_onto(
-    reader: RasterReader,
-    source: RasterInfo,
-    grid: OutputGrid,
-    row_off: int,
-    col_off: int,
-    height: int,
-    width: int,
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
-    """One source's pixels on a rectangle of `grid`, with the mask of pixels it covers."""
-    offset = _aligned_offset(source, grid)
+def read_source_onto(reader: RasterReader, source: RasterInfo, rect: GridRect) -> Pixels | None:
+    """One source's pixels on a rectangle of the output grid, with the mask of pixels it covers."""
+    offset = _aligned_offset(source, rect.grid)
     if offset is not None:
-        return _read_aligned(reader, source, offset, row_off, col_off, height, width)
-    return _read_warped(reader, source, grid, row_off, col_off, height, width)
+        return _read_aligned(reader, source, offset, rect)
+    return _read_warped(reader, source, rect)
 
 
 def _read_aligned(
-    reader: RasterReader,
-    source: RasterInfo,
-    offset: tuple[int, int],
-    row_off: int,
-    col_off: int,
-    height: int,
-    width: int,
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
-    src_row0 = row_off + offset[0]
-    src_col0 = col_off + offset[1]
+    reader: RasterReader, source: RasterInfo, offset: tuple[int, int], rect: GridRect
+) -> Pixels | None:
+    height, width = rect.height, rect.width
+    src_row0 = rect.row_off + offset[0]
+    src_col0 = rect.col_off + offset[1]
     r0, r1 = max(src_row0, 0), min(src_row0 + height, source.height)
     c0, c1 = max(src_col0, 0), min(src_col0 + width, source.width)
     if r0 >= r1 or c0 >= c1:
@@ -108,18 +119,10 @@ def _read_aligned(
     return values, covered
 
 
-def _read_warped(
-    reader: RasterReader,
-    source: RasterInfo,
-    grid: OutputGrid,
-    row_off: int,
-    col_off: int,
-    height: int,
-    width: int,
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
-    dst_bounds = grid.window_bounds(row_off, col_off, height, width)
+def _read_warped(reader: RasterReader, source: RasterInfo, rect: GridRect) -> Pixels | None:
+    grid, height, width = rect.grid, rect.height, rect.width
     try:
-        src_bounds = transform_bounds(grid.crs, source.crs, *dst_bounds, densify_pts=21)
+        src_bounds = transform_bounds(grid.crs, source.crs, *rect.bounds, densify_pts=21)
     except Exception:  # the rectangle reaches outside the source CRS's domain
         return None
     if not all(math.isfinite(v) for v in src_bounds):
@@ -136,7 +139,7 @@ def _read_warped(
     common: dict[str, Any] = {
         "src_transform": source.transform @ Affine.translation(c0, r0),
         "src_crs": source.crs,
-        "dst_transform": grid.window_transform(row_off, col_off),
+        "dst_transform": rect.transform,
         "dst_crs": grid.crs,
     }
     values = np.zeros((source.count, height, width), dtype=np.uint8)

@@ -1,7 +1,7 @@
 """`TrainConfig`: every option of a training run, identical on every rank, and the one
 definition of those options.
 
-Each field declares its command-line flag and help (`_flag`); its type gives the kind of value
+Each field declares its command-line flag and help (`_option`); its type gives the kind of value
 and, for a `Literal`, the choices. From that one table come the click options of `landcover
 train` and of the worker (`train_options`), the checks (`TrainConfig.__post_init__`), the argv
 that gives a worker this configuration (`to_argv`) and the parse of such an argv (`from_argv`,
@@ -39,6 +39,7 @@ DEFAULT_LR: Mapping[str, float] = {"adamw": 2e-3, "sgd": 0.02}
 WORKER_PROG = "python -m landcover.training"
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,11 @@ def _flag(name: str, help: str | None = None, *, off: str | None = None) -> dict
     return {"flag": Flag(name, help, off)}
 
 
+def _option(flag: str, default: T, help: str | None = None, *, off: str | None = None) -> T:
+    """A field with a default, written on a command line as `flag` (see `Flag`)."""
+    return field(default=default, metadata=_flag(flag, help, off=off))
+
+
 _BMUF = "BMUF: "
 
 
@@ -69,125 +75,88 @@ class TrainConfig:
 
     store_url: str = field(metadata=_flag("STORE"))
     out_dir: str = field(metadata=_flag("--out", "Run directory (RUN_DIR)."))
-    model: str = field(
-        default="small_unet",
-        metadata=_flag("--model", "Model registry name (landcover.models.registry.available())."),
+    model: str = _option(
+        "--model", "small_unet", "Model registry name (landcover.models.registry.available())."
     )
-    pretrained: Pretrained | None = field(
-        default=None,
-        metadata=_flag(
-            "--pretrained", "Start the encoder from ImageNet weights (needs the torch hub cache)."
-        ),
+    pretrained: Pretrained | None = _option(
+        "--pretrained", None, "Start the encoder from ImageNet weights (needs the torch hub cache)."
     )
-    epochs: int = field(default=10, metadata=_flag("--epochs"))
-    batch_size: int = field(
-        default=16, metadata=_flag("--batch-size", "Chips per step per worker.")
+    epochs: int = _option("--epochs", 10)
+    batch_size: int = _option("--batch-size", 16, "Chips per step per worker.")
+    lr: float | None = _option(
+        "--lr",
+        None,  # DEFAULT_LR of the optimizer
+        "Base learning rate (default 2e-3 adamw, 0.02 sgd), scaled by the world size per "
+        "--lr-scaling, linear warm-up then cosine decay.",
     )
-    lr: float | None = field(
-        default=None,
-        metadata=_flag(
-            "--lr",
-            "Base learning rate (default 2e-3 adamw, 0.02 sgd), scaled by the world size per "
-            "--lr-scaling, linear warm-up then cosine decay.",
-        ),
-    )  # None: DEFAULT_LR of the optimizer
-    lr_scaling: LrScaling = field(
-        default="linear",
-        metadata=_flag(
-            "--lr-scaling", "How the base lr grows with the number of workers (not with BMUF)."
-        ),
+    lr_scaling: LrScaling = _option(
+        "--lr-scaling",
+        "linear",
+        "How the base lr grows with the number of workers (not with BMUF).",
     )
-    warmup_epochs: float = field(default=1.0, metadata=_flag("--warmup-epochs"))
-    weight_decay: float = field(default=1e-4, metadata=_flag("--weight-decay"))
-    optimizer: Optimizer = field(default="adamw", metadata=_flag("--optimizer"))
-    loss: Loss = field(
-        default="ce", metadata=_flag("--loss", "Cross-entropy ignoring nodata, optionally + Dice.")
+    warmup_epochs: float = _option("--warmup-epochs", 1.0)
+    weight_decay: float = _option("--weight-decay", 1e-4)
+    optimizer: Optimizer = _option("--optimizer", "adamw")
+    loss: Loss = _option("--loss", "ce", "Cross-entropy ignoring nodata, optionally + Dice.")
+    class_weights: ClassWeights = _option(
+        "--class-weights", "auto", "auto: median-frequency weights from the store's class counts."
     )
-    class_weights: ClassWeights = field(
-        default="auto",
-        metadata=_flag(
-            "--class-weights", "auto: median-frequency weights from the store's class counts."
-        ),
+    augment: bool = _option(
+        "--augment", True, "Random flips and 90-degree rotations.", off="--no-augment"
     )
-    augment: bool = field(
-        default=True,
-        metadata=_flag("--augment", "Random flips and 90-degree rotations.", off="--no-augment"),
+    seed: int = _option("--seed", 0)
+    patience: int | None = _option(
+        "--patience", None, "Stop after this many epochs without a better val mIoU."
     )
-    seed: int = field(default=0, metadata=_flag("--seed"))
-    patience: int | None = field(
-        default=None,
-        metadata=_flag("--patience", "Stop after this many epochs without a better val mIoU."),
+    resume: bool = _option(
+        "--resume", False, "Continue from RUN_DIR/checkpoints/last.pt (fresh start if none)."
     )
-    resume: bool = field(
-        default=False,
-        metadata=_flag(
-            "--resume", "Continue from RUN_DIR/checkpoints/last.pt (fresh start if none)."
-        ),
+    overwrite: bool = _option("--overwrite", False, "Replace existing output.")
+    device: Device = _option("--device", "auto")
+    amp: bool | None = _option(
+        "--amp", None, "bf16 autocast (default: on for CUDA, off on CPU).", off="--no-amp"
     )
-    overwrite: bool = field(
-        default=False, metadata=_flag("--overwrite", "Replace existing output.")
-    )
-    device: Device = field(default="auto", metadata=_flag("--device"))
-    amp: bool | None = field(
-        default=None,
-        metadata=_flag(
-            "--amp", "bf16 autocast (default: on for CUDA, off on CPU).", off="--no-amp"
-        ),
-    )
-    threads: int | None = field(
-        default=None,
-        metadata=_flag("--threads", "Torch threads per worker (default: cores / local workers)."),
+    threads: int | None = _option(
+        "--threads", None, "Torch threads per worker (default: cores / local workers)."
     )
     # never in an argv: workers read them from their environment (see the module docstring)
     storage_options: Mapping[str, Any] = field(
         default_factory=dict, metadata=_flag("--storage-options")
     )
-    compression: str = field(
-        default="none",
-        metadata=_flag(
-            "--compression", "DDP gradient compression: none, fp16, bf16, powersgd[:RANK], onebit."
-        ),
+    compression: str = _option(
+        "--compression",
+        "none",
+        "DDP gradient compression: none, fp16, bf16, powersgd[:RANK], onebit.",
     )
-    block_momentum: bool = field(
-        default=False,
-        metadata=_flag(
-            "--block-momentum", "BMUF: local steps, then a block-level model average with momentum."
-        ),
+    block_momentum: bool = _option(
+        "--block-momentum",
+        False,
+        "BMUF: local steps, then a block-level model average with momentum.",
     )
-    block_size: int = field(
-        default=8, metadata=_flag("--block-size", _BMUF + "local steps per block.")
+    block_size: int = _option("--block-size", 8, _BMUF + "local steps per block.")
+    block_momentum_value: float | None = _option(
+        "--block-momentum-value", None, "BMUF block momentum (default 1 - 1/workers)."
     )
-    block_momentum_value: float | None = field(
-        default=None,
-        metadata=_flag("--block-momentum-value", "BMUF block momentum (default 1 - 1/workers)."),
+    block_lr: float = _option("--block-lr", 1.0, "BMUF block learning rate.")
+    nesterov: bool = _option(
+        "--nesterov", True, _BMUF + "Nesterov-style block momentum.", off="--no-nesterov"
     )
-    block_lr: float = field(default=1.0, metadata=_flag("--block-lr", "BMUF block learning rate."))
-    nesterov: bool = field(
-        default=True,
-        metadata=_flag("--nesterov", _BMUF + "Nesterov-style block momentum.", off="--no-nesterov"),
+    reset_local_momentum: bool = _option(
+        "--reset-local-momentum",
+        True,
+        _BMUF + "zero each worker's optimizer momentum after every block end.",
+        off="--keep-local-momentum",
     )
-    reset_local_momentum: bool = field(
-        default=True,
-        metadata=_flag(
-            "--reset-local-momentum",
-            _BMUF + "zero each worker's optimizer momentum after every block end.",
-            off="--keep-local-momentum",
-        ),
+    allow_incomplete: bool = _option(
+        "--allow-incomplete",
+        False,
+        "Train on a store whose tiling was interrupted (default: refuse it).",
     )
-    allow_incomplete: bool = field(
-        default=False,
-        metadata=_flag(
-            "--allow-incomplete",
-            "Train on a store whose tiling was interrupted (default: refuse it).",
-        ),
-    )
-    sync_bn: bool = field(
-        default=False,
-        metadata=_flag(
-            "--sync-bn",
-            "SyncBatchNorm: normalise with the whole step's batch statistics (CUDA only; without "
-            "it, BatchNorm statistics are averaged over the workers after every epoch).",
-        ),
+    sync_bn: bool = _option(
+        "--sync-bn",
+        False,
+        "SyncBatchNorm: normalise with the whole step's batch statistics (CUDA only; without "
+        "it, BatchNorm statistics are averaged over the workers after every epoch).",
     )
 
     def __post_init__(self) -> None:

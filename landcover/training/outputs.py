@@ -64,6 +64,8 @@ def epoch_record(
     steps, world_size = data.steps, place.env.world_size
     samples = steps * config.batch_size * world_size
     meter, scores = sync.meter, validation.scores
+    samples_per_s = samples / stats.epoch_time_s
+    step_time_s = stats.epoch_time_s / steps
     record = EpochRecord(
         epoch=epoch,
         world_size=world_size,
@@ -79,9 +81,9 @@ def epoch_record(
         val_miou=scores.miou,
         val_accuracy=scores.accuracy,
         per_class_iou=scores.per_class_iou,
-        samples_per_s=samples / stats.epoch_time_s,
+        samples_per_s=samples_per_s,
         pixels_per_s=samples * data.train.chip_size**2 / stats.epoch_time_s,
-        step_time_s=stats.epoch_time_s / steps,
+        step_time_s=step_time_s,
         data_time_s=stats.data_time_s,
         steps=steps,
         comm_bytes_per_step=float(meter.bytes_per_step()) if meter is not None else 0.0,
@@ -96,7 +98,6 @@ def epoch_record(
         lr=lr,  # of the epoch's last step
         time=utc_now(),
     )
-    step_time_s = stats.epoch_time_s / steps
     logger.info(
         "epoch %d/%d: train loss %.4f, val loss %.4f, val mIoU %.4f, accuracy %.4f; "
         "%.2f s (%d steps, %.3f s/step, data %.2f%%), %.0f samples/s",
@@ -110,7 +111,7 @@ def epoch_record(
         steps,
         step_time_s,
         100 * stats.data_time_s / max(step_time_s, 1e-12),
-        samples / stats.epoch_time_s,
+        samples_per_s,
     )
     return record
 

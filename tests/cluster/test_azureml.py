@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from cluster import azureml
 from cluster.azureml import AzureMLEngine, AzureMLPlan, credential_sources, input_path_for
 from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import LaunchOptions, launch_plan, plan_job, write_plan_files
-from cluster.errors import ClusterError, EngineUnavailableError
+from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
 from cluster.spec import ClusterSpec
 from tests.cluster.fake_worker import fake_job
 
@@ -231,3 +232,64 @@ def test_engine_refuses_another_engines_plan() -> None:
     local_plan = plan_job(parse_cluster_spec({"targetNodeCount": 1}), fake_job("s", "r"))
     with pytest.raises(TypeError, match="cannot launch a local plan"):
         AzureMLEngine().launch(local_plan, LaunchOptions())
+
+
+class _FakeJobs:
+    """`MLClient.jobs`: one job, `job-1`, that ends with `status`; its output downloads as
+    `named-outputs/<name>/metrics.jsonl`."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+        self.streamed: list[str] = []
+
+    def create_or_update(self, job: Any) -> Any:
+        return SimpleNamespace(name="job-1", studio_url="https://ml.azure.com/runs/job-1")
+
+    def stream(self, name: str) -> None:
+        self.streamed.append(name)
+
+    def get(self, name: str) -> Any:
+        return SimpleNamespace(status=self.status)
+
+    def download(self, name: str, *, download_path: str, output_name: str) -> None:
+        named = Path(download_path) / "named-outputs" / output_name
+        named.mkdir(parents=True)
+        (named / "metrics.jsonl").write_text("{}\n")
+
+
+def _fake_client(monkeypatch: pytest.MonkeyPatch, status: str) -> _FakeJobs:
+    import azure.ai.ml
+
+    jobs = _FakeJobs(status)
+    compute = SimpleNamespace(begin_create_or_update=lambda c: SimpleNamespace(result=lambda: c))
+    client = SimpleNamespace(jobs=jobs, compute=compute)
+    monkeypatch.setattr(azure.ai.ml, "MLClient", lambda *args: client)
+    monkeypatch.setattr(azureml, "check_credentials", lambda: object())
+    return jobs
+
+
+def test_submission_returns_at_once_or_waits_and_fetches_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    plan = plan_job(aml_spec(), fake_job("az://chips/a.zarr", str(out)))
+    jobs = _fake_client(monkeypatch, "Completed")
+    submitted = launch_plan(plan, LaunchOptions())
+    assert (submitted.engine, submitted.job_id, submitted.status) == (
+        "azureml",
+        "job-1",
+        "submitted",
+    )
+    assert submitted.run_dir is None and jobs.streamed == [] and not out.exists()
+    assert submitted.url == submitted.log_location == "https://ml.azure.com/runs/job-1"
+
+    done = launch_plan(plan, LaunchOptions(wait=True))
+    assert (done.status, done.run_dir, jobs.streamed) == ("succeeded", str(out), ["job-1"])
+    assert (out / "metrics.jsonl").read_text() == "{}\n"
+
+    _fake_client(monkeypatch, "Failed")
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan, LaunchOptions(wait=True))
+    assert (
+        str(info.value) == "Azure ML job job-1 ended Failed; logs: https://ml.azure.com/runs/job-1"
+    )
