@@ -84,6 +84,11 @@ class KubernetesSection(_Model):
     memory: StrictStr | None = None
 
 
+class NetworkSection(_Model):
+    bandwidth: StrictStr | None = None
+    latency: StrictStr | None = None
+
+
 class CommonSection(_Model):
     name: StrictStr = "landcover"
     engine: EngineName = "local"
@@ -92,6 +97,7 @@ class CommonSection(_Model):
     data: DataSection = Field(default_factory=DataSection)
     azureml: AzureMLSection | None = None
     kubernetes: KubernetesSection | None = None
+    network: NetworkSection | None = None
 
 
 class FlatFile(CommonSection):
@@ -164,6 +170,7 @@ _KNOWN_KEYS = sorted(
         *(f.alias or n for n, f in DataSection.model_fields.items()),
         *(f.alias or n for n, f in AzureMLSection.model_fields.items()),
         *(f.alias or n for n, f in KubernetesSection.model_fields.items()),
+        *(f.alias or n for n, f in NetworkSection.model_fields.items()),
         "manual",
         "autoScale",
     }
