@@ -47,10 +47,8 @@ _IDLE_TIMEOUT_S = 30.0
 _STOP_GRACE_S = 5.0
 
 
-class TestbedUnavailableError(ClusterError, RuntimeError):
+class SlurmUnavailableError(ClusterError, RuntimeError):
     """The testbed cannot run here; the message (one line) says why."""
-
-    __test__ = False  # not a pytest test class, whatever its name says
 
 
 def ensure_slurm_installed() -> None:
@@ -58,7 +56,7 @@ def ensure_slurm_installed() -> None:
     if all(shutil.which(tool) for tool in _DAEMONS):
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise TestbedUnavailableError(
+        raise SlurmUnavailableError(
             f"SLURM daemons missing and cannot be installed here (needs root and apt-get): "
             f"apt-get install {SLURM_PACKAGE}"
         )
@@ -89,17 +87,17 @@ def ensure_slurm_installed() -> None:
         )
     if proc.returncode != 0 or not all(shutil.which(tool) for tool in _DAEMONS):
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise TestbedUnavailableError(f"apt-get install {SLURM_PACKAGE} failed: {last}")
+        raise SlurmUnavailableError(f"apt-get install {SLURM_PACKAGE} failed: {last}")
 
 
-def testbed_unavailable_reason() -> str | None:
+def slurm_testbed_unavailable_reason() -> str | None:
     """Why a testbed cannot start here (one line), or None; installs slurm-wlm if it can."""
     reason = network_unavailable_reason()
     if reason is not None:
         return reason
     try:
         ensure_slurm_installed()
-    except TestbedUnavailableError as exc:
+    except SlurmUnavailableError as exc:
         return str(exc)
     return None
 
@@ -111,8 +109,6 @@ class SlurmTestbed:
     `.nodes`: (node name, address) per node; `.interface`: the interface inside every node,
     for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; `.conf_path`, `.controller_address`,
     `.partition`, `.layout` (the `NetworkLayout`)."""
-
-    __test__ = False
 
     partition = "debug"
     interface = NODE_INTERFACE
@@ -166,9 +162,9 @@ class SlurmTestbed:
 
     def start(self) -> None:
         """Build the network, write slurm.conf, start the daemons, wait for idle nodes."""
-        reason = testbed_unavailable_reason()
+        reason = slurm_testbed_unavailable_reason()
         if reason is not None:
-            raise TestbedUnavailableError(reason)
+            raise SlurmUnavailableError(reason)
         started = time.monotonic()
         atexit.register(self.stop)
         try:
@@ -254,7 +250,7 @@ class SlurmTestbed:
         while time.monotonic() < deadline:
             for proc in [self._controller, *self._slurmds]:
                 if proc is not None and proc.poll() is not None:
-                    raise TestbedUnavailableError(
+                    raise SlurmUnavailableError(
                         f"{_command_line(proc)} exited at start (code "
                         f"{proc.returncode}): {self._last_error()}"
                     )
@@ -269,7 +265,7 @@ class SlurmTestbed:
             if len(states) == len(self.nodes) and all(s == "idle" for s in states.values()):
                 return
             time.sleep(0.2)
-        raise TestbedUnavailableError(
+        raise SlurmUnavailableError(
             f"SLURM nodes not idle after {_IDLE_TIMEOUT_S:g} s ({states or 'no answer'}): "
             f"{self._last_error()}"
         )

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 from cluster.netns import network_unavailable_reason
-from cluster.testbed import SlurmTestbed, testbed_unavailable_reason
+from cluster.testbed import SlurmTestbed, slurm_testbed_unavailable_reason
 
 
 @pytest.fixture(scope="session")
 def slurm_testbed() -> Iterator[SlurmTestbed]:
     """A running 2-node SLURM cluster: `.env` for clients, `.nodes` [(name, address)],
     `.interface` for GLOO_SOCKET_IFNAME; stopped (daemons, namespaces, bridge) at the end."""
-    reason = testbed_unavailable_reason()
+    reason = slurm_testbed_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
     # daemons that fail to start here are a failure, not a skip: the machine can run them
