@@ -336,17 +336,32 @@ def namespace_pids(namespace: str) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def remove_by_prefix(prefix: str) -> list[str]:
+    """Remove what a run that could not clean up left: the processes in its namespaces, the
+    namespaces, and its links (veths, then the bridge). Returns the names removed."""
+    namespaces = tuple(n for n in _namespace_names() if n.startswith(prefix))
+    links = sorted((n for n in _link_names() if n.startswith(prefix)), key=lambda n: n[-2:] == "br")
+    kill_namespace_processes(namespaces)
+    for cmd in [["ip", "link", "del", n] for n in links] + [
+        ["ip", "netns", "del", n] for n in namespaces
+    ]:
+        subprocess.run(cmd, capture_output=True, check=False)
+    return [*namespaces, *links]
+
+
 def existing_names(prefix: str) -> list[str]:
     """Namespaces and links whose name starts with `prefix` (to check a teardown)."""
-    namespaces = subprocess.run(
-        ["ip", "-j", "netns", "list"], capture_output=True, text=True, check=False
-    ).stdout
-    links = subprocess.run(
-        ["ip", "-j", "link", "show"], capture_output=True, text=True, check=False
-    ).stdout
-    names = [n["name"] for n in json.loads(namespaces or "[]")]
-    names += [link["ifname"] for link in json.loads(links or "[]")]
-    return [n for n in names if n.startswith(prefix)]
+    return [n for n in [*_namespace_names(), *_link_names()] if n.startswith(prefix)]
+
+
+def _namespace_names() -> list[str]:
+    out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True, check=False)
+    return [n["name"] for n in json.loads(out.stdout or "[]")]
+
+
+def _link_names() -> list[str]:
+    out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, check=False)
+    return [link["ifname"] for link in json.loads(out.stdout or "[]")]
 
 
 def _run(cmd: list[str]) -> None:

@@ -13,17 +13,25 @@ bridge's address and a free port, so testbeds of two runs can live side by side.
 
 `stop()` (also on exit, at interpreter exit, or when starting fails) stops the slurmd before the
 controller, reaps them, kills what is left in the namespaces, and removes the namespaces, the
-bridge and the temporary directory. `python -m cluster.testbed up|down` does the same for people.
+bridge and the temporary directory.
+
+For people: `python -m cluster.testbed up [--nodes N] [--bandwidth 1gbit]` (`make cluster-up`)
+runs one until Ctrl-C and prints the SLURM_CONF to export; `python -m cluster.testbed down
+PREFIX` (`make cluster-down PREFIX=lc...`) removes what an `up` killed without its cleanup left.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +46,7 @@ from cluster.netns import (
     network_unavailable_reason,
     parse_rate,
     plan_network,
+    remove_by_prefix,
 )
 
 SLURM_PACKAGE = "slurm-wlm"
@@ -322,3 +331,56 @@ def _free_port(address: str) -> int:
         s.bind((address, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def remove_testbed(prefix: str) -> list[str]:
+    """Remove a testbed its own process could not stop (killed): its slurmd and everything in
+    its namespaces, the namespaces and links, its slurmctld, its temporary directory."""
+    if not re.fullmatch(r"lc[0-9a-f]{6}", prefix):
+        raise ClusterError(f"{prefix!r} is not a testbed prefix: give the lcXXXXXX that up printed")
+    removed = remove_by_prefix(prefix)
+    for state_dir in Path(tempfile.gettempdir()).glob(f"{prefix}-slurm-*"):
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError):
+            pid = int((state_dir / "slurmctld.pid").read_text())
+            if "slurmctld" in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGTERM)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        removed.append(str(state_dir))
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`up`: run a testbed until Ctrl-C (or SIGTERM); `down PREFIX`: remove a killed one's rest."""
+    parser = argparse.ArgumentParser(prog="python -m cluster.testbed", description=__doc__)
+    actions = parser.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="start a SLURM testbed and keep it up until Ctrl-C")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--bandwidth", help='link rate of every node, e.g. "1gbit"')
+    up.add_argument("--cpus-per-node", type=int, default=1)
+    down = actions.add_parser("down", help="remove what a killed testbed left")
+    down.add_argument("prefix", help="the lcXXXXXX prefix that up printed")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "down":
+            removed = remove_testbed(args.prefix)
+            print(f"removed: {', '.join(removed) or 'nothing (already gone)'}")
+            return 0
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop() runs on the way out
+        with SlurmTestbed(
+            args.nodes, bandwidth=args.bandwidth, cpus_per_node=args.cpus_per_node
+        ) as bed:
+            nodes = ", ".join(f"{name} {address}" for name, address in bed.nodes)
+            print(f"testbed {bed.layout.prefix} up in {bed.startup_s:.1f} s: {nodes}")
+            print(f"export SLURM_CONF={bed.conf_path} GLOO_SOCKET_IFNAME={bed.interface}")
+            print("Ctrl-C stops it and removes everything", flush=True)
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:
+        return 0
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
