@@ -28,6 +28,7 @@ from cluster.netns import (
     existing_names,
     parse_rate,
     plan_network,
+    remove_by_prefix,
 )
 from tests.cluster.fake_worker import fake_job
 from tests.conftest import REPO_ROOT
@@ -154,6 +155,23 @@ def test_a_delay_without_netem_is_refused_in_one_line_and_nothing_is_left() -> N
         assert str(exc).startswith("network.latency needs the kernel's netem qdisc")
         assert "\n" not in str(exc)
     assert existing_names(layout.prefix) == []
+
+
+@pytest.mark.usefixtures("require_emulated_nodes")
+def test_what_a_killed_run_left_is_removed_by_its_prefix() -> None:
+    layout = plan_network(2)
+    net = NodeNetwork(layout)
+    net.start()  # and never stopped, as by a run killed with SIGKILL
+    sleeper = subprocess.Popen([*layout.enter(1), "sleep", "60"])
+    try:
+        removed = remove_by_prefix(layout.prefix)
+        assert sorted(removed) == sorted(
+            [*layout.namespaces, layout.bridge, *map(layout.host_veth, (0, 1))]
+        )
+        assert sleeper.wait(timeout=10) != 0 and existing_names(layout.prefix) == []
+    finally:
+        sleeper.kill()
+        net.stop()
 
 
 @pytest.mark.slow
