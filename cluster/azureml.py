@@ -1,7 +1,7 @@
 """The Azure ML engine (SDK v2, `azure-ai-ml`, the optional extra `landcover[azureml]`).
 
-A plan is two YAML documents that `azure.ai.ml.load_compute` / `load_job` (and `az ml ...
-create -f`) accept:
+A plan is YAML documents that `azure.ai.ml.load_compute` / `load_job` / `load_environment` (and
+`az ml ... create -f`) accept:
 
 - `compute.yaml`: an `AmlCompute` cluster of `vmSize`, `min_instances: 0` (scales to zero when
   idle, after `idleSecondsBeforeScaleDown`), `max_instances` >= targetNodeCount, tier from
@@ -10,7 +10,12 @@ create -f`) accept:
   `distribution: pytorch` with `process_count_per_instance = processesPerNode`, each of the
   job's inputs as a `uri_folder` input (mode `ro_mount` or `direct` from data.mode), each of its
   outputs as a `uri_folder` output, and the command `python -m ENTRY_MODULE ARGV...`, whose
-  `${{inputs.NAME}}` and `${{outputs.NAME}}` Azure ML replaces by the mounted paths.
+  `${{inputs.NAME}}` and `${{outputs.NAME}}` Azure ML replaces by the mounted paths; its
+  environment and code as `cluster.azureml_assets` plans them (by default an environment
+  built from a PyTorch image plus the project's dependencies, the project directory uploaded
+  and installed by the command first);
+- `environment.yaml` and its build context `environment/` (the default environment only): the
+  job's environment as a named one to register.
 
 `launch` needs the SDK and credentials. Credentials are checked before anything else, and
 fast: if no source that `DefaultAzureCredential` could use is present (service-principal or
@@ -33,13 +38,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
+from cluster.azureml_assets import CONTEXT_DIR, JobEnvironment, input_path_for, plan_environment
 from cluster.engine import (
     Job,
     LaunchOptions,
@@ -74,6 +80,7 @@ class AzureMLPlan:
     job: Job
     job_document: Mapping[str, Any]  # real values: what is submitted
     compute_document: Mapping[str, Any]
+    environment: JobEnvironment
     notes: tuple[str, ...]
     redactor: Redactor = field(repr=False, compare=False)
     engine: str = "azureml"
@@ -93,7 +100,13 @@ class AzureMLPlan:
             f"({spec.vm_priority}), scales to zero after "
             f"{aml.idle_seconds_before_scale_down} s idle",
             f"job: {spec.node_count} node(s) x {spec.processes_per_node} process(es) = "
-            f"{spec.workers} worker(s), image {aml.image}",
+            f"{spec.workers} worker(s)",
+            f"environment: {self.environment.description}",
+            *(
+                [f"code: {doc['code']} (uploaded; .amlignore, else .gitignore, leaves files out)"]
+                if "code" in doc
+                else []
+            ),
             *(f"input {k}: {v['path']} ({v['mode']})" for k, v in doc["inputs"].items()),
             *(
                 f"output {k}: {v.get('path', 'workspace default')}"
@@ -105,10 +118,24 @@ class AzureMLPlan:
         return self.redactor.text("\n".join(lines))
 
     def files(self) -> dict[str, str]:
-        return {
-            "job.yaml": _yaml(self.redactor.data(self.job_document)),
-            "compute.yaml": _yaml(self.redactor.data(self.compute_document)),
+        return self._render(self.redactor.data)
+
+    def documents(self) -> dict[str, str]:
+        """The plan's files with their real values: what `launch` submits (`files()` is what
+        may be shown or written)."""
+        return self._render(lambda document: document)
+
+    def _render(self, transform: Callable[[Any], Any]) -> dict[str, str]:
+        files = {
+            "job.yaml": _yaml(transform(self.job_document)),
+            "compute.yaml": _yaml(transform(self.compute_document)),
         }
+        environment = self.environment
+        if environment.document is not None:
+            files["environment.yaml"] = _yaml(transform(environment.document))
+            for name, text in environment.context.items():
+                files[f"{CONTEXT_DIR}/{name}"] = transform(text)
+        return files
 
 
 def _yaml(document: Any) -> str:
@@ -138,10 +165,13 @@ class AzureMLEngine:
                     f"output {name} {location} is not reachable from Azure ML: the job writes "
                     f"its output {name!r}; `launch --wait` downloads it there"
                 )
+        environment = plan_environment(aml, job.entry_module)
         command = " ".join(
             a if a.startswith("${{") else shlex.quote(a)
             for a in ["python", "-m", job.entry_module, *job.argv]
         )
+        if environment.install_command is not None:
+            command = f"{environment.install_command} && {command}"
         document: dict[str, Any] = {
             "$schema": JOB_SCHEMA,
             "type": "command",
@@ -149,7 +179,7 @@ class AzureMLEngine:
             "experiment_name": aml.experiment_name,
             "description": f"{job.entry_module}: {spec.workers} worker(s)",
             "command": command,
-            "environment": {"image": aml.image},
+            "environment": environment.job_value,
             "compute": f"azureml:{aml.compute_name}",
             "resources": {"instance_count": spec.node_count},
             "distribution": {
@@ -161,14 +191,14 @@ class AzureMLEngine:
             "tags": {"landcover_workers": str(spec.workers)},
         }
         threads = threads_per_worker(spec)
-        environment = {"OMP_NUM_THREADS": str(threads)} if threads is not None else {}
+        variables = {"OMP_NUM_THREADS": str(threads)} if threads is not None else {}
         # secrets (the storage options) as job environment, never on the command line
-        environment.update(job.secret_env)
-        if environment:
-            document["environment_variables"] = environment
-        if aml.code is not None:
+        variables.update(job.secret_env)
+        if variables:
+            document["environment_variables"] = variables
+        if environment.code is not None:
             # the uploaded snapshot is the working directory: `-m ENTRY_MODULE` finds it
-            document["code"] = str(Path(aml.code).resolve())
+            document["code"] = environment.code
         compute = {
             "$schema": COMPUTE_SCHEMA,
             "name": aml.compute_name,
@@ -187,7 +217,10 @@ class AzureMLEngine:
         if spec.gpus_per_node is None:
             notes.append(f"vmSize {spec.vm_size} is not in cluster/vmsizes.py: not checked")
         if spec.setup_command:
-            notes.append("setupCommand is not run by Azure ML: bake it into azureml.image")
+            notes.append(
+                "setupCommand is not run by Azure ML: put what it installs in the environment "
+                "(azureml.image, or a registered azureml.environment)"
+            )
         if spec.mounts:
             notes.append(
                 "mounts: Azure ML mounts the store input itself (data.mode); account keys in "
@@ -198,6 +231,7 @@ class AzureMLEngine:
             job=job,
             job_document=document,
             compute_document=compute,
+            environment=environment,
             notes=tuple(notes),
             redactor=job_redactor(spec, job),
         )
@@ -206,38 +240,6 @@ class AzureMLEngine:
         if not isinstance(plan, AzureMLPlan):
             raise TypeError(f"the azureml engine cannot launch a {plan.engine} plan")
         return _submit(plan, options)
-
-
-def input_path_for(store: str, spec: ClusterSpec) -> tuple[str, str | None]:
-    """The store as an Azure ML `uri_folder` path, and a note when it needed explaining.
-
-    azureml://, https://, wasbs:// and abfss://container@account... pass through; adlfs-style
-    az://container/path (and abfs://container/path) need the account name, taken from
-    data.accountName or from a mount of the same container; a local path is uploaded at submit.
-    """
-    passthrough = ("azureml://", "https://", "http://", "wasbs://", "wasb://")
-    if store.startswith(passthrough):
-        return store, None
-    for scheme in ("az://", "abfs://", "abfss://"):
-        if store.startswith(scheme):
-            container, _, path = store[len(scheme) :].partition("/")
-            if "@" in container:  # abfss://fs@account.dfs.core.windows.net/path
-                return store, None
-            account = spec.data.account_name or next(
-                (m.account_name for m in spec.mounts if m.container_name == container), None
-            )
-            if account is None:
-                raise ClusterError(
-                    f"store {store}: Azure ML needs the storage account of container "
-                    f'{container!r}; set "data": {{"accountName": "..."}} in cluster.json or give '
-                    "the store as https://ACCOUNT.blob.core.windows.net/CONTAINER/PATH"
-                )
-            return f"https://{account}.blob.core.windows.net/{container}/{path}", None
-    if is_url(store):
-        raise ClusterError(
-            f"store {store}: Azure ML cannot read this URL; use azureml://, https:// or az://"
-        )
-    return str(Path(store).resolve()), f"store {store} is a local path: uploaded at submit"
 
 
 # ----------------------------------------------------------------------------- credentials
@@ -330,13 +332,12 @@ def _submit(plan: AzureMLPlan, options: LaunchOptions) -> LaunchResult:
         client = MLClient(credential, aml.subscription_id, aml.resource_group, aml.workspace)
         with tempfile.TemporaryDirectory(prefix="landcover-aml-") as tmp:
             # the real (unredacted) documents go only to this private temporary directory
-            job_yaml = Path(tmp) / "job.yaml"
-            compute_yaml = Path(tmp) / "compute.yaml"
-            job_yaml.write_text(_yaml(dict(plan.job_document)))
-            compute_yaml.write_text(_yaml(dict(plan.compute_document)))
+            for name, text in plan.documents().items():
+                (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / name).write_text(text)
             logger.info("creating or updating compute %s", aml.compute_name)
-            client.compute.begin_create_or_update(load_compute(compute_yaml)).result()
-            submitted = client.jobs.create_or_update(load_job(job_yaml))
+            client.compute.begin_create_or_update(load_compute(Path(tmp) / "compute.yaml")).result()
+            submitted = client.jobs.create_or_update(load_job(Path(tmp) / "job.yaml"))
         name = str(submitted.name)
         url = getattr(submitted, "studio_url", None)
         logger.info("submitted Azure ML job %s: %s", name, url)

@@ -14,8 +14,11 @@ Flat form (only `targetNodeCount` is required on the local engine)::
       "mounts": [{"accountName": "...", "containerName": "...", "relativeMountPath": "afs"}],
       "setupCommand": "pip install ...",
       "azureml": {"subscriptionId": "...", "resourceGroup": "...", "workspace": "...",
-                  "image": "myregistry.azurecr.io/landcover:latest", "computeName": "landcover",
-                  "experimentName": "landcover", "idleSecondsBeforeScaleDown": 1800, "code": "."},
+                  "computeName": "landcover", "experimentName": "landcover",
+                  "idleSecondsBeforeScaleDown": 1800, "code": ".",
+                  "baseImage": "pytorch/pytorch:...",  or one of
+                  "image": "myregistry.azurecr.io/landcover:latest",
+                  "environment": "landcover-env:3"},
       "kubernetes": {"namespace": "default", "image": "...", "imagePullPolicy": "IfNotPresent",
                      "storageSecret": "chips-storage", "cpu": "4", "memory": "16Gi"},
       "network": {"bandwidth": "1gbit", "latency": "2ms"}
@@ -31,6 +34,12 @@ Legacy form (the original Batch AI tutorial's cluster.json)::
                     "scaleSettings": {"manual": {"targetNodeCount": 2}},
                     "nodeSetup": {"mountVolumes": {"azureBlobFileSystems": [...]},
                                   "setupTask": {"commandLine": "..."}}}}
+
+`azureml` environments: by default the plan builds one from `baseImage` (a PyTorch image; the
+engine's default when left out) plus the project's dependencies, and the job installs the
+uploaded `code` (the project directory when left out); `image` (a container with the project
+installed) or `environment` (a registered Azure ML environment, `name:version` or
+`name@latest`) replace that build. At most one of `image`, `environment`, `baseImage`.
 
 It may carry the flat keys that Batch AI had no word for (`name`, `engine`, `processesPerNode`,
 `elastic`, `data`, `azureml`, `kubernetes`) beside `properties`. Mapping:
@@ -86,6 +95,10 @@ logger = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*[A-Za-z0-9]$")
 _NAME_MAX = 40  # a Kubeflow pod is "<name>-worker-<i>", and pod names stop at 63
 _COMPUTE_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,15}$")  # Azure ML: 2-16 characters
+# a registered environment: [azureml:]name:version, [azureml:]name@latest, or a registry asset id
+_ENVIRONMENT_RE = re.compile(
+    r"^(?:(?:azureml:)?[A-Za-z0-9][A-Za-z0-9_.-]*(?::[A-Za-z0-9_.-]+|@latest)|azureml://\S+)$"
+)
 
 
 def load_cluster_spec(path: str | Path) -> ClusterSpec:
@@ -263,7 +276,7 @@ def _resolve(
         if common.azureml is None:
             raise ClusterSpecError(
                 'engine "azureml" needs an "azureml" section: {"subscriptionId", '
-                '"resourceGroup", "workspace", "image"}'
+                '"resourceGroup", "workspace"}'
             )
         azureml = _azureml(common.azureml, name)
     elif common.azureml is not None:
@@ -325,16 +338,39 @@ def _azureml(raw: AzureMLSection, name: str) -> AzureMLSpec:
             f"azureml.computeName {compute!r} must be 2-16 letters, digits or hyphens starting "
             "with a letter (Azure ML's rule); set azureml.computeName"
         )
+    choices = _environment_choices(raw)
+    for key, value in choices:
+        if value is not None and not value.strip():
+            raise ClusterSpecError(f'azureml.{key} is empty: give a value or drop "{key}"')
+    given = [key for key, value in choices if value is not None]
+    if len(given) > 1:
+        raise ClusterSpecError(
+            f"azureml.{given[0]} and azureml.{given[1]} both choose the job's environment: keep "
+            "one (image: a container with the project installed; environment: a registered "
+            "environment; baseImage: the base of the environment the plan builds)"
+        )
+    if raw.environment is not None and not _ENVIRONMENT_RE.match(raw.environment):
+        raise ClusterSpecError(
+            f"azureml.environment {raw.environment!r} must name a registered environment as "
+            '"name:version" or "name@latest" (or an azureml:// registry asset id)'
+        )
     return AzureMLSpec(
         subscription_id=raw.subscription_id,
         resource_group=raw.resource_group,
         workspace=raw.workspace,
         image=raw.image,
+        environment=raw.environment,
+        base_image=raw.base_image,
         compute_name=compute,
         experiment_name=raw.experiment_name,
         idle_seconds_before_scale_down=raw.idle_seconds_before_scale_down,
         code=raw.code,
     )
+
+
+def _environment_choices(raw: AzureMLSection) -> tuple[tuple[str, str | None], ...]:
+    """The keys that choose an Azure ML job's environment, as written, with their values."""
+    return (("image", raw.image), ("environment", raw.environment), ("baseImage", raw.base_image))
 
 
 def _vm(vm_size: str, engine: str) -> tuple[str, int | None, int | None]:

@@ -49,11 +49,18 @@ class BlobMount:
 
 @dataclass(frozen=True, slots=True)
 class AzureMLSpec:
+    """The `azureml` section. The job's environment is at most one of `image` (a container
+    with the project installed), `environment` (a registered environment, `name:version`), and
+    otherwise one the plan builds from `base_image` (None: the engine's default) plus the
+    project's dependencies."""
+
     subscription_id: str
     resource_group: str
     workspace: str
-    image: str
     compute_name: str
+    image: str | None = None
+    environment: str | None = None
+    base_image: str | None = None
     experiment_name: str = "landcover"
     idle_seconds_before_scale_down: int = 1800
     code: str | None = None

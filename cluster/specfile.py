@@ -68,7 +68,9 @@ class AzureMLSection(_Model):
     subscription_id: StrictStr
     resource_group: StrictStr
     workspace: StrictStr
-    image: StrictStr
+    image: StrictStr | None = None
+    environment: StrictStr | None = None
+    base_image: StrictStr | None = None
     compute_name: StrictStr | None = None
     experiment_name: StrictStr = "landcover"
     idle_seconds_before_scale_down: NonNegativeInt = 1800
