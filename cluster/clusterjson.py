@@ -16,9 +16,19 @@ Flat form (only `targetNodeCount` is required on the local engine)::
       "azureml": {"subscriptionId": "...", "resourceGroup": "...", "workspace": "...",
                   "image": "myregistry.azurecr.io/landcover:latest", "computeName": "landcover",
                   "experimentName": "landcover", "idleSecondsBeforeScaleDown": 1800, "code": "."},
-      "kubernetes": {"namespace": "default", "image": "...", "imagePullPolicy": "IfNotPresent",
-                     "storageSecret": "chips-storage", "cpu": "4", "memory": "16Gi"}
+      "kubernetes": {"api": "trainjob", "runtime": "torch-distributed",
+                     "runtimeKind": "ClusterTrainingRuntime", "namespace": "default",
+                     "image": "...", "imagePullPolicy": "IfNotPresent",
+                     "storageSecret": "chips-storage",
+                     "storageSecretKeys": ["AZURE_STORAGE_ACCOUNT_KEY"],
+                     "cpu": "4", "memory": "16Gi"}
     }
+
+`kubernetes.api` is "trainjob" (Kubeflow Trainer v2, the default: `runtime` names the
+ClusterTrainingRuntime, or with `runtimeKind` "TrainingRuntime" the namespaced runtime, that it
+runs on) or "pytorchjob" (the training operator's v1 PyTorchJob). `storageSecretKeys` (TrainJob
+only) lists the keys of `storageSecret` given to the pods; by default the usual storage
+variables, each optional.
 
 Legacy form (the original Batch AI tutorial's cluster.json)::
 
@@ -69,6 +79,7 @@ from cluster.specfile import (
     CommonSection,
     ElasticSection,
     FlatFile,
+    KubernetesSection,
     LegacyFile,
     validate_document,
 )
@@ -79,6 +90,7 @@ logger = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*[A-Za-z0-9]$")
 _NAME_MAX = 40  # a Kubeflow pod is "<name>-worker-<i>", and pod names stop at 63
 _COMPUTE_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,15}$")  # Azure ML: 2-16 characters
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def load_cluster_spec(path: str | Path) -> ClusterSpec:
@@ -267,15 +279,7 @@ def _resolve(
             "(the container image that has landcover installed)"
         )
     if common.kubernetes is not None:
-        k = common.kubernetes
-        kubernetes = KubernetesSpec(
-            image=k.image,
-            namespace=k.namespace,
-            image_pull_policy=k.image_pull_policy,
-            storage_secret=k.storage_secret,
-            cpu=None if k.cpu is None else str(k.cpu),
-            memory=k.memory,
-        )
+        kubernetes = _kubernetes(common.kubernetes)
     data = DataSpec(common.data.url, common.data.mode, common.data.account_name)
     if data.url is not None and not data.url.strip():
         raise ClusterSpecError('data.url is empty: give the chip store URL or drop "url"')
@@ -315,6 +319,34 @@ def _azureml(raw: AzureMLSection, name: str) -> AzureMLSpec:
         experiment_name=raw.experiment_name,
         idle_seconds_before_scale_down=raw.idle_seconds_before_scale_down,
         code=raw.code,
+    )
+
+
+def _kubernetes(raw: KubernetesSection) -> KubernetesSpec:
+    keys = raw.storage_secret_keys
+    if keys is not None:
+        bad = [k for k in keys if not _ENV_NAME_RE.match(k)]
+        if bad or not keys:
+            raise ClusterSpecError(
+                f"kubernetes.storageSecretKeys must list environment variable names "
+                f"(letters, digits, '_'), got {bad[0] if bad else keys!r}"
+            )
+        if raw.storage_secret is None:
+            raise ClusterSpecError(
+                "kubernetes.storageSecretKeys needs kubernetes.storageSecret (the Secret that "
+                "holds those keys)"
+            )
+    return KubernetesSpec(
+        image=raw.image,
+        api=raw.api,
+        runtime=raw.runtime,
+        runtime_kind=raw.runtime_kind,
+        namespace=raw.namespace,
+        image_pull_policy=raw.image_pull_policy,
+        storage_secret=raw.storage_secret,
+        storage_secret_keys=None if keys is None else tuple(keys),
+        cpu=None if raw.cpu is None else str(raw.cpu),
+        memory=raw.memory,
     )
 
 
