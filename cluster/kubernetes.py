@@ -204,7 +204,17 @@ def _apply(plan: KubernetesPlan, options: LaunchOptions) -> LaunchResult:
         )
     started = time.monotonic()
     documents = yaml.safe_dump_all([dict(d) for d in plan.documents], sort_keys=False)
-    _kubectl(kubectl, plan, "apply", "--request-timeout=30s", "-f", "-", stdin=documents)
+    try:
+        _kubectl(kubectl, plan, "apply", "--request-timeout=30s", "-f", "-", stdin=documents)
+    except LaunchError as exc:
+        if "immutable" not in str(exc):
+            raise
+        # a job's spec cannot change once created: the same name was launched before
+        raise LaunchError(
+            f"{exc}; a {plan.api.kind} {plan.namespace}/{plan.name} exists already: delete it "
+            f"(kubectl delete -n {plan.namespace} {plan.api.kind.lower()} {plan.name}) or "
+            "change name in cluster.json"
+        ) from None
     logger.info("applied %s %s/%s", plan.api.kind, plan.namespace, plan.name)
     if options.wait:
         _wait_for(kubectl, plan, options.timeout_s)

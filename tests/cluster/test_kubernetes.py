@@ -311,6 +311,16 @@ def test_launch_without_kubectl_or_with_a_failing_one(
     assert str(info.value) == (
         "kubectl apply failed: error: the server could not find the requested resource"
     )
+    kubectl.write_text(
+        '#!/bin/sh\necho \'The TrainJob "landcover-nc24" is invalid: spec.trainer: Invalid '
+        'value: "object": field is immutable\' >&2\nexit 1\n'
+    )
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan, LaunchOptions())
+    assert str(info.value).endswith(
+        "field is immutable; a TrainJob training/landcover-nc24 exists already: delete it "
+        "(kubectl delete -n training trainjob landcover-nc24) or change name in cluster.json"
+    )
 
 
 def fake_kubectl(tmp_path: Path, conditions: list[dict[str, str]]) -> Path:
