@@ -158,3 +158,17 @@ def test_the_kubernetes_section() -> None:
         with pytest.raises(ClusterSpecError) as info:
             k8s_spec(kubernetes=section)
         assert str(info.value).startswith(f"cluster.json: {message}"), str(info.value)
+
+
+def test_wait_gives_up_at_the_timeout_and_says_the_job_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubernetes, "POLL_INTERVAL_S", 0.01)
+    fake_kubectl(tmp_path, [{"type": "Created", "status": "True"}])
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan_of(k8s_spec()), LaunchOptions(wait=True, timeout_s=0.2))
+    assert str(info.value) == (
+        "TrainJob training/landcover-nc24 did not finish within 0.2 s; it keeps running: "
+        "follow it with kubectl logs -n training -l jobset.sigs.k8s.io/jobset-name=landcover-nc24"
+    )
