@@ -19,14 +19,24 @@ Flat form (only `targetNodeCount` is required on the local engine)::
                   "baseImage": "pytorch/pytorch:...",  or one of
                   "image": "myregistry.azurecr.io/landcover:latest",
                   "environment": "landcover-env:3"},
-      "kubernetes": {"namespace": "default", "image": "...", "imagePullPolicy": "IfNotPresent",
-                     "storageSecret": "chips-storage", "cpu": "4", "memory": "16Gi"},
+      "kubernetes": {"api": "trainjob", "runtime": "torch-distributed",
+                     "runtimeKind": "ClusterTrainingRuntime", "namespace": "default",
+                     "image": "...", "imagePullPolicy": "IfNotPresent",
+                     "storageSecret": "chips-storage",
+                     "storageSecretKeys": ["AZURE_STORAGE_ACCOUNT_KEY"],
+                     "cpu": "4", "memory": "16Gi"},
       "network": {"bandwidth": "1gbit", "latency": "2ms"}
     }
 
 `network` (local engine, root): each simulated node runs in its own network namespace behind a
 link of that rate (tc units: "100mbit", "1gbit"); `latency` is a one-way delay, which needs the
 kernel's netem (refused at launch where the kernel has none). See `cluster.netns`.
+
+`kubernetes.api` is "trainjob" (Kubeflow Trainer v2, the default: `runtime` names the
+ClusterTrainingRuntime, or with `runtimeKind` "TrainingRuntime" the namespaced runtime, that it
+runs on) or "pytorchjob" (the training operator's v1 PyTorchJob). `storageSecretKeys` (TrainJob
+only) lists the keys of `storageSecret` given to the pods; by default the usual storage
+variables, each optional.
 
 Legacy form (the original Batch AI tutorial's cluster.json)::
 
@@ -84,6 +94,7 @@ from cluster.specfile import (
     CommonSection,
     ElasticSection,
     FlatFile,
+    KubernetesSection,
     LegacyFile,
     NetworkSection,
     validate_document,
@@ -99,6 +110,7 @@ _COMPUTE_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,15}$")  # Azure ML: 2-16
 _ENVIRONMENT_RE = re.compile(
     r"^(?:(?:azureml:)?[A-Za-z0-9][A-Za-z0-9_.-]*(?::[A-Za-z0-9_.-]+|@latest)|azureml://\S+)$"
 )
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def load_cluster_spec(path: str | Path) -> ClusterSpec:
@@ -287,15 +299,7 @@ def _resolve(
             "(the container image that has landcover installed)"
         )
     if common.kubernetes is not None:
-        k = common.kubernetes
-        kubernetes = KubernetesSpec(
-            image=k.image,
-            namespace=k.namespace,
-            image_pull_policy=k.image_pull_policy,
-            storage_secret=k.storage_secret,
-            cpu=None if k.cpu is None else str(k.cpu),
-            memory=k.memory,
-        )
+        kubernetes = _kubernetes(common.kubernetes)
     network = None
     if common.network is not None:
         network = _network(common.network)
@@ -371,6 +375,34 @@ def _azureml(raw: AzureMLSection, name: str) -> AzureMLSpec:
 def _environment_choices(raw: AzureMLSection) -> tuple[tuple[str, str | None], ...]:
     """The keys that choose an Azure ML job's environment, as written, with their values."""
     return (("image", raw.image), ("environment", raw.environment), ("baseImage", raw.base_image))
+
+
+def _kubernetes(raw: KubernetesSection) -> KubernetesSpec:
+    keys = raw.storage_secret_keys
+    if keys is not None:
+        bad = [k for k in keys if not _ENV_NAME_RE.match(k)]
+        if bad or not keys:
+            raise ClusterSpecError(
+                f"kubernetes.storageSecretKeys must list environment variable names "
+                f"(letters, digits, '_'), got {bad[0] if bad else keys!r}"
+            )
+        if raw.storage_secret is None:
+            raise ClusterSpecError(
+                "kubernetes.storageSecretKeys needs kubernetes.storageSecret (the Secret that "
+                "holds those keys)"
+            )
+    return KubernetesSpec(
+        image=raw.image,
+        api=raw.api,
+        runtime=raw.runtime,
+        runtime_kind=raw.runtime_kind,
+        namespace=raw.namespace,
+        image_pull_policy=raw.image_pull_policy,
+        storage_secret=raw.storage_secret,
+        storage_secret_keys=None if keys is None else tuple(keys),
+        cpu=None if raw.cpu is None else str(raw.cpu),
+        memory=raw.memory,
+    )
 
 
 def _vm(vm_size: str, engine: str) -> tuple[str, int | None, int | None]:

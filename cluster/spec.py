@@ -14,7 +14,7 @@ from cluster.errors import ClusterSpecError
 from cluster.machine import local_cpu_count, local_gpu_count
 from cluster.netns import LinkShape
 from cluster.redact import Redactor
-from cluster.specfile import DataMode, EngineName
+from cluster.specfile import DataMode, EngineName, KubernetesApi
 from cluster.vmsizes import LOCAL
 
 Priority = Literal["dedicated", "lowpriority"]
@@ -68,10 +68,19 @@ class AzureMLSpec:
 
 @dataclass(frozen=True, slots=True)
 class KubernetesSpec:
+    """Kubeflow settings: `api` picks a Trainer v2 TrainJob (on the ClusterTrainingRuntime or
+    TrainingRuntime `runtime`) or a v1 PyTorchJob. `storage_secret` names a Secret the pods read
+    their storage credentials from: all of it (PyTorchJob) or its `storage_secret_keys`
+    (TrainJob: Trainer v2 takes environment variables one by one)."""
+
     image: str
+    api: KubernetesApi = "trainjob"
+    runtime: str = "torch-distributed"
+    runtime_kind: str = "ClusterTrainingRuntime"
     namespace: str = "default"
-    image_pull_policy: str = "IfNotPresent"
+    image_pull_policy: str | None = None  # None: the cluster's default for the image's tag
     storage_secret: str | None = None
+    storage_secret_keys: tuple[str, ...] | None = None  # None: the usual storage variables
     cpu: str | None = None
     memory: str | None = None
 

@@ -19,6 +19,7 @@ from cluster.vmsizes import LOCAL
 
 EngineName = Literal["local", "azureml", "kubernetes"]
 DataMode = Literal["mount", "direct"]
+KubernetesApi = Literal["trainjob", "pytorchjob"]
 DEFAULT_ELASTIC_RESTARTS = 3
 
 
@@ -78,10 +79,14 @@ class AzureMLSection(_Model):
 
 
 class KubernetesSection(_Model):
+    api: KubernetesApi = "trainjob"
+    runtime: StrictStr = "torch-distributed"
+    runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
     image: StrictStr
     namespace: StrictStr = "default"
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     storage_secret: StrictStr | None = None
+    storage_secret_keys: list[StrictStr] | None = None
     cpu: StrictStr | StrictInt | None = None
     memory: StrictStr | None = None
 

@@ -110,7 +110,7 @@ def cluster_group() -> None:
 @click.argument("cluster_json", type=click.Path(dir_okay=False, path_type=Path))
 @out_dir_option(
     "Also write the plan's files here (torchrun.sh, job.yaml + compute.yaml, or "
-    "pytorchjob.yaml), secrets redacted."
+    "trainjob.yaml / pytorchjob.yaml + secret.yaml), secrets redacted."
 )
 @overwrite_option
 @_entry_module_option

@@ -1,146 +1,22 @@
-"""Kubernetes: the PyTorchJob has the structure Kubeflow's training operator requires, and
-launch goes through kubectl (or says how without it)."""
+"""Kubernetes engine: the kubernetes section of cluster.json, launch through kubectl (or how
+without it), and --wait following the job's conditions."""
 
 from __future__ import annotations
 
-import re
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from cluster.clusterjson import parse_cluster_spec
-from cluster.engine import LaunchOptions, launch_plan, plan_job, write_plan_files
-from cluster.errors import EngineUnavailableError, LaunchError
-from cluster.kubernetes import KubernetesPlan
-from cluster.spec import ClusterSpec
-from tests.cluster.fake_worker import fake_job
-
-CONNECTION_STRING = (
-    "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=S2V5Rm9yS3ViZXJuZXRlcw==;"
-    "EndpointSuffix=core.windows.net"
+from cluster import kubernetes
+from cluster.engine import LaunchOptions, launch_plan
+from cluster.errors import ClusterSpecError, EngineUnavailableError, LaunchError
+from tests.cluster.kubeflow_manifests import (
+    k8s_spec,
+    plan_of,
 )
-DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-
-def k8s_spec(**overrides: Any) -> ClusterSpec:
-    document: dict[str, Any] = {
-        "name": "Landcover-NC24",
-        "engine": "kubernetes",
-        "vmSize": "Standard_NC24s_v3",
-        "targetNodeCount": 3,
-        "kubernetes": {
-            "namespace": "training",
-            "image": "myregistry.azurecr.io/landcover:1",
-            "storageSecret": "chips-storage",
-            "memory": "64Gi",
-        },
-    }
-    document.update(overrides)
-    return parse_cluster_spec(document)
-
-
-def plan_of(spec: ClusterSpec, *args: str) -> KubernetesPlan:
-    plan = plan_job(spec, fake_job("az://chips/naip.zarr", "/shared/runs/a", *args))
-    assert isinstance(plan, KubernetesPlan)
-    return plan
-
-
-def assert_kubeflow_accepts(manifest: dict[str, Any]) -> None:
-    """The training operator's admission rules (pytorchjob_webhook.go, ValidateReplicaSpecs)."""
-    assert manifest["apiVersion"] == "kubeflow.org/v1"
-    assert manifest["kind"] == "PyTorchJob"
-    name = manifest["metadata"]["name"]
-    assert DNS1035.match(name) and len(name) <= 63
-    spec = manifest["spec"]
-    replicas = spec["pytorchReplicaSpecs"]
-    assert replicas and set(replicas) <= {"Master", "Worker"}
-    if "Master" in replicas:
-        assert replicas["Master"]["replicas"] == 1
-    if "Worker" in replicas:
-        assert replicas["Worker"]["replicas"] >= 1
-    if "elasticPolicy" in spec:
-        assert "Worker" in replicas  # required with an elastic policy
-        assert "nProcPerNode" not in spec["elasticPolicy"]  # deprecated field
-    for role in replicas.values():
-        assert role["restartPolicy"] in ("Always", "OnFailure", "Never", "ExitCode")
-        containers = role["template"]["spec"]["containers"]
-        assert containers and all(c.get("image") for c in containers)
-        assert any(c["name"] == "pytorch" for c in containers)
-
-
-def test_manifest_has_the_structure_kubeflow_requires() -> None:
-    plan = plan_of(k8s_spec(elastic={"minNodes": 2, "maxNodes": 4, "maxRestarts": 2}))
-    manifest = yaml.safe_load(plan.files()["pytorchjob.yaml"])
-    assert_kubeflow_accepts(manifest)
-    assert manifest["metadata"] == {
-        "name": "landcover-nc24",
-        "namespace": "training",
-        "labels": {"app.kubernetes.io/name": "landcover", "landcover/workers": "12"},
-    }
-    replicas = manifest["spec"]["pytorchReplicaSpecs"]
-    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
-    assert manifest["spec"]["elasticPolicy"] == {
-        "rdzvBackend": "c10d",
-        "minReplicas": 2,
-        "maxReplicas": 4,
-        "maxRestarts": 2,
-    }
-    pod = replicas["Worker"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["resources"] == {
-        "limits": {"nvidia.com/gpu": 4},
-        "requests": {"memory": "64Gi"},
-    }
-    assert container["envFrom"] == [{"secretRef": {"name": "chips-storage"}}]
-    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "Standard_NC24s_v3"}
-    command = container["command"]
-    assert command[:2] == ["/bin/sh", "-c"]
-    assert "python -m torch.distributed.run" in command[2]
-    assert command[2].endswith(
-        "--nproc-per-node 4 --max-restarts 2 -m tests.cluster.fake_worker az://chips/naip.zarr "
-        "--out /shared/runs/a"
-    )
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    assert env["OMP_NUM_THREADS"] == "6"
-
-
-def test_small_and_cpu_jobs() -> None:
-    single = yaml.safe_load(plan_of(k8s_spec(targetNodeCount=1)).files()["pytorchjob.yaml"])
-    assert_kubeflow_accepts(single)
-    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
-    assert "elasticPolicy" not in single["spec"]
-    assert single["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "Never"
-    elastic_one = plan_of(k8s_spec(targetNodeCount=1, elastic={"maxRestarts": 1})).manifest
-    assert list(elastic_one["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
-    cpu = plan_of(k8s_spec(vmSize="Standard_D16s_v3")).manifest
-    container = cpu["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    assert "limits" not in container["resources"]  # no GPU asked of a CPU size
-
-
-def test_secrets_are_redacted_in_the_plan_but_applied_for_real(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    plan = plan_of(
-        k8s_spec(), "--storage-options", f'{{"connection_string": "{CONNECTION_STRING}"}}'
-    )
-    written = write_plan_files(plan, tmp_path / "plan")
-    for text in [plan.describe(), *(p.read_text() for p in written)]:
-        assert "S2V5Rm9yS3ViZXJuZXRlcw==" not in text
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    applied = tmp_path / "applied.yaml"
-    kubectl = bin_dir / "kubectl"
-    kubectl.write_text(f'#!/bin/sh\ncat > {applied}\necho "pytorchjob created"\n')
-    kubectl.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    result = launch_plan(plan, LaunchOptions())
-    assert (result.status, result.job_id) == ("submitted", "training/landcover-nc24")
-    assert "S2V5Rm9yS3ViZXJuZXRlcw==" in applied.read_text()  # what runs keeps the real value
-    assert yaml.safe_load(applied.read_text())["kind"] == "PyTorchJob"
-    assert "&id" not in applied.read_text()  # plain YAML, no anchors for kubectl to expand
 
 
 def test_launch_without_kubectl_or_with_a_failing_one(
@@ -148,7 +24,9 @@ def test_launch_without_kubectl_or_with_a_failing_one(
 ) -> None:
     plan = plan_of(k8s_spec())
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(EngineUnavailableError, match=r"kubectl not found on PATH: install it"):
+    with pytest.raises(
+        EngineUnavailableError, match=r"kubectl not found on PATH: install it.* apply trainjob.yaml"
+    ):
         launch_plan(plan, LaunchOptions())
     kubectl = tmp_path / "kubectl"
     kubectl.write_text(
@@ -159,4 +37,138 @@ def test_launch_without_kubectl_or_with_a_failing_one(
         launch_plan(plan, LaunchOptions())
     assert str(info.value) == (
         "kubectl apply failed: error: the server could not find the requested resource"
+    )
+    kubectl.write_text(
+        '#!/bin/sh\necho \'The TrainJob "landcover-nc24" is invalid: spec.trainer: Invalid '
+        'value: "object": field is immutable\' >&2\nexit 1\n'
+    )
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan, LaunchOptions())
+    assert str(info.value).endswith(
+        "field is immutable; a TrainJob training/landcover-nc24 exists already: delete it "
+        "(kubectl delete -n training trainjob landcover-nc24) or change name in cluster.json"
+    )
+
+
+def fake_kubectl(tmp_path: Path, conditions: list[dict[str, str]]) -> Path:
+    """A kubectl whose `apply` succeeds and whose `get` answers with these job conditions
+    after one answer without any (the job still starting)."""
+    status = json.dumps({"status": {"conditions": conditions}})
+    calls = tmp_path / "calls"
+    script = tmp_path / "bin" / "kubectl"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        'case "$1" in apply) cat > /dev/null; echo created;;\n'
+        f"  get) if [ $(grep -c '^get' {calls}) -lt 2 ]; then echo '{{}}'; "
+        f"else echo '{status}'; fi;;\n"
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return calls
+
+
+@pytest.mark.parametrize(("api", "done"), [("trainjob", "Complete"), ("pytorchjob", "Succeeded")])
+def test_wait_follows_the_job_conditions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: str, done: str
+) -> None:
+    monkeypatch.setattr(kubernetes, "POLL_INTERVAL_S", 0.01)
+    calls = fake_kubectl(
+        tmp_path, [{"type": "Created", "status": "True"}, {"type": done, "status": "True"}]
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    result = launch_plan(plan_of(k8s_spec(api)), LaunchOptions(wait=True))
+    assert result.status == "succeeded"
+    label = (
+        "jobset.sigs.k8s.io/jobset-name" if api == "trainjob" else "training.kubeflow.org/job-name"
+    )
+    assert result.log_location == f"kubectl logs -n training -l {label}=landcover-nc24"
+    gets = [line for line in calls.read_text().splitlines() if line.startswith("get")]
+    assert gets == [f"get -n training {api}/landcover-nc24 -o json"] * 2
+
+
+def test_wait_reports_a_failed_job_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubernetes, "POLL_INTERVAL_S", 0.01)
+    fake_kubectl(
+        tmp_path,
+        [
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "JobSetFailed",
+                "message": "node-0 exited 1",
+            }
+        ],
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan_of(k8s_spec()), LaunchOptions(wait=True))
+    assert str(info.value) == (
+        "TrainJob training/landcover-nc24 failed (node-0 exited 1); logs: "
+        "kubectl logs -n training -l jobset.sigs.k8s.io/jobset-name=landcover-nc24"
+    )
+
+
+def test_the_kubernetes_section() -> None:
+    runtime = k8s_spec(
+        kubernetes={
+            "image": "i",
+            "runtime": "torch-gpu",
+            "runtimeKind": "TrainingRuntime",
+            "imagePullPolicy": "Always",
+            "storageSecret": "s",
+            "storageSecretKeys": ["AZURE_STORAGE_SAS_TOKEN"],
+        }
+    )
+    plan = plan_of(runtime)
+    assert plan.manifest["spec"]["runtimeRef"]["name"] == "torch-gpu"
+    assert plan.manifest["spec"]["runtimeRef"]["kind"] == "TrainingRuntime"
+    secret_env = [e for e in plan.manifest["spec"]["trainer"]["env"] if "valueFrom" in e]
+    assert [e["name"] for e in secret_env] == ["AZURE_STORAGE_SAS_TOKEN"]
+    assert "note: imagePullPolicy is not a TrainJob field" in plan.describe()
+    assert runtime.kubernetes is not None
+    v1 = plan_of(replace(runtime, kubernetes=replace(runtime.kubernetes, api="pytorchjob")))
+    container = v1.manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["imagePullPolicy"] == "Always"
+    bad: list[tuple[dict[str, Any], str]] = [
+        (
+            {"image": "i", "api": "mpijob"},
+            "kubernetes.api must be 'trainjob' or 'pytorchjob', got 'mpijob'",
+        ),
+        (
+            {"image": "i", "runtmie": "x"},
+            "unknown field 'kubernetes.runtmie': did you mean 'runtime'?",
+        ),
+        (
+            {"image": "i", "storageSecret": "s", "storageSecretKeys": ["AZURE KEY"]},
+            "kubernetes.storageSecretKeys must list environment variable names "
+            "(letters, digits, '_'), got 'AZURE KEY'",
+        ),
+        (
+            {"image": "i", "storageSecretKeys": ["A"]},
+            "kubernetes.storageSecretKeys needs kubernetes.storageSecret",
+        ),
+    ]
+    for section, message in bad:
+        with pytest.raises(ClusterSpecError) as info:
+            k8s_spec(kubernetes=section)
+        assert str(info.value).startswith(f"cluster.json: {message}"), str(info.value)
+
+
+def test_wait_gives_up_at_the_timeout_and_says_the_job_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubernetes, "POLL_INTERVAL_S", 0.01)
+    fake_kubectl(tmp_path, [{"type": "Created", "status": "True"}])
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan_of(k8s_spec()), LaunchOptions(wait=True, timeout_s=0.2))
+    assert str(info.value) == (
+        "TrainJob training/landcover-nc24 did not finish within 0.2 s; it keeps running: "
+        "follow it with kubectl logs -n training -l jobset.sigs.k8s.io/jobset-name=landcover-nc24"
     )

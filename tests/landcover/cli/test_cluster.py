@@ -69,7 +69,12 @@ KUBERNETES_SPEC: dict[str, Any] = {
     [
         (None, {"torchrun.sh"}, "engine: local"),
         (AZUREML_SPEC, {"job.yaml", "compute.yaml"}, "engine: azureml"),
-        (KUBERNETES_SPEC, {"pytorchjob.yaml"}, "engine: kubernetes"),
+        (KUBERNETES_SPEC, {"trainjob.yaml", "secret.yaml"}, "engine: kubernetes"),
+        (
+            {**KUBERNETES_SPEC, "kubernetes": {"api": "pytorchjob", "image": "i"}},
+            {"pytorchjob.yaml", "secret.yaml"},
+            "engine: kubernetes",
+        ),
     ],
 )
 def test_plan_prints_and_writes_the_files_without_secrets(
@@ -97,6 +102,9 @@ def test_plan_prints_and_writes_the_files_without_secrets(
     if "pytorchjob.yaml" in files:
         manifest = yaml.safe_load((tmp_path / "plan" / "pytorchjob.yaml").read_text())
         assert manifest["spec"]["elasticPolicy"]["maxRestarts"] == 1
+    if "trainjob.yaml" in files:
+        manifest = yaml.safe_load((tmp_path / "plan" / "trainjob.yaml").read_text())
+        assert manifest["spec"]["trainer"]["args"][:2] == ["--max-restarts", "1"]
 
 
 def test_bad_input_is_one_line_with_exit_code_2(tmp_path: Path) -> None:
