@@ -176,28 +176,36 @@ def _follow(
     """Poll the job until it ends, streaming rank 0's log; its last state (None: forgotten)."""
     show = _shower(plan, options.on_output)
     tail = _LogTail(log_dir / plan.rank_log(job_id, 0).name)
-    seen: str | None = None
+    seen: list[str] = []
+
+    def announce(state: JobState) -> None:
+        if seen and seen[-1] == state.state:
+            return
+        seen.append(state.state)
+        where = f" on {state.nodes}" if state.nodes and state.state != "PENDING" else ""
+        why = f" ({state.reason})" if state.reason not in ("", "None") else ""
+        _notify(options.on_output, f"[slurm] job {job_id} {state.state}{where}{why}")
+
     failures = 0
     while True:
         try:
             state = query_job(job_id, env, options.cwd)
             failures = 0
-        except LaunchError:
+        except LaunchError:  # the controller may be restarting: ask again
             failures += 1
             if failures >= MAX_QUERY_FAILURES:
                 raise
-            state = JobState("UNKNOWN", 0, 0, "", "scontrol failed")
-        for line in tail.new_lines():
-            show(line)
-        if state is not None and state.state != seen and state.state != "UNKNOWN":
-            seen = state.state
-            where = f" on {state.nodes}" if state.nodes and state.state != "PENDING" else ""
-            why = f" ({state.reason})" if state.reason not in ("", "None") else ""
-            _notify(options.on_output, f"[slurm] job {job_id} {state.state}{where}{why}")
-        if state is None or state.finished:
+            time.sleep(POLL_S)
+            continue
+        if state is None or state.finished:  # the last lines, then how it ended
             for line in tail.new_lines(final=True):
                 show(line)
+            if state is not None:
+                announce(state)
             return state
+        announce(state)  # a new state, then the lines that came with it
+        for line in tail.new_lines():
+            show(line)
         if options.timeout_s is not None and time.monotonic() - started > options.timeout_s:
             raise LaunchError(
                 f"SLURM job {job_id} did not finish within {options.timeout_s:g} s and is still "

@@ -1,0 +1,356 @@
+"""The slurm engine: the sbatch script it plans, and how it submits, follows and reports a job.
+
+Offline, sbatch, scontrol and scancel are small shell scripts on PATH that play a job's states
+from a file. With the real SLURM testbed (`slurm_testbed`, root only) jobs of the stand-in
+worker run across two emulated nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cluster import slurm
+from cluster.clusterjson import parse_cluster_spec
+from cluster.engine import LaunchOptions, get_engine, launch_plan, plan_job
+from cluster.errors import EngineUnavailableError, LaunchError
+from cluster.slurmplan import SCRIPT_NAME, SlurmPlan
+from tests.cluster.fake_worker import fake_job
+
+SECRET = "c2VjcmV0LXNsdXJtLWFjY291bnQta2V5"
+SECRET_ENV = {"LANDCOVER_STORAGE_OPTIONS": json.dumps({"account_key": SECRET})}
+FULL_SLURM = {
+    "partition": "gpu",
+    "account": "proj-42",
+    "timeLimit": "02:00:00",
+    "gpusPerNode": 2,
+    "cpusPerTask": 6,
+    "setup": ["module load cuda/12", "source venv/bin/activate"],
+    "extraDirectives": ["--exclusive", "#SBATCH --mem=0"],
+    "socketInterface": "ib0",
+}
+
+
+def slurm_plan(
+    run_dir: Path, section: dict[str, object] | None = None, **spec: object
+) -> SlurmPlan:
+    document = {"engine": "slurm", "targetNodeCount": 2, **spec}
+    if section is not None:
+        document["slurm"] = section
+    job = fake_job("/shared/chips.zarr", str(run_dir), "--epochs", "3", secret_env=SECRET_ENV)
+    plan = plan_job(parse_cluster_spec(document), job)
+    assert isinstance(plan, SlurmPlan)
+    return plan
+
+
+def directives(script: str) -> list[str]:
+    return [
+        line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")
+    ]
+
+
+def test_script_asks_for_the_nodes_tasks_and_resources(tmp_path: Path) -> None:
+    plan = slurm_plan(tmp_path / "run", FULL_SLURM)
+    script = plan.files()[SCRIPT_NAME]
+    logs = tmp_path / "run" / "logs"
+    assert directives(script) == [
+        "--job-name=landcover",
+        "--nodes=2",
+        "--ntasks-per-node=2",  # one task per GPU: processesPerNode "auto"
+        "--cpus-per-task=6",
+        "--gres=gpu:2",
+        "--time=02:00:00",
+        "--partition=gpu",
+        "--account=proj-42",
+        f"--output={logs}/slurm-%j.out",
+        f"--error={logs}/slurm-%j.out",
+        "--export=ALL",
+        "--exclusive",
+        "--mem=0",
+    ]
+    body = script.splitlines()
+    # the setup runs first, then the environment every task inherits
+    assert body.index("module load cuda/12") < body.index("source venv/bin/activate")
+    assert body.index("source venv/bin/activate") < body.index("export OMP_NUM_THREADS=6")
+    for line in (
+        "export GLOO_SOCKET_IFNAME=ib0",
+        "export NCCL_SOCKET_IFNAME=ib0",
+        f"export LANDCOVER_ERROR_DIR={logs}",
+    ):
+        assert line in body
+    # the master is the first node's address, resolved on the node; the port from the job id
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
+    assert 'grep -o "NodeAddr=[^ ]*"' in script
+    assert "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 10000 ))" in body
+    # one process per task, no torchrun: ranks come from SLURM's own variables
+    assert body[-1] == (
+        f"exec srun --kill-on-bad-exit=1 --output={logs}/job-%j-rank-%t.log python -m "
+        f"tests.cluster.fake_worker /shared/chips.zarr --out {tmp_path / 'run'} --epochs 3"
+    )
+    assert "torch.distributed.run" not in script and "torchrun" not in script
+
+
+def test_a_bare_spec_leaves_resources_to_slurm(tmp_path: Path) -> None:
+    plan = slurm_plan(tmp_path / "run")
+    options = directives(plan.files()[SCRIPT_NAME])
+    assert options[:3] == ["--job-name=landcover", "--nodes=2", "--ntasks-per-node=1"]
+    assert not [
+        o for o in options if o.startswith(("--gres", "--cpus", "--time", "--part", "--acc"))
+    ]
+    assert "GLOO_SOCKET_IFNAME" not in plan.files()[SCRIPT_NAME]
+    # a known VM size gives the CPUs per task: its vCPUs shared by its tasks
+    sized = slurm_plan(tmp_path / "run", vmSize="Standard_NC24s_v3")
+    assert "--cpus-per-task=6" in directives(sized.files()[SCRIPT_NAME])
+
+
+def test_secrets_stay_out_of_the_script_and_the_plan(tmp_path: Path) -> None:
+    plan = slurm_plan(tmp_path / "run", FULL_SLURM)
+    script, text = plan.files()[SCRIPT_NAME], plan.describe()
+    assert SECRET not in script and SECRET not in text and "account_key" not in script
+    # the script only checks that the submitting environment has the secret
+    assert (
+        ': "${LANDCOVER_STORAGE_OPTIONS:?export LANDCOVER_STORAGE_OPTIONS before sbatch' in script
+    )
+    assert "LANDCOVER_STORAGE_OPTIONS=<redacted>" in text
+    assert "engine: slurm" in text and "2 node(s) x 2 task(s) = 4 worker(s)" in text
+    assert (
+        f"submit: mkdir -p {tmp_path / 'run' / 'logs'} && sbatch --parsable {SCRIPT_NAME}" in text
+    )
+    assert f"note: {tmp_path / 'run'} must be on a filesystem every node shares" in text
+
+
+def test_a_url_output_keeps_the_logs_in_the_submission_directory() -> None:
+    job = fake_job("az://chips/c.zarr", "az://runs/a")
+    plan = plan_job(parse_cluster_spec({"engine": "slurm", "targetNodeCount": 1}), job)
+    assert isinstance(plan, SlurmPlan) and plan.log_dir == "slurm-logs/landcover"
+
+
+# ----------------------------------------------------------------------------- launching, offline
+
+_SBATCH = """#!/usr/bin/env bash
+echo "$@" >> "$FAKE/sbatch.args"
+echo "${LANDCOVER_STORAGE_OPTIONS:-unset}" > "$FAKE/sbatch.secret"
+if [ -e "$FAKE/refuse" ]; then
+  echo "sbatch: error: Invalid partition name specified" >&2; exit 1
+fi
+if [ -x "$FAKE/on_submit" ]; then "$FAKE/on_submit"; fi
+echo "42;testcluster"
+"""
+# plays $FAKE/states one line per query ("STATE EXIT[|line for rank 0's log]"), then the last
+_SCONTROL = """#!/usr/bin/env bash
+n=$(( $(cat "$FAKE/count" 2>/dev/null || echo 0) + 1 )); echo $n > "$FAKE/count"
+line=$(sed -n "${n}p" "$FAKE/states"); [ -n "$line" ] || line=$(tail -n 1 "$FAKE/states")
+state=${line%%|*}
+if [ "$state" != "$line" ]; then echo "${line#*|}" >> "$FAKE_RANK0_LOG"; fi
+if [ "$state" = GONE ]; then echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; fi
+if [ "$state" = DOWN ]; then
+  echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1
+fi
+if [ "$state" = TERM ]; then kill -TERM "$PPID"; state="RUNNING 0:0"; fi
+set -- $state
+echo "JobId=42 JobName=landcover JobState=$1 Reason=None ExitCode=$2 NodeList=n[0-1]"
+"""
+_SCANCEL = """#!/usr/bin/env bash
+echo "$@" >> "$FAKE/scancel.args"
+"""
+
+
+@dataclass
+class FakeSlurm:
+    dir: Path
+    plan: SlurmPlan
+    env: dict[str, str]
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.plan.log_dir)
+
+    def states(self, *lines: str) -> None:
+        (self.dir / "states").write_text("".join(line + "\n" for line in lines))
+
+    def on_submit(self, shell: str) -> None:
+        path = self.dir / "on_submit"
+        path.write_text("#!/usr/bin/env bash\n" + shell + "\n")
+        path.chmod(0o755)
+
+    def calls(self, tool: str) -> list[str]:
+        path = self.dir / f"{tool}.args"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def launch(
+        self, *, wait: bool = True, timeout_s: float | None = None
+    ) -> tuple[list[str], object]:
+        lines: list[str] = []
+        options = LaunchOptions(
+            on_output=lines.append, wait=wait, timeout_s=timeout_s, env=self.env
+        )
+        return lines, launch_plan(self.plan, options)
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    fake = tmp_path / "fake"
+    bin_dir = fake / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in (("sbatch", _SBATCH), ("scontrol", _SCONTROL), ("scancel", _SCANCEL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    monkeypatch.setattr(slurm, "POLL_S", 0.01)
+    plan = slurm_plan(tmp_path / "run")
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE": str(fake),
+        "FAKE_RANK0_LOG": str(plan.rank_log("42", 0)),
+    }
+    return FakeSlurm(fake, plan, env)
+
+
+def test_launch_follows_the_job_and_streams_rank_0(fake_slurm: FakeSlurm) -> None:
+    fake_slurm.states(
+        "PENDING 0:0",
+        "RUNNING 0:0|epoch 1 done",
+        f"RUNNING 0:0|loss 0.5 {SECRET}",
+        "COMPLETED 0:0|epoch 2 done",
+    )
+    lines, result = fake_slurm.launch()
+    assert lines == [
+        "[slurm] job 42 PENDING",
+        "[slurm] job 42 RUNNING on n[0-1]",
+        "epoch 1 done",
+        "loss 0.5 <redacted>",
+        "epoch 2 done",
+        "[slurm] job 42 COMPLETED on n[0-1]",
+    ]
+    assert result == slurm.LaunchResult(
+        engine="slurm",
+        job_id="42",
+        status="succeeded",
+        run_dir=str(fake_slurm.plan.job.output_dir),
+        log_location=str(fake_slurm.log_dir),
+        wall_time_s=result.wall_time_s,  # type: ignore[attr-defined]
+    )
+    # submitted with the secret in sbatch's environment, never in the script it wrote
+    script = fake_slurm.log_dir / SCRIPT_NAME
+    assert fake_slurm.calls("sbatch") == [f"--parsable {script}"]
+    assert SECRET in (fake_slurm.dir / "sbatch.secret").read_text()
+    assert SECRET not in script.read_text() and os.access(script, os.X_OK)
+    assert fake_slurm.calls("scancel") == []
+
+
+def test_without_wait_the_job_is_only_submitted(fake_slurm: FakeSlurm) -> None:
+    fake_slurm.states("RUNNING 0:0")
+    lines, result = fake_slurm.launch(wait=False)
+    assert (result.status, result.job_id, lines) == ("submitted", "42", [])  # type: ignore[attr-defined]
+    assert not (fake_slurm.dir / "count").exists()  # never queried
+
+
+def test_a_failed_rank_is_reported_by_its_own_error(fake_slurm: FakeSlurm) -> None:
+    fake_slurm.states("RUNNING 0:0", "FAILED 1:0")
+    (fake_slurm.log_dir).mkdir(parents=True)
+    (fake_slurm.log_dir / "rank-0.error").write_text("stale: from an earlier job")
+    record = {"rank": 1, "attempt": 0, "time_s": 1.0, "message": f"bad key {SECRET}"}
+    error_file = fake_slurm.log_dir / "rank-1.error"
+    fake_slurm.on_submit(f"echo '{json.dumps(record)}' > {error_file}")
+    with pytest.raises(LaunchError) as info:
+        fake_slurm.launch()
+    assert str(info.value) == (
+        f"bad key <redacted> (SLURM job 42 FAILED, exit code 1; worker logs: {fake_slurm.log_dir}/)"
+    )
+
+
+def test_a_killed_rank_is_reported_by_srun_and_the_exit_status(fake_slurm: FakeSlurm) -> None:
+    fake_slurm.states(
+        "RUNNING 0:0|epoch 1 done",
+        "RUNNING 0:0|Traceback (most recent call last):",
+        "RUNNING 0:0|  File x.py",
+        "RUNNING 0:0|RuntimeError: Connection closed by peer",
+        "FAILED 137:0|more noise after the failure",
+    )
+    batch_log = fake_slurm.plan.batch_log("42")
+    fake_slurm.on_submit(
+        f"printf 'landcover: nodes n[0-1]\\nsrun: error: n1: task 1: Killed\\n"
+        f"srun: error: n0: task 0: Terminated\\n' > {batch_log}"
+    )
+    lines: list[str] = []
+    options = LaunchOptions(on_output=lines.append, wait=True, env=fake_slurm.env)
+    with pytest.raises(LaunchError) as info:
+        launch_plan(fake_slurm.plan, options)
+    # the traceback and what follows it are failure noise: the error says it once
+    assert lines == [
+        "[slurm] job 42 RUNNING on n[0-1]",
+        "epoch 1 done",
+        "[slurm] job 42 FAILED on n[0-1]",
+    ]
+    assert str(info.value) == (
+        f"SLURM job 42 FAILED, exit code 137: n1: task 1: Killed; logs: {fake_slurm.log_dir}/"
+    )
+
+
+def test_a_refused_submission_and_a_vanished_job_are_one_line(fake_slurm: FakeSlurm) -> None:
+    (fake_slurm.dir / "refuse").touch()
+    with pytest.raises(
+        LaunchError, match=r"^sbatch refused the job: sbatch: error: Invalid partition"
+    ):
+        fake_slurm.launch()
+    (fake_slurm.dir / "refuse").unlink()
+    fake_slurm.states("GONE")
+    with pytest.raises(LaunchError, match=r"^SLURM job 42 no longer known to SLURM; logs: "):
+        fake_slurm.launch()
+
+
+def test_ctrl_c_while_following_cancels_the_job(fake_slurm: FakeSlurm) -> None:
+    fake_slurm.states("RUNNING 0:0|epoch 1 done")
+
+    def interrupt(line: str) -> None:
+        if line == "epoch 1 done":
+            raise KeyboardInterrupt
+
+    options = LaunchOptions(on_output=interrupt, wait=True, env=fake_slurm.env)
+    with pytest.raises(KeyboardInterrupt):
+        launch_plan(fake_slurm.plan, options)
+    assert fake_slurm.calls("scancel") == ["42"]
+
+
+def test_sigterm_while_following_cancels_the_job(fake_slurm: FakeSlurm) -> None:
+    fake_slurm.states("RUNNING 0:0", "TERM")
+    with pytest.raises(SystemExit) as info:
+        fake_slurm.launch()
+    assert info.value.code == 143
+    assert fake_slurm.calls("scancel") == ["42"]
+
+
+def test_a_timeout_stops_following_but_leaves_the_job(fake_slurm: FakeSlurm) -> None:
+    fake_slurm.states("RUNNING 0:0")
+    with pytest.raises(
+        LaunchError,
+        match=r"^SLURM job 42 did not finish within 0.05 s and is "
+        r"still RUNNING: follow it with `squeue -j 42` or cancel it with `scancel 42`",
+    ):
+        fake_slurm.launch(timeout_s=0.05)
+    assert fake_slurm.calls("scancel") == []
+
+
+def test_without_sbatch_the_engine_says_where_to_run(tmp_path: Path) -> None:
+    plan = slurm_plan(tmp_path / "run")
+    options = LaunchOptions(wait=True, env={"PATH": str(tmp_path)})
+    with pytest.raises(
+        EngineUnavailableError, match="sbatch not found on PATH: launch from a SLURM"
+    ):
+        get_engine("slurm").launch(plan, options)
+
+
+def test_a_controller_that_does_not_answer_is_asked_again(
+    fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_slurm.states("DOWN", "DOWN", "COMPLETED 0:0")
+    _, result = fake_slurm.launch()
+    assert result.status == "succeeded"  # type: ignore[attr-defined]
+    monkeypatch.setattr(slurm, "MAX_QUERY_FAILURES", 2)
+    (fake_slurm.dir / "count").unlink()
+    with pytest.raises(LaunchError, match=r"^scontrol show job 42 failed: slurm_load_jobs error"):
+        fake_slurm.launch()
