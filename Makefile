@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 AZURITE := .tools/node_modules/.bin/azurite
 DEMO_OUT ?= demo-output
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench clean cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -28,6 +28,14 @@ demo: $(STAMP)
 
 test: $(STAMP) $(AZURITE)
 	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -q
+
+# a real SLURM cluster of emulated nodes on this machine (root; README "Emulated nodes")
+NODES ?= 2
+cluster-up: $(STAMP)
+	$(PY) -m cluster.testbed up --nodes $(NODES) $(if $(BANDWIDTH),--bandwidth $(BANDWIDTH))
+
+cluster-down: $(STAMP)
+	$(PY) -m cluster.testbed down $(PREFIX)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tiling landcover cluster tests benchmarks notebooks

@@ -19,6 +19,7 @@ from cluster.engine import LaunchOptions, LaunchResult, is_url
 from cluster.errors import LaunchError
 from cluster.failures import clear_worker_errors, first_worker_error
 from cluster.localplan import LocalPlan
+from cluster.netns import NodeNetwork
 from cluster.output import OutputPump, TerminalFilter
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,15 @@ _POLL_S = 0.2
 
 
 def run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
-    """Start the agents, wait for them all; a LaunchError (one line) if any fails."""
+    """Start the agents (in their nodes' network namespaces when the plan has a network,
+    removed after), wait for them all; a LaunchError (one line) if any fails."""
+    if plan.network is None:
+        return _run_agents(plan, options)
+    with NodeNetwork(plan.network):
+        return _run_agents(plan, options)
+
+
+def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
     log_dir = Path(plan.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     for i in range(len(plan.agent_commands)):  # one launch, one set of logs

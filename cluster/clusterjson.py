@@ -21,8 +21,13 @@ Flat form (only `targetNodeCount` is required on the local engine)::
                      "storageSecret": "chips-storage", "cpu": "4", "memory": "16Gi"},
       "slurm": {"partition": "gpu", "account": "proj42", "timeLimit": "HH:MM:SS",
                 "gpusPerNode": 4, "cpusPerTask": 8, "setup": ["module load cuda", "..."],
-                "extraDirectives": ["--exclusive"], "socketInterface": "ib0"}
+                "extraDirectives": ["--exclusive"], "socketInterface": "ib0"},
+      "network": {"bandwidth": "1gbit", "latency": "2ms"}
     }
+
+`network` (local engine, root): each simulated node runs in its own network namespace behind a
+link of that rate (tc units: "100mbit", "1gbit"); `latency` is a one-way delay, which needs the
+kernel's netem (refused at launch where the kernel has none). See `cluster.netns`.
 
 Legacy form (the original Batch AI tutorial's cluster.json)::
 
@@ -60,6 +65,7 @@ from typing import Any
 
 from cluster.errors import ClusterSpecError
 from cluster.machine import local_cpu_count, local_gpu_count
+from cluster.netns import LinkShape, parse_duration_s, parse_rate
 from cluster.redact import Redactor, collect_secret_values
 from cluster.spec import (
     AzureMLSpec,
@@ -79,6 +85,7 @@ from cluster.specfile import (
     ElasticSection,
     FlatFile,
     LegacyFile,
+    NetworkSection,
     SlurmSection,
     validate_document,
 )
@@ -297,6 +304,11 @@ def _resolve(
             cpu=None if k.cpu is None else str(k.cpu),
             memory=k.memory,
         )
+    network = None
+    if common.network is not None:
+        network = _network(common.network)
+        if engine not in ("local", "slurm"):
+            notes = (*notes, f"network is emulated by the local engine only: {engine} ignores it")
     data = DataSpec(common.data.url, common.data.mode, common.data.account_name)
     if data.url is not None and not data.url.strip():
         raise ClusterSpecError('data.url is empty: give the chip store URL or drop "url"')
@@ -316,9 +328,16 @@ def _resolve(
         azureml=azureml,
         kubernetes=kubernetes,
         slurm=slurm,
+        network=network,
         notes=notes,
         secret_values=secrets,
     )
+
+
+def _network(raw: NetworkSection) -> LinkShape:
+    rate = None if raw.bandwidth is None else parse_rate(raw.bandwidth)
+    delay = None if raw.latency is None else parse_duration_s(raw.latency)
+    return LinkShape(rate_bits_per_s=rate, delay_s=delay or None)
 
 
 def _azureml(raw: AzureMLSection, name: str) -> AzureMLSpec:

@@ -3,7 +3,10 @@
 `targetNodeCount` nodes are `targetNodeCount` torchrun agents that meet through a c10d
 rendezvous on 127.0.0.1 (a free port), each starting `processesPerNode` workers — the same
 elastic agent code path a real multi-node job takes, so restarts and rejoining are exercised
-for real. With `elastic.maxRestarts` > 0 a failed worker group is restarted (every agent
+for real. With `"network": {"bandwidth": "1gbit"}` (root) each agent runs in its own network
+namespace behind a link of that rate (`cluster.netns`), so ranks on different simulated nodes
+talk over a real network stack, and the rendezvous is at node 0's address. With
+`elastic.maxRestarts` > 0 a failed worker group is restarted (every agent
 re-rendezvouses); continuing where it stopped is the job's business.
 
 Agent output (which includes the workers') goes line by line, redacted, to

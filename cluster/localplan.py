@@ -2,8 +2,9 @@
 
 The agents meet through a c10d rendezvous on 127.0.0.1 (a free port); each starts
 `processesPerNode` workers with a fair share of the cores (`OMP_NUM_THREADS`) and, when there
-are enough GPUs, its own slice of them. The plan shows all of it, and writes it as
-`torchrun.sh`, with the job's secrets redacted.
+are enough GPUs, its own slice of them. With a `network` in the spec, each agent runs in its own
+network namespace (`cluster.netns`) and the rendezvous is at node 0's address there. The plan
+shows all of it, and writes it as `torchrun.sh`, with the job's secrets redacted.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from pathlib import Path
 from cluster.engine import Job, is_url, job_redactor, threads_per_worker
 from cluster.failures import ERROR_DIR_ENV
 from cluster.machine import local_cpu_count, local_gpu_count
+from cluster.netns import NetworkLayout, plan_network
 from cluster.redact import REDACTED, Redactor
 from cluster.spec import ClusterSpec
 
 LOOPBACK = "127.0.0.1"
+# node 0's namespace is fresh: nothing else listens there
+NAMESPACE_RDZV_PORT = 29500
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,7 @@ class LocalPlan:
     log_dir: str
     redactor: Redactor = field(repr=False, compare=False)
     gpu_note: str | None = None
+    network: NetworkLayout | None = None  # built at launch (`cluster.agents`)
     engine: str = "local"
 
     @property
@@ -67,6 +72,11 @@ class LocalPlan:
                 else ""
             ),
             f"rendezvous: c10d at {self.rdzv_endpoint}, id {self.rdzv_id}",
+            *(
+                [f"network: {self.network.describe()} (root; built at launch)"]
+                if self.network
+                else []
+            ),
             _restarts_line(spec),
             *(f"input {k}: {r.text(v)}" for k, v in self.job.inputs.items()),
             *(f"output {k}: {r.text(v)}" for k, v in self.job.outputs.items()),
@@ -99,6 +109,7 @@ class LocalPlan:
                 for k in self.job.secret_env
             ),
             f"mkdir -p {shlex.quote(self.log_dir)}",
+            *_network_lines(self.network),
             "pids=()",
         ]
         for i, command in enumerate(self.agent_commands):
@@ -111,6 +122,18 @@ class LocalPlan:
             'exit "$status"',
         ]
         return {"torchrun.sh": "\n".join(out) + "\n"}
+
+
+def _network_lines(network: NetworkLayout | None) -> list[str]:
+    """Build the nodes' namespaces (root), and remove them however the script ends."""
+    if network is None:
+        return []
+    teardown = "; ".join(f"{_shell(c)} 2>/dev/null" for c in network.teardown_commands())
+    return [
+        f"# {network.describe()}",
+        f"trap {shlex.quote(teardown)} EXIT",
+        *(f"{_shell(c)} || exit 1" for c in network.setup_commands()),
+    ]
 
 
 def _restarts_line(spec: ClusterSpec) -> str:
@@ -150,7 +173,13 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
     """One torchrun agent command line per simulated node, and their environment."""
     cores = local_cpu_count()
     threads = threads_per_worker(spec) or 1
-    endpoint = f"{LOOPBACK}:{free_port()}"
+    network = None if spec.network is None else plan_network(spec.node_count, spec.network)
+    if network is None:
+        addresses = (LOOPBACK,) * spec.node_count
+        endpoint = f"{LOOPBACK}:{free_port()}"
+    else:
+        addresses = network.addresses
+        endpoint = f"{addresses[0]}:{NAMESPACE_RDZV_PORT}"
     rdzv_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     if spec.elastic is not None and spec.elastic.min_nodes != spec.elastic.max_nodes:
         nnodes = f"{spec.elastic.min_nodes}:{spec.elastic.max_nodes}"
@@ -165,6 +194,7 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
         conf = f"is_host={1 if node == 0 else 0},last_call_timeout=1"
         commands.append(
             (
+                *(network.enter(node) if network else ()),
                 sys.executable,
                 "-m",
                 "torch.distributed.run",
@@ -181,7 +211,7 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
                 "--rdzv-conf",
                 conf,
                 "--local-addr",
-                LOOPBACK,
+                addresses[node],
                 "--max-restarts",
                 str(spec.max_restarts),
                 "-m",
@@ -190,6 +220,8 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
             )
         )
     agent_env, gpu_note = _gpu_partition(spec)
+    if network is not None:
+        agent_env = tuple({**e, **network.node_env()} for e in agent_env)
     env = {
         "OMP_NUM_THREADS": str(threads),
         "PYTHONUNBUFFERED": "1",
@@ -206,6 +238,7 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
         agent_commands=tuple(commands),
         agent_env=agent_env,
         gpu_note=gpu_note,
+        network=network,
         env=env,
         rdzv_endpoint=endpoint,
         rdzv_id=rdzv_id,

@@ -12,6 +12,7 @@ from typing import Literal
 
 from cluster.errors import ClusterSpecError
 from cluster.machine import local_cpu_count, local_gpu_count
+from cluster.netns import LinkShape
 from cluster.redact import Redactor
 from cluster.specfile import DataMode, EngineName
 from cluster.vmsizes import LOCAL
@@ -101,6 +102,8 @@ class ClusterSpec:
     azureml: AzureMLSpec | None = None
     kubernetes: KubernetesSpec | None = None
     slurm: SlurmSpec | None = None  # always set on the slurm engine
+    # each node in its own network namespace behind a link of this shape (`cluster.netns`)
+    network: LinkShape | None = None
     # what the file said that no engine acts on, shown in plans
     notes: tuple[str, ...] = field(default=(), compare=False)
     # literal secret values from the file, kept only to scrub them from output

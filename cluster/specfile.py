@@ -141,6 +141,11 @@ class SlurmSection(_Model):
     ) = None
 
 
+class NetworkSection(_Model):
+    bandwidth: StrictStr | None = None
+    latency: StrictStr | None = None
+
+
 class CommonSection(_Model):
     name: StrictStr = "landcover"
     engine: EngineName = "local"
@@ -150,6 +155,7 @@ class CommonSection(_Model):
     azureml: AzureMLSection | None = None
     kubernetes: KubernetesSection | None = None
     slurm: SlurmSection | None = None
+    network: NetworkSection | None = None
 
 
 class FlatFile(CommonSection):
@@ -223,6 +229,7 @@ _KNOWN_KEYS = sorted(
         *(f.alias or n for n, f in AzureMLSection.model_fields.items()),
         *(f.alias or n for n, f in KubernetesSection.model_fields.items()),
         *(f.alias or n for n, f in SlurmSection.model_fields.items()),
+        *(f.alias or n for n, f in NetworkSection.model_fields.items()),
         "manual",
         "autoScale",
     }
