@@ -3,7 +3,8 @@
 `read_dist_env` is the ONE place that reads it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, NODE_RANK or GROUP_RANK): torchrun, Azure ML, Kubeflow's PyTorchJob
 and mpirun wrappers all set some subset of these. A process that `srun` started has SLURM's own
-instead (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, and SLURM_NTASKS_PER_NODE or
+instead (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID; tasks per node from
+SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE or the node count, SLURM_STEP_NUM_NODES or
 SLURM_JOB_NUM_NODES), read when RANK and WORLD_SIZE are both absent; MASTER_ADDR/MASTER_PORT
 then come from the sbatch script (`cluster.slurmplan` sets them). No torch here: the
 environment is checked before anything heavy is imported.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -97,17 +99,23 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
 
 # srun's task variables, and the least each may be
 _SLURM_TASK = {"SLURM_PROCID": 0, "SLURM_NTASKS": 1, "SLURM_LOCALID": 0, "SLURM_NODEID": 0}
+# "2(x3)" (2 tasks on each of 3 nodes), "2", or "2,1" (uneven) in SLURM_STEP_TASKS_PER_NODE
+_TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x\d+\))?$")
 
 
 def _from_slurm(env: Mapping[str, str]) -> dict[str, str]:
-    """SLURM's task variables under torchrun's names ({} when srun did not start us)."""
-    given = [name for name in _SLURM_TASK if env.get(name, "").strip()]
-    if not given:
+    """SLURM's task variables under torchrun's names; {} unless srun started this process.
+
+    Only a job step has SLURM_STEP_ID: the batch script itself also has SLURM_PROCID=0 and
+    the allocation's SLURM_NTASKS, but it is one process, not rank 0 of them."""
+    if not env.get("SLURM_STEP_ID", "").strip():
         return {}
+    given = [name for name in _SLURM_TASK if env.get(name, "").strip()]
     missing = [name for name in _SLURM_TASK if name not in given]
     if missing:
+        beside = f" beside {', '.join(given)}" if given else ""
         raise TrainingError(
-            f"{', '.join(missing)} not set beside {', '.join(given)}: start the workers with "
+            f"{', '.join(missing)} not set{beside} in an srun step: start the workers with "
             "srun (one task per worker), or set RANK and WORLD_SIZE"
         )
 
@@ -124,25 +132,28 @@ def _from_slurm(env: Mapping[str, str]) -> dict[str, str]:
         return value
 
     rank, tasks, local_rank, node = (integer(n, least) or 0 for n, least in _SLURM_TASK.items())
-    nodes = integer("SLURM_JOB_NUM_NODES", 1)
-    per_node = integer("SLURM_NTASKS_PER_NODE", 1)
+    # the step's own counts (srun may run fewer tasks than the allocation has), else the job's
+    nodes = integer("SLURM_STEP_NUM_NODES", 1) or integer("SLURM_JOB_NUM_NODES", 1)
+    step_layout = env.get("SLURM_STEP_TASKS_PER_NODE", "").strip()
+    uniform = _TASKS_PER_NODE.match(step_layout)
+    per_node = int(uniform[1]) if uniform else integer("SLURM_NTASKS_PER_NODE", 1)
     if per_node is None and nodes is not None and tasks % nodes == 0:
         per_node = tasks // nodes
-    if per_node is None or (nodes is not None and per_node * nodes != tasks):
+    if (step_layout and not uniform) or per_node is None or (nodes and per_node * nodes != tasks):
         raise TrainingError(
             f"SLURM_NTASKS={tasks} tasks are not the same number on each of "
-            f"SLURM_JOB_NUM_NODES={nodes or '(unset)'} node(s) "
-            f"(SLURM_NTASKS_PER_NODE={per_node or '(unset)'}): submit with --ntasks-per-node, "
-            "as the script of `landcover cluster plan` does"
+            f"{nodes or '(unknown)'} node(s) (tasks per node: "
+            f"{step_layout or per_node or '(unset)'}): submit with --ntasks-per-node, as the "
+            "script of `landcover cluster plan` does"
         )
     checks = (
         ("SLURM_PROCID", rank, "SLURM_NTASKS", tasks),
-        ("SLURM_LOCALID", local_rank, "SLURM_NTASKS_PER_NODE", per_node),
-        ("SLURM_NODEID", node, "SLURM_JOB_NUM_NODES", nodes or tasks // per_node),
+        ("SLURM_LOCALID", local_rank, "tasks per node", per_node),
+        ("SLURM_NODEID", node, "nodes", nodes or tasks // per_node),
     )
     for name, value, bound_name, bound in checks:
         if value >= bound:
-            raise TrainingError(f"{name}={value} must be < {bound_name}={bound}; fix the launch")
+            raise TrainingError(f"{name}={value} must be < {bound_name} {bound}; fix the launch")
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(tasks),
