@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cluster import slurm
 from cluster.clusterjson import parse_cluster_spec
-from cluster.engine import LaunchOptions, get_engine, launch_plan, plan_job
+from cluster.engine import LaunchOptions, LaunchResult, get_engine, launch_plan, plan_job
 from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.slurmplan import SCRIPT_NAME, SlurmPlan
+from cluster.testbed import SlurmTestbed
 from tests.cluster.fake_worker import fake_job
+from tests.conftest import REPO_ROOT
 
 SECRET = "c2VjcmV0LXNsdXJtLWFjY291bnQta2V5"
 SECRET_ENV = {"LANDCOVER_STORAGE_OPTIONS": json.dumps({"account_key": SECRET})}
@@ -184,7 +191,7 @@ class FakeSlurm:
 
     def launch(
         self, *, wait: bool = True, timeout_s: float | None = None
-    ) -> tuple[list[str], object]:
+    ) -> tuple[list[str], LaunchResult]:
         lines: list[str] = []
         options = LaunchOptions(
             on_output=lines.append, wait=wait, timeout_s=timeout_s, env=self.env
@@ -226,13 +233,13 @@ def test_launch_follows_the_job_and_streams_rank_0(fake_slurm: FakeSlurm) -> Non
         "epoch 2 done",
         "[slurm] job 42 COMPLETED on n[0-1]",
     ]
-    assert result == slurm.LaunchResult(
+    assert result == LaunchResult(
         engine="slurm",
         job_id="42",
         status="succeeded",
         run_dir=str(fake_slurm.plan.job.output_dir),
         log_location=str(fake_slurm.log_dir),
-        wall_time_s=result.wall_time_s,  # type: ignore[attr-defined]
+        wall_time_s=result.wall_time_s,
     )
     # submitted with the secret in sbatch's environment, never in the script it wrote
     script = fake_slurm.log_dir / SCRIPT_NAME
@@ -245,7 +252,7 @@ def test_launch_follows_the_job_and_streams_rank_0(fake_slurm: FakeSlurm) -> Non
 def test_without_wait_the_job_is_only_submitted(fake_slurm: FakeSlurm) -> None:
     fake_slurm.states("RUNNING 0:0")
     lines, result = fake_slurm.launch(wait=False)
-    assert (result.status, result.job_id, lines) == ("submitted", "42", [])  # type: ignore[attr-defined]
+    assert (result.status, result.job_id, lines) == ("submitted", "42", [])
     assert not (fake_slurm.dir / "count").exists()  # never queried
 
 
@@ -349,8 +356,100 @@ def test_a_controller_that_does_not_answer_is_asked_again(
 ) -> None:
     fake_slurm.states("DOWN", "DOWN", "COMPLETED 0:0")
     _, result = fake_slurm.launch()
-    assert result.status == "succeeded"  # type: ignore[attr-defined]
+    assert result.status == "succeeded"
     monkeypatch.setattr(slurm, "MAX_QUERY_FAILURES", 2)
     (fake_slurm.dir / "count").unlink()
     with pytest.raises(LaunchError, match=r"^scontrol show job 42 failed: slurm_load_jobs error"):
         fake_slurm.launch()
+
+
+# ----------------------------------------------------------------------------- a real SLURM cluster
+
+
+def testbed_launch(
+    bed: SlurmTestbed,
+    run_dir: Path,
+    *args: str,
+    on_output: Callable[[str], None] | None = None,
+) -> LaunchResult:
+    """The stand-in worker as a 2-node x 1-task job on the testbed, followed to its end."""
+    spec = parse_cluster_spec(
+        {
+            "engine": "slurm",
+            "targetNodeCount": 2,
+            "processesPerNode": 1,
+            "slurm": {"timeLimit": "00:05:00", "socketInterface": bed.interface},
+        }
+    )
+    plan = plan_job(spec, fake_job("chips.zarr", str(run_dir), *args))
+    # the nodes run this interpreter on this checkout (sbatch passes the environment on)
+    path = f"{Path(sys.executable).parent}:{bed.env['PATH']}"
+    env = {**bed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}
+    options = LaunchOptions(
+        on_output=on_output, wait=True, timeout_s=240, env=env, cwd=str(REPO_ROOT)
+    )
+    return launch_plan(plan, options)
+
+
+def starts(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "starts.jsonl").read_text().splitlines()]
+
+
+def test_a_two_node_job_runs_one_rank_on_each_node(
+    slurm_testbed: SlurmTestbed, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    result = testbed_launch(slurm_testbed, tmp_path / "run", on_output=lines.append)
+    assert result.status == "succeeded" and result.run_dir == str(tmp_path / "run")
+    (start,) = starts(tmp_path / "run")
+    assert (start["world_size"], start["nodes"]) == (2, 2)
+    assert [p["node"] for p in start["placement"]] == ["n0", "n1"]  # rank r on node r
+    # 2 epochs of all-reducing rank + 1 over 2 ranks: nothing lost or repeated
+    assert read_metrics_total(tmp_path / "run") == 2 * 3
+    assert f"[slurm] job {result.job_id} RUNNING on n[0-1]" in lines
+    assert "rank 0 done: total 6.0" in lines
+
+
+def read_metrics_total(run_dir: Path) -> float:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return float(json.loads(lines[-1])["total"])
+
+
+def test_a_killed_rank_fails_the_job_and_resume_continues(
+    slurm_testbed: SlurmTestbed, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = ("--epochs", "3", "--die-at-epoch", "1", "--die-rank", "1")
+    with pytest.raises(LaunchError) as info:
+        testbed_launch(slurm_testbed, run_dir, *args)
+    # one line: the job's state and exit status, and which task died how
+    assert re.fullmatch(
+        rf"SLURM job \d+ FAILED, exit code [1-9]\d*: n1: task 1: Killed; logs: {run_dir}/logs/",
+        str(info.value),
+    ), str(info.value)
+    assert read_metrics_total(run_dir) == 3  # epoch 1 was checkpointed
+    result = testbed_launch(slurm_testbed, run_dir, *args, "--resume")
+    assert result.status == "succeeded"
+    first, resumed = starts(run_dir)
+    assert (first["resumed_from_epoch"], resumed["resumed_from_epoch"]) == (0, 1)
+    assert read_metrics_total(run_dir) == 3 * 3  # epochs 2 and 3 added once each
+
+
+def test_ctrl_c_cancels_a_real_job(slurm_testbed: SlurmTestbed, tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def interrupt_when_running(line: str) -> None:
+        seen.append(line)
+        if " RUNNING " in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        testbed_launch(slurm_testbed, tmp_path / "run", on_output=interrupt_when_running)
+    job_id = seen[-1].split()[2]
+    env = {**os.environ, **slurm_testbed.env}
+    for _ in range(100):  # scancel is asynchronous: the job goes CANCELLED shortly
+        state = slurm.query_job(job_id, env, None)
+        if state is None or state.state == "CANCELLED":
+            break
+        time.sleep(0.1)
+    assert state is None or state.state == "CANCELLED"
