@@ -366,7 +366,7 @@ def test_a_controller_that_does_not_answer_is_asked_again(
 # ----------------------------------------------------------------------------- a real SLURM cluster
 
 
-def testbed_launch(
+def launch_on_testbed(
     bed: SlurmTestbed,
     run_dir: Path,
     *args: str,
@@ -399,7 +399,7 @@ def test_a_two_node_job_runs_one_rank_on_each_node(
     slurm_testbed: SlurmTestbed, tmp_path: Path
 ) -> None:
     lines: list[str] = []
-    result = testbed_launch(slurm_testbed, tmp_path / "run", on_output=lines.append)
+    result = launch_on_testbed(slurm_testbed, tmp_path / "run", on_output=lines.append)
     assert result.status == "succeeded" and result.run_dir == str(tmp_path / "run")
     (start,) = starts(tmp_path / "run")
     assert (start["world_size"], start["nodes"]) == (2, 2)
@@ -421,14 +421,14 @@ def test_a_killed_rank_fails_the_job_and_resume_continues(
     run_dir = tmp_path / "run"
     args = ("--epochs", "3", "--die-at-epoch", "1", "--die-rank", "1")
     with pytest.raises(LaunchError) as info:
-        testbed_launch(slurm_testbed, run_dir, *args)
+        launch_on_testbed(slurm_testbed, run_dir, *args)
     # one line: the job's state and exit status, and which task died how
     assert re.fullmatch(
         rf"SLURM job \d+ FAILED, exit code [1-9]\d*: n1: task 1: Killed; logs: {run_dir}/logs/",
         str(info.value),
     ), str(info.value)
     assert read_metrics_total(run_dir) == 3  # epoch 1 was checkpointed
-    result = testbed_launch(slurm_testbed, run_dir, *args, "--resume")
+    result = launch_on_testbed(slurm_testbed, run_dir, *args, "--resume")
     assert result.status == "succeeded"
     first, resumed = starts(run_dir)
     assert (first["resumed_from_epoch"], resumed["resumed_from_epoch"]) == (0, 1)
@@ -444,7 +444,7 @@ def test_ctrl_c_cancels_a_real_job(slurm_testbed: SlurmTestbed, tmp_path: Path) 
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        testbed_launch(slurm_testbed, tmp_path / "run", on_output=interrupt_when_running)
+        launch_on_testbed(slurm_testbed, tmp_path / "run", on_output=interrupt_when_running)
     job_id = seen[-1].split()[2]
     env = {**os.environ, **slurm_testbed.env}
     for _ in range(100):  # scancel is asynchronous: the job goes CANCELLED shortly
