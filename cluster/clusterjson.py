@@ -4,8 +4,9 @@ Flat form (only `targetNodeCount` is required on the local engine)::
 
     {
       "name": "landcover",                  letters, digits, hyphens; starts with a letter
-      "engine": "local",                    "local" (default) | "azureml" | "kubernetes"
-      "vmSize": "local",                    "local" (this machine) or an Azure size
+      "engine": "local",                    "local" (default) | "azureml" | "kubernetes" | "slurm"
+      "vmSize": "local",                    "local" (this machine) or an Azure size; on slurm,
+                                            leave it out (or give a size: its GPUs and vCPUs)
       "vmPriority": "dedicated",            "dedicated" | "lowpriority"
       "targetNodeCount": 2,
       "processesPerNode": "auto",           "auto" = GPUs of the VM size (1 on CPU), or a number
@@ -25,6 +26,9 @@ Flat form (only `targetNodeCount` is required on the local engine)::
                      "storageSecret": "chips-storage",
                      "storageSecretKeys": ["AZURE_STORAGE_ACCOUNT_KEY"],
                      "cpu": "4", "memory": "16Gi"},
+      "slurm": {"partition": "gpu", "account": "proj42", "timeLimit": "HH:MM:SS",
+                "gpusPerNode": 4, "cpusPerTask": 8, "setup": ["module load cuda", "..."],
+                "extraDirectives": ["--exclusive"], "socketInterface": "ib0"},
       "network": {"bandwidth": "1gbit", "latency": "2ms"}
     }
 
@@ -60,6 +64,10 @@ from zero); `azureBlobFileSystems` become `mounts`; `setupTask.commandLine` beco
 `setupCommand`. Credentials in the file are collected only so that they can be redacted: no
 engine copies an account key into a job definition. Both forms give the same `ClusterSpec`.
 
+On the slurm engine a node is whatever the partition gives: GPUs per node are
+`slurm.gpusPerNode` (else the VM size's, else none), and "auto" processes are one per GPU
+(one on CPU nodes).
+
 `elastic.maxRestarts` defaults to 3 when an `elastic` block (or autoScale) is present and to 0
 otherwise; `minNodes`/`maxNodes` default to `targetNodeCount`.
 """
@@ -86,6 +94,7 @@ from cluster.spec import (
     ElasticSpec,
     KubernetesSpec,
     Priority,
+    SlurmSpec,
 )
 from cluster.specfile import (
     DEFAULT_ELASTIC_RESTARTS,
@@ -97,6 +106,7 @@ from cluster.specfile import (
     KubernetesSection,
     LegacyFile,
     NetworkSection,
+    SlurmSection,
     validate_document,
 )
 from cluster.vmsizes import LOCAL, known_vm_sizes, lookup_vm_size
@@ -281,7 +291,18 @@ def _resolve(
         )
     engine = common.engine
     canonical, gpus, vcpus = _vm(vm_size, engine)
-    ppn = _processes_per_node(common.processes_per_node, canonical, gpus)
+    gpu_source = canonical
+    if engine == "slurm" and elastic is not None:
+        raise ClusterSpecError(
+            'engine "slurm" has no elastic restarts: drop "elastic" (or autoScale) and resubmit '
+            "a failed job with --resume to continue from its checkpoint"
+        )
+    slurm = None
+    if engine == "slurm" or common.slurm is not None:
+        slurm = _slurm(common.slurm or SlurmSection())
+        if engine == "slurm" and common.slurm and common.slurm.gpus_per_node is not None:
+            gpus, gpu_source = common.slurm.gpus_per_node, "slurm.gpusPerNode"
+    ppn = _processes_per_node(common.processes_per_node, canonical, gpus, gpu_source)
     azureml = None
     kubernetes = None
     if engine == "azureml":
@@ -323,6 +344,7 @@ def _resolve(
         setup_command=setup_command,
         azureml=azureml,
         kubernetes=kubernetes,
+        slurm=slurm,
         network=network,
         notes=notes,
         secret_values=secrets,
@@ -405,9 +427,23 @@ def _kubernetes(raw: KubernetesSection) -> KubernetesSpec:
     )
 
 
+def _slurm(raw: SlurmSection) -> SlurmSpec:
+    return SlurmSpec(
+        partition=raw.partition,
+        account=raw.account,
+        time_limit=raw.time_limit,
+        cpus_per_task=raw.cpus_per_task,
+        setup=tuple(raw.setup),
+        extra_directives=tuple(raw.extra_directives),
+        socket_interface=raw.socket_interface,
+    )
+
+
 def _vm(vm_size: str, engine: str) -> tuple[str, int | None, int | None]:
     """(canonical name, GPUs per node, vCPUs per node) of a VM size; None where unknown."""
     if vm_size.lower() == LOCAL:
+        if engine == "slurm":  # no size given: the partition's nodes, GPUs only if asked for
+            return LOCAL, 0, None
         if engine != "local":
             raise ClusterSpecError(
                 f'vmSize "local" names this machine; engine "{engine}" needs an Azure VM size '
@@ -420,7 +456,7 @@ def _vm(vm_size: str, engine: str) -> tuple[str, int | None, int | None]:
     return size.name, size.gpus, size.vcpus
 
 
-def _processes_per_node(value: int | str, vm_size: str, gpus: int | None) -> int:
+def _processes_per_node(value: int | str, vm_size: str, gpus: int | None, gpu_source: str) -> int:
     if value == "auto":
         if gpus is None:
             close = difflib.get_close_matches(vm_size, known_vm_sizes(), n=1, cutoff=0.6)
@@ -434,7 +470,7 @@ def _processes_per_node(value: int | str, vm_size: str, gpus: int | None) -> int
     assert isinstance(value, int)  # pydantic allowed only "auto" or an int
     if gpus and value > gpus:
         raise ClusterSpecError(
-            f"processesPerNode {value} exceeds the {gpus} GPU(s) of {vm_size}: "
+            f"processesPerNode {value} exceeds the {gpus} GPU(s) of {gpu_source}: "
             'use one process per GPU ("auto")'
         )
     return value

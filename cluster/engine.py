@@ -1,9 +1,9 @@
 """The interface every engine implements, and what it is asked to run.
 
 An engine turns (`ClusterSpec`, `Job`) into a `Plan` — everything it would do, shown redacted
-and as files — and launches a plan. The three engines (`cluster.local`, `cluster.azureml`,
-`cluster.kubernetes`) are imported only when used, so the Azure SDK is needed only for
-`azureml`.
+and as files — and launches a plan. The engines (`cluster.local`, `cluster.azureml`,
+`cluster.kubernetes`, `cluster.slurm`) are imported only when used, so the Azure SDK is needed
+only for `azureml`.
 
 A job is `python -m ENTRY_MODULE ARGV...` on every worker; the engines know nothing of what the
 module does or what its arguments mean. What it reads and writes are named `inputs` and
@@ -91,9 +91,12 @@ def job_redactor(spec: ClusterSpec, job: Job) -> Redactor:
 def threads_per_worker(spec: ClusterSpec) -> int | None:
     """CPU threads for each worker: a fair share of the cores each worker really has. On the
     local engine K = max(1, cores // workers), the cores being shared by every simulated node;
-    elsewhere K = max(1, vCPUs per node // processes per node) when the VM size is known."""
+    elsewhere K = max(1, vCPUs per node // processes per node) when the VM size is known, or
+    on slurm the CPUs asked for each task (`slurm.cpusPerTask`)."""
     if spec.engine == "local":
         return max(1, local_cpu_count() // spec.workers)
+    if spec.engine == "slurm" and spec.slurm is not None and spec.slurm.cpus_per_task:
+        return spec.slurm.cpus_per_task
     if spec.vcpus_per_node:
         return max(1, spec.vcpus_per_node // spec.processes_per_node)
     return None
@@ -157,6 +160,7 @@ _ENGINE_CLASSES: dict[str, str] = {
     "local": "cluster.local:LocalEngine",
     "azureml": "cluster.azureml:AzureMLEngine",
     "kubernetes": "cluster.kubernetes:KubernetesEngine",
+    "slurm": "cluster.slurm:SlurmEngine",
 }
 
 

@@ -86,6 +86,20 @@ class KubernetesSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SlurmSpec:
+    """What the sbatch script asks SLURM for beyond nodes and tasks (None: SLURM's default),
+    the shell lines it runs first, and the network interface gloo/NCCL should use."""
+
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None  # "HH:MM:SS" or "D-HH:MM:SS"
+    cpus_per_task: int | None = None
+    setup: tuple[str, ...] = ()
+    extra_directives: tuple[str, ...] = ()
+    socket_interface: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     """A validated cluster description. Build it with `load_cluster_spec` or `local_spec`."""
 
@@ -103,6 +117,7 @@ class ClusterSpec:
     setup_command: str | None = None
     azureml: AzureMLSpec | None = None
     kubernetes: KubernetesSpec | None = None
+    slurm: SlurmSpec | None = None  # always set on the slurm engine
     # each node in its own network namespace behind a link of this shape (`cluster.netns`)
     network: LinkShape | None = None
     # what the file said that no engine acts on, shown in plans

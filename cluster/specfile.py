@@ -9,15 +9,24 @@ the closest known one); Batch AI sections accept keys we do not use, which becom
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 from pydantic.alias_generators import to_camel
 
 from cluster.errors import ClusterSpecError
 from cluster.vmsizes import LOCAL
 
-EngineName = Literal["local", "azureml", "kubernetes"]
+EngineName = Literal["local", "azureml", "kubernetes", "slurm"]
 DataMode = Literal["mount", "direct"]
 KubernetesApi = Literal["trainjob", "pytorchjob"]
 DEFAULT_ELASTIC_RESTARTS = 3
@@ -91,6 +100,54 @@ class KubernetesSection(_Model):
     memory: StrictStr | None = None
 
 
+# SLURM's time formats that name hours: "HH:MM:SS" and "D-HH:MM:SS" (days, hours)
+_TIME_LIMIT = re.compile(r"^(?:\d+-)?\d{1,3}:[0-5]\d:[0-5]\d$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,-]+$")  # a partition (or a comma list of them), account
+_IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # a Linux interface name
+
+
+def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"must be {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _one_line(value: str) -> str:
+    if "\n" in value or "\r" in value or not value.strip():
+        raise ValueError("must be one non-empty line")
+    return value
+
+
+def _sbatch_option(value: str) -> str:
+    if not value.strip().removeprefix("#SBATCH").strip().startswith("-"):
+        raise ValueError('must be an sbatch option such as "--exclusive"')
+    return value
+
+
+OneLine = Annotated[StrictStr, AfterValidator(_one_line)]
+
+
+class SlurmSection(_Model):
+    partition: Annotated[StrictStr, _matching(_SLURM_NAME, "a SLURM partition name")] | None = None
+    account: Annotated[StrictStr, _matching(_SLURM_NAME, "a SLURM account name")] | None = None
+    time_limit: (
+        Annotated[StrictStr, _matching(_TIME_LIMIT, '"HH:MM:SS" or "D-HH:MM:SS", e.g. "02:00:00"')]
+        | None
+    ) = None
+    gpus_per_node: NonNegativeInt | None = None
+    cpus_per_task: PositiveInt | None = None
+    setup: list[OneLine] = Field(default_factory=list)
+    extra_directives: list[Annotated[OneLine, AfterValidator(_sbatch_option)]] = Field(
+        default_factory=list
+    )
+    socket_interface: (
+        Annotated[StrictStr, _matching(_IFNAME, 'a network interface name such as "eth0"')] | None
+    ) = None
+
+
 class NetworkSection(_Model):
     bandwidth: StrictStr | None = None
     latency: StrictStr | None = None
@@ -104,6 +161,7 @@ class CommonSection(_Model):
     data: DataSection = Field(default_factory=DataSection)
     azureml: AzureMLSection | None = None
     kubernetes: KubernetesSection | None = None
+    slurm: SlurmSection | None = None
     network: NetworkSection | None = None
 
 
@@ -177,6 +235,7 @@ _KNOWN_KEYS = sorted(
         *(f.alias or n for n, f in DataSection.model_fields.items()),
         *(f.alias or n for n, f in AzureMLSection.model_fields.items()),
         *(f.alias or n for n, f in KubernetesSection.model_fields.items()),
+        *(f.alias or n for n, f in SlurmSection.model_fields.items()),
         *(f.alias or n for n, f in NetworkSection.model_fields.items()),
         "manual",
         "autoScale",

@@ -109,8 +109,8 @@ def cluster_group() -> None:
 @cluster_group.command("plan", context_settings=_PASS_THROUGH)
 @click.argument("cluster_json", type=click.Path(dir_okay=False, path_type=Path))
 @out_dir_option(
-    "Also write the plan's files here (torchrun.sh, job.yaml + compute.yaml, or "
-    "trainjob.yaml / pytorchjob.yaml + secret.yaml), secrets redacted."
+    "Also write the plan's files here (torchrun.sh, job.yaml + compute.yaml, "
+    "trainjob.yaml / pytorchjob.yaml + secret.yaml, or slurm.sbatch), secrets redacted."
 )
 @overwrite_option
 @_entry_module_option
@@ -137,7 +137,8 @@ def plan_command(
 @click.option(
     "--wait/--no-wait",
     default=False,
-    help="azureml/kubernetes: wait for the job to end (Azure ML: and download the run dir). "
+    help="azureml/kubernetes/slurm: wait for the job to end (Azure ML: and download the run "
+    "dir; slurm: follow its state and rank 0's log, scancel on Ctrl-C). "
     "The local engine always waits.",
 )
 @click.option(

@@ -11,12 +11,8 @@ from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from landcover.training.config import TrainConfig
-    from landcover.training.distributed import (
-        Collectives,
-        DistEnv,
-        cpu_model_name,
-        read_dist_env,
-    )
+    from landcover.training.distenv import DistEnv, read_dist_env
+    from landcover.training.distributed import Collectives, cpu_model_name
     from landcover.training.losses import (
         Scores,
         class_weights_from_counts,
@@ -98,9 +94,9 @@ __getattr__, __dir__ = lazy_exports(
         "scores_from_confusion": "losses",
         "segmentation_loss": "losses",
         "Collectives": "distributed",
-        "DistEnv": "distributed",
+        "DistEnv": "distenv",
         "cpu_model_name": "distributed",
-        "read_dist_env": "distributed",
+        "read_dist_env": "distenv",
         "read_metrics": "rundir",
         "check_local_training": "preflight",
         "open_training_store": "preflight",

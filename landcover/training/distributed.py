@@ -1,10 +1,9 @@
 """Where a training process sits in the job, its share of the node, and the collectives the
 trainer needs.
 
-`read_dist_env` is the ONE place that reads the launcher's environment (RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK or GROUP_RANK): torchrun,
-Azure ML, Kubeflow's PyTorchJob and mpirun wrappers all set some subset of these. Everything
-else receives a `DistEnv`.
+Where the process sits (`DistEnv`) is read from the launcher's environment in one place,
+`landcover.training.distenv.read_dist_env` (re-exported here); everything else receives a
+`DistEnv`.
 
 The LOCAL_WORLD_SIZE workers of a node share it: each gets its own GPU (`resolve_device`), its
 share of the cores (`configure_threads`) and of the free memory (`check_shard_fits`).
@@ -18,11 +17,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import platform
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +31,8 @@ from torch import nn
 
 from cluster.machine import local_cpu_count
 from landcover.errors import TrainingError
+from landcover.training.distenv import DistEnv as DistEnv
+from landcover.training.distenv import read_dist_env as read_dist_env
 
 logger = logging.getLogger(__name__)
 
@@ -45,79 +44,6 @@ PROCESS_GROUP_TIMEOUT = timedelta(minutes=60)
 # Fraction of the available RAM a node's shards may take: the model, optimizer, batch tensors,
 # allocator slack and the page cache all need the rest.
 MEMORY_SAFETY = 0.7
-
-
-@dataclass(frozen=True, slots=True)
-class DistEnv:
-    """This process's place in the job, as the launcher described it."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int | None = None
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def nodes(self) -> int:
-        return math.ceil(self.world_size / self.local_world_size)
-
-
-def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
-    """Read the launcher's variables (default: `os.environ`); none set means a world of one."""
-    env = os.environ if environ is None else environ
-
-    def integer(name: str, default: int, *, minimum: int) -> int:
-        text = env.get(name, "").strip()
-        if not text:
-            return default
-        try:
-            value = int(text)
-        except ValueError:
-            raise TrainingError(f"{name}={text!r} is not an integer; fix the launcher") from None
-        if value < minimum:
-            raise TrainingError(f"{name}={value} must be >= {minimum}; fix the launcher")
-        return value
-
-    world_size = integer("WORLD_SIZE", 1, minimum=1)
-    rank = integer("RANK", 0, minimum=0)
-    local_rank = integer("LOCAL_RANK", rank if world_size > 1 else 0, minimum=0)
-    local_world_size = integer("LOCAL_WORLD_SIZE", world_size, minimum=1)
-    # torchrun calls the node index GROUP_RANK; most other launchers call it NODE_RANK.
-    node_name = "NODE_RANK" if env.get("NODE_RANK", "").strip() else "GROUP_RANK"
-    node_rank = integer(node_name, rank // local_world_size, minimum=0)
-    if rank >= world_size:
-        raise TrainingError(f"RANK={rank} must be < WORLD_SIZE={world_size}; fix the launcher")
-    if local_rank >= local_world_size:
-        raise TrainingError(
-            f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world_size}; "
-            "fix the launcher"
-        )
-    master_addr = env.get("MASTER_ADDR", "").strip() or None
-    master_port = integer("MASTER_PORT", 0, minimum=0) or None
-    if world_size > 1 and (master_addr is None or master_port is None):
-        raise TrainingError(
-            f"WORLD_SIZE={world_size} but MASTER_ADDR/MASTER_PORT are not set; launch with "
-            "torchrun (python -m torch.distributed.run) or set them"
-        )
-    return DistEnv(
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
-    )
 
 
 # -- this process's share of the node -----------------------------------------------------------

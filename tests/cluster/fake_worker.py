@@ -6,10 +6,12 @@
 Each epoch every rank all-reduces `rank + 1`; rank 0 adds the sum to a running total, appends a
 metrics.jsonl line and checkpoints (epoch, total) atomically. An uninterrupted run of E epochs on
 W workers ends with total = E * W * (W + 1) / 2, so a lost or repeated epoch changes the total.
-`--die-at-epoch K` makes rank R SIGKILL itself once (a marker file remembers) right after epoch
-K's checkpoint; `--resume` continues from the checkpoint (fresh when there is none), as the real
-trainer does. Every start appends a line to RUN_DIR/starts.jsonl with its argv, restart count and
-the epoch it resumed from.
+Started by srun (no RANK/WORLD_SIZE), it takes its rank from SLURM's variables as the real
+worker does (`landcover.training.distenv`). `--die-at-epoch K` makes rank R SIGKILL itself once
+(a marker file remembers) right after epoch K's checkpoint; `--resume` continues from the
+checkpoint (fresh when there is none), as the real trainer does. Every start appends a line to
+RUN_DIR/starts.jsonl with its argv, restart count, the epoch it resumed from and where each rank
+ran (`placement`: rank, node name, pid).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -69,6 +72,10 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun started this task
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ["LOCAL_WORLD_SIZE"] = os.environ["SLURM_NTASKS_PER_NODE"]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
@@ -76,6 +83,10 @@ def main(argv: list[str]) -> int:
     metrics_path = out / "metrics.jsonl"
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    placement: list[Any] = [None] * world
+    dist.all_gather_object(placement, {"rank": rank, "node": node, "pid": os.getpid()})
 
     state = {"epoch": 0, "total": 0.0}
     if args.resume and ckpt_path.exists():
@@ -93,6 +104,7 @@ def main(argv: list[str]) -> int:
             "world_size": world,
             "nodes": nodes,
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "placement": placement,
         }
         with (out / "starts.jsonl").open("a") as f:
             f.write(json.dumps(start) + "\n")

@@ -11,7 +11,7 @@ import pytest
 from cluster.clusterjson import load_cluster_spec, parse_cluster_spec
 from cluster.errors import ClusterSpecError
 from cluster.machine import local_cpu_count, local_gpu_count
-from cluster.spec import BlobMount, ElasticSpec, local_spec
+from cluster.spec import BlobMount, ElasticSpec, SlurmSpec, local_spec
 from tests.conftest import REPO_ROOT
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
@@ -133,8 +133,57 @@ BAD_SPECS: list[tuple[Any, str]] = [
     ({"targetNodeCount": "two"}, "targetNodeCount must be a whole number, got 'two'"),
     ({"targetNodeCount": True}, "targetNodeCount must be a whole number, got True"),
     (
-        {"targetNodeCount": 2, "engine": "slurm"},
-        "engine must be 'local', 'azureml' or 'kubernetes', got 'slurm'",
+        {"targetNodeCount": 2, "engine": "pbs"},
+        "engine must be 'local', 'azureml', 'kubernetes' or 'slurm', got 'pbs'",
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"timeLimit": "2h"}},
+        'slurm.timeLimit: must be "HH:MM:SS" or "D-HH:MM:SS", e.g. "02:00:00" (got \'2h\')',
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"timeLimit": "01:75:00"}},
+        'slurm.timeLimit: must be "HH:MM:SS"',
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"gpusPerNode": -1}},
+        "slurm.gpusPerNode must be >= 0, got -1",
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"cpusPerTask": 0}},
+        "slurm.cpusPerTask must be >= 1, got 0",
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"partition": "gpu nodes"}},
+        "slurm.partition: must be a SLURM partition name (got 'gpu nodes')",
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"setup": ["ok", "a\nb"]}},
+        "slurm.setup[1]: must be one non-empty line (got 'a\\nb')",
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"extraDirectives": ["exclusive"]}},
+        'slurm.extraDirectives[0]: must be an sbatch option such as "--exclusive"',
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"socketInterface": "eth 0"}},
+        'slurm.socketInterface: must be a network interface name such as "eth0"',
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "slurm": {"timelimit": "01:00:00"}},
+        "unknown field 'slurm.timelimit': did you mean 'timeLimit'?",
+    ),
+    (
+        {
+            "targetNodeCount": 2,
+            "engine": "slurm",
+            "slurm": {"gpusPerNode": 2},
+            "processesPerNode": 4,
+        },
+        "processesPerNode 4 exceeds the 2 GPU(s) of slurm.gpusPerNode",
+    ),
+    (
+        {"targetNodeCount": 2, "engine": "slurm", "elastic": {"maxRestarts": 2}},
+        'engine "slurm" has no elastic restarts: drop "elastic"',
     ),
     (
         {
@@ -248,3 +297,41 @@ def test_an_error_never_echoes_a_secret() -> None:
         parse_cluster_spec(document)
     assert "must be 2-40 letters" in str(info.value)
     assert ACCOUNT_KEY not in str(info.value) and "<redacted>" in str(info.value)
+
+
+def test_slurm_section_and_its_defaults() -> None:
+    spec = parse_cluster_spec(
+        {
+            "engine": "slurm",
+            "targetNodeCount": 2,
+            "slurm": {
+                "partition": "gpu",
+                "account": "proj-42",
+                "timeLimit": "1-02:00:00",
+                "gpusPerNode": 4,
+                "cpusPerTask": 8,
+                "setup": ["module load cuda", "source venv/bin/activate"],
+                "extraDirectives": ["--exclusive", "#SBATCH --mem=0"],
+                "socketInterface": "ib0",
+            },
+        }
+    )
+    assert (spec.node_count, spec.gpus_per_node, spec.processes_per_node) == (2, 4, 4)
+    assert spec.slurm == SlurmSpec(
+        partition="gpu",
+        account="proj-42",
+        time_limit="1-02:00:00",
+        cpus_per_task=8,
+        setup=("module load cuda", "source venv/bin/activate"),
+        extra_directives=("--exclusive", "#SBATCH --mem=0"),
+        socket_interface="ib0",
+    )
+    # only engine and targetNodeCount are needed: CPU nodes, one task each, SLURM's defaults
+    bare = parse_cluster_spec({"engine": "slurm", "targetNodeCount": 3})
+    assert (bare.gpus_per_node, bare.processes_per_node, bare.vcpus_per_node) == (0, 1, None)
+    assert bare.slurm == SlurmSpec()
+    # a known VM size gives its GPUs and vCPUs, as on the other engines
+    sized = parse_cluster_spec(
+        {"engine": "slurm", "targetNodeCount": 2, "vmSize": "Standard_NC24s_v3"}
+    )
+    assert (sized.gpus_per_node, sized.processes_per_node, sized.vcpus_per_node) == (4, 4, 24)

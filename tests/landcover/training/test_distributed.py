@@ -1,4 +1,4 @@
-"""The launcher environment (read in one place) and the trainer's collectives."""
+"""The trainer's collectives and its share of the node (the launcher environment: test_distenv)."""
 
 from __future__ import annotations
 
@@ -8,62 +8,13 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from landcover.errors import TrainingError
+from landcover.training.distenv import DistEnv
 from landcover.training.distributed import (
     Collectives,
-    DistEnv,
     check_shard_fits,
     process_group,
-    read_dist_env,
 )
 from tests.multiprocess import free_port
-
-TORCHRUN_ENV = {
-    "RANK": "5",
-    "WORLD_SIZE": "8",
-    "LOCAL_RANK": "1",
-    "LOCAL_WORLD_SIZE": "4",
-    "GROUP_RANK": "1",
-    "MASTER_ADDR": "10.0.0.4",
-    "MASTER_PORT": "29500",
-}
-
-
-def test_no_launcher_is_a_world_of_one() -> None:
-    env = read_dist_env({})
-    assert env == DistEnv()
-    assert not env.is_distributed and env.is_main and env.nodes == 1
-
-
-def test_torchrun_environment() -> None:
-    env = read_dist_env(TORCHRUN_ENV)
-    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 4)
-    assert (env.node_rank, env.nodes) == (1, 2)
-    assert (env.master_addr, env.master_port) == ("10.0.0.4", 29500)
-    assert env.is_distributed and not env.is_main
-
-
-def test_node_rank_is_preferred_to_group_rank() -> None:
-    assert read_dist_env({**TORCHRUN_ENV, "NODE_RANK": "3", "GROUP_RANK": "1"}).node_rank == 3
-
-
-def test_node_rank_defaults_from_rank() -> None:
-    env = {k: v for k, v in TORCHRUN_ENV.items() if k != "GROUP_RANK"}
-    assert read_dist_env(env).node_rank == 5 // 4
-
-
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
-        ({"RANK": "8"}, "RANK=8 must be < WORLD_SIZE=8"),
-        ({"LOCAL_RANK": "4"}, "LOCAL_RANK=4 must be < LOCAL_WORLD_SIZE=4"),
-        ({"RANK": "-1"}, "RANK=-1 must be >= 0"),
-        ({"MASTER_ADDR": ""}, "MASTER_ADDR/MASTER_PORT are not set"),
-    ],
-)
-def test_bad_launcher_values_are_named(override: dict[str, str], message: str) -> None:
-    with pytest.raises(TrainingError, match=message):
-        read_dist_env({**TORCHRUN_ENV, **override})
 
 
 def test_shard_too_big_names_the_worker_count_that_fits() -> None:

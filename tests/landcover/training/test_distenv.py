@@ -1,0 +1,138 @@
+"""The launcher environment, read in one place: torchrun's variables, or SLURM's under srun."""
+
+from __future__ import annotations
+
+import pytest
+
+from landcover.errors import TrainingError
+from landcover.training.distenv import DistEnv, read_dist_env
+
+TORCHRUN_ENV = {
+    "RANK": "5",
+    "WORLD_SIZE": "8",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "4",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "10.0.0.4",
+    "MASTER_PORT": "29500",
+}
+
+
+def test_no_launcher_is_a_world_of_one() -> None:
+    env = read_dist_env({})
+    assert env == DistEnv()
+    assert not env.is_distributed and env.is_main and env.nodes == 1
+
+
+def test_torchrun_environment() -> None:
+    env = read_dist_env(TORCHRUN_ENV)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 4)
+    assert (env.node_rank, env.nodes) == (1, 2)
+    assert (env.master_addr, env.master_port) == ("10.0.0.4", 29500)
+    assert env.is_distributed and not env.is_main
+
+
+def test_node_rank_is_preferred_to_group_rank() -> None:
+    assert read_dist_env({**TORCHRUN_ENV, "NODE_RANK": "3", "GROUP_RANK": "1"}).node_rank == 3
+
+
+def test_node_rank_defaults_from_rank() -> None:
+    env = {k: v for k, v in TORCHRUN_ENV.items() if k != "GROUP_RANK"}
+    assert read_dist_env(env).node_rank == 5 // 4
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
+        ({"RANK": "8"}, "RANK=8 must be < WORLD_SIZE=8"),
+        ({"LOCAL_RANK": "4"}, "LOCAL_RANK=4 must be < LOCAL_WORLD_SIZE=4"),
+        ({"RANK": "-1"}, "RANK=-1 must be >= 0"),
+        ({"MASTER_ADDR": ""}, "MASTER_ADDR/MASTER_PORT are not set"),
+    ],
+)
+def test_bad_launcher_values_are_named(override: dict[str, str], message: str) -> None:
+    with pytest.raises(TrainingError, match=message):
+        read_dist_env({**TORCHRUN_ENV, **override})
+
+
+# what srun gives rank 3 of 2 nodes x 2 tasks, and the sbatch script of `cluster plan` adds
+SLURM_ENV = {
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_JOB_NUM_NODES": "2",
+    "MASTER_ADDR": "10.0.0.4",
+    "MASTER_PORT": "20042",
+}
+
+
+def test_slurm_environment() -> None:
+    env = read_dist_env(SLURM_ENV)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
+    assert (env.node_rank, env.nodes) == (1, 2)
+    assert (env.master_addr, env.master_port) == ("10.0.0.4", 20042)
+
+
+def without(*names: str) -> dict[str, str]:
+    return {k: v for k, v in SLURM_ENV.items() if k not in names}
+
+
+def test_tasks_per_node_from_what_slurm_gives() -> None:
+    # from the job's --ntasks-per-node, or from the node count
+    assert read_dist_env(without("SLURM_STEP_TASKS_PER_NODE")).local_world_size == 2
+    only_counts = without("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
+    assert read_dist_env(only_counts).local_world_size == 2
+    # a step smaller than the allocation: its own counts, not the job's
+    step = {**SLURM_ENV, "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NODEID": "0"}
+    step |= {"SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "2"}
+    assert (read_dist_env(step).world_size, read_dist_env(step).nodes) == (2, 1)
+
+
+def test_the_batch_script_itself_is_a_world_of_one() -> None:
+    # sbatch's batch step has SLURM_PROCID=0 and the allocation's SLURM_NTASKS, but no step id
+    assert read_dist_env(without("SLURM_STEP_ID", "MASTER_ADDR", "MASTER_PORT")) == DistEnv()
+
+
+def test_torchrun_variables_win_over_slurm() -> None:
+    # torchrun started inside a SLURM allocation: its own ranks, not srun's
+    env = read_dist_env({**SLURM_ENV, **TORCHRUN_ENV})
+    assert (env.rank, env.world_size, env.local_world_size) == (5, 8, 4)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            {"SLURM_LOCALID": "", "SLURM_NODEID": ""},
+            "SLURM_LOCALID, SLURM_NODEID not set beside SLURM_PROCID, SLURM_NTASKS in an srun "
+            "step: start the workers with srun",
+        ),
+        ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x' is not an integer; fix the srun launch"),
+        ({"SLURM_NTASKS": "0"}, "SLURM_NTASKS=0 must be >= 1"),
+        ({"SLURM_PROCID": "4"}, "SLURM_PROCID=4 must be < SLURM_NTASKS 4"),
+        ({"SLURM_LOCALID": "2"}, "SLURM_LOCALID=2 must be < tasks per node 2"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 must be < nodes 2"),
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "3,1"},
+            "SLURM_NTASKS=4 tasks are not the same number on each of 2 node(s) (tasks per "
+            "node: 3,1): submit with --ntasks-per-node",
+        ),
+        (
+            {"SLURM_NTASKS": "5", "SLURM_STEP_TASKS_PER_NODE": "", "SLURM_NTASKS_PER_NODE": ""},
+            "SLURM_NTASKS=5 tasks are not the same number on each of 2 node(s) (tasks per "
+            "node: (unset))",
+        ),
+        ({"MASTER_PORT": ""}, "WORLD_SIZE=4 but MASTER_ADDR/MASTER_PORT are not set"),
+    ],
+)
+def test_bad_slurm_values_are_one_line(override: dict[str, str], message: str) -> None:
+    with pytest.raises(TrainingError) as info:
+        read_dist_env({**SLURM_ENV, **override})
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
