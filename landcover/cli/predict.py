@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.errors import RegionError
 from landcover.options import overwrite_option, storage_options_option
 from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
@@ -17,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 @click.command("predict")
 @click.argument("model")
-@click.argument("images", nargs=-1, required=True)
+@click.argument("images", nargs=-1)
+@stac_input_options(search_bbox=False)
 @click.option("--out", required=True, help="Output land-cover COG (local path).")
 @click.option(
     "--region",
@@ -63,6 +65,13 @@ logger = logging.getLogger(__name__)
     help="Also write per-class probabilities (uint8, scale 1/254, 255 = nodata) as a COG.",
 )
 @click.option(
+    "--stac-item",
+    default=None,
+    metavar="PATH",
+    help="Also write a STAC item describing the COG here (e.g. lc.json): footprint, dates of "
+    "the input items, projection, raster band and classification:classes.",
+)
+@click.option(
     "--block-size",
     "block_px",
     type=int,
@@ -83,6 +92,7 @@ logger = logging.getLogger(__name__)
 def predict_command(
     model: str,
     images: tuple[str, ...],
+    stac_inputs: StacInputArgs,
     out: str,
     region: str | None,
     bbox: str | None,
@@ -94,14 +104,27 @@ def predict_command(
     batch_size: int,
     device: str,
     probabilities: str | None,
+    stac_item: str | None,
     block_px: int,
     zero_is_nodata: bool,
     overwrite: bool,
     storage_options: dict[str, Any],
 ) -> None:
-    """Predict a land-cover map of a region from MODEL and IMAGES (paths, globs, az:// URLs)."""
-    from landcover.prediction.region import DEFAULT_REGION_CRS, parse_bbox, parse_region
+    """Predict a land-cover map of a region from MODEL and IMAGES (paths, globs, az:// URLs,
+    STAC JSON files).
+
+    A STAC ItemCollection, item, catalog.json or collection.json gives the --stac-asset of one
+    item per place; --stac-api searches the --region / --bbox. Hrefs are opened as they are
+    (signing them, where a host needs it, is up to you).
+    """
+    from landcover.prediction.region import (
+        DEFAULT_REGION_CRS,
+        parse_bbox,
+        parse_crs,
+        parse_region,
+    )
     from landcover.prediction.runner import PredictConfig, predict_region
+    from landcover.prediction.stacitem import check_stac_item_target, write_stac_item
 
     if region is not None and bbox is not None:
         raise RegionError("give either --region or --bbox, not both")
@@ -110,9 +133,21 @@ def predict_command(
         parsed = parse_region(region, crs=region_crs)
     elif bbox is not None:
         parsed = parse_bbox(bbox, crs=region_crs or DEFAULT_REGION_CRS)
+    if stac_inputs.api is not None and parsed is None:
+        raise RegionError(
+            f"--stac-api {stac_inputs.api}: give --region or --bbox, the area to search and map"
+        )
+    if stac_item is not None:  # fail before the work, not after it
+        check_stac_item_target(stac_item, overwrite=overwrite)
+    area = None if parsed is None else parsed.to_crs(parse_crs("EPSG:4326")).geometry
+    inputs = stac_inputs.resolve(
+        images,
+        storage_options=storage_options,
+        intersects=None if area is None else area.__geo_interface__,
+    )
     config = PredictConfig(
         model=model,
-        images=images,
+        images=inputs.paths,
         out=out,
         region=parsed,
         dst_crs=dst_crs,
@@ -138,6 +173,11 @@ def predict_command(
     )
     if result.probabilities:
         click.echo(f"wrote {result.probabilities}")
+    if stac_item is not None:
+        used = set(result.sources)
+        sources = [s for s in inputs.stac_items if s.href in used]
+        write_stac_item(stac_item, result.out, sources=sources, overwrite=overwrite)
+        click.echo(f"wrote {stac_item}")
 
 
 @click.command("evaluate")

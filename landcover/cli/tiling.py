@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
 from tiling.errors import StoreCorruptError
@@ -68,7 +69,8 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
 
 
 @click.command("tile")
-@click.argument("images", nargs=-1, required=True)
+@click.argument("images", nargs=-1)
+@stac_input_options(search_bbox=True)
 @click.option(
     "--labels",
     multiple=True,
@@ -132,6 +134,7 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
 def tile_command(
     ctx: click.Context,
     images: tuple[str, ...],
+    stac_inputs: StacInputArgs,
     labels: tuple[str, ...],
     out: str,
     chip_size: int,
@@ -147,13 +150,18 @@ def tile_command(
     overwrite: bool,
     dry_run: bool,
 ) -> None:
-    """Cut IMAGES (paths, quoted globs or URLs) into a sharded Zarr v3 chip store at --out.
+    """Cut IMAGES (paths, quoted globs, URLs or STAC JSON files) into a sharded Zarr v3 chip
+    store at --out.
 
-    Rerunning the same command resumes an interrupted store; a complete store or one written
-    with other options is refused unless --overwrite.
+    A STAC ItemCollection, item, catalog.json or collection.json (or a --stac-api search)
+    gives the --stac-asset of one item per place; hrefs are opened as they are (signing
+    them, where a host needs it, is up to you). Rerunning the same command resumes an
+    interrupted store; a complete store or one written with other options is refused unless
+    --overwrite.
     """
+    inputs = stac_inputs.resolve(images, storage_options=storage_options)
     config = TileConfig(
-        images=images,
+        images=inputs.paths,
         out=out,
         labels=labels,
         chip_size=chip_size,

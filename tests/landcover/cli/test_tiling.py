@@ -11,6 +11,7 @@ from click.testing import CliRunner, Result
 
 from landcover.cli.app import main
 from tests.tiling.rasters import Scenes, image_pixels, make_scenes, write_raster
+from tests.tiling.stacfiles import raster_item, write_item_collection
 from tiling.store import open_store
 
 
@@ -337,3 +338,44 @@ def test_info_verify_finds_flipped_bytes(scenes: Scenes, tmp_path: Path) -> None
         f"error: {out}: chips 0..7 (images shard 0) corrupt: chip 0: chunk checksum does not "
         "match; the store is damaged"
     )
+
+
+def test_tile_takes_a_stac_file_and_keeps_the_newest_flight_of_a_place(
+    scenes: Scenes, tmp_path: Path
+) -> None:
+    older = tmp_path / "older" / "a.tif"
+    older.parent.mkdir()
+    older.write_bytes(scenes.images[0].read_bytes())
+    doc = write_item_collection(
+        [
+            raster_item(older, item_id="a-2018", year=2018),
+            raster_item(scenes.images[0], item_id="a-2021", year=2021),
+            raster_item(scenes.images[1], item_id="b-2021", year=2021),
+        ],
+        tmp_path / "search.json",
+    )
+    out = tmp_path / "chips.zarr"
+    args = tile_args(scenes, out)
+    args[1] = str(doc)
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert "from 2 sources" in result.output
+    assert [s.path for s in open_store(str(out)).summary.sources] == [str(p) for p in scenes.images]
+
+
+def test_tile_stac_options_that_cannot_work_are_one_line(scenes: Scenes, tmp_path: Path) -> None:
+    out = str(tmp_path / "chips.zarr")
+    cases = [
+        (["--stac-api", "http://127.0.0.1:9/", "--bbox", "0,0,1,1"], "needs --collection NAME"),
+        (["--stac-api", "http://127.0.0.1:9/", "--collection", "naip"], "give --bbox W,S,E,N"),
+        ([str(scenes.images[0]), "--datetime", "2020"], "--datetime applies only to a STAC API"),
+        (
+            ["--stac-api", "http://127.0.0.1:9/", "--collection", "naip", "--bbox", "0,0,1,1"],
+            "--stac-api http://127.0.0.1:9/: search failed",
+        ),
+        ([], "Missing argument 'IMAGES...'"),
+    ]
+    for args, message in cases:
+        result = run("tile", *args, "--out", out)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)

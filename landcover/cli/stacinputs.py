@@ -1,0 +1,162 @@
+"""The STAC input options of `landcover tile` and `landcover predict`, gathered into one value.
+
+`stac_input_options` adds `--stac-api`, `--collection`, `--datetime`, `--stac-asset`,
+`--stac-pick` (and, for `tile`, `--bbox`: `predict` searches its own --region / --bbox) and
+hands the command a single `stac_inputs: StacInputArgs`; `StacInputArgs.resolve` expands
+IMAGES and the search into raster paths with `tiling.inputs.resolve_inputs`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from tiling.errors import TilingError
+from tiling.inputs import Inputs, resolve_inputs
+from tiling.stac import DEFAULT_ASSET, PICKS, StacOptions, StacSearch, parse_bbox
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SIGNING_NOTE = (
+    "Hrefs are opened as they are: sign them first where the host needs it (e.g. save a "
+    "search signed with the planetary-computer package)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StacInputArgs:
+    """The STAC options as given on the command line."""
+
+    api: str | None = None
+    collections: tuple[str, ...] = ()
+    bbox: str | None = None
+    datetime: str | None = None
+    asset: str = DEFAULT_ASSET
+    pick: str = "newest"
+
+    def options(self, *, intersects: Mapping[str, Any] | None = None) -> StacOptions:
+        """`StacOptions` for `resolve_inputs`; `intersects` (lon/lat GeoJSON) is the search
+        area of a command without --bbox (predict's region)."""
+        if self.api is None:
+            given = [
+                flag
+                for flag, value in (
+                    ("--collection", self.collections),
+                    ("--bbox", self.bbox),
+                    ("--datetime", self.datetime),
+                )
+                if value
+            ]
+            if given:
+                raise TilingError(
+                    f"{given[0]} applies only to a STAC API search; add --stac-api URL"
+                )
+            return StacOptions(asset=self.asset, pick=self.pick)
+        bbox = parse_bbox(self.bbox) if self.bbox is not None else None
+        if bbox is None and intersects is None:
+            raise TilingError(
+                f"--stac-api {self.api}: give --bbox W,S,E,N (lon/lat) to search; without it "
+                "the search would return the whole collection"
+            )
+        search = StacSearch(
+            url=self.api,
+            collections=self.collections,
+            bbox=bbox,
+            intersects=intersects,
+            datetime=self.datetime,
+        )
+        return StacOptions(asset=self.asset, pick=self.pick, search=search)
+
+    def resolve(
+        self,
+        images: Sequence[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        intersects: Mapping[str, Any] | None = None,
+    ) -> Inputs:
+        """IMAGES (rasters and STAC documents) and the search → raster paths and STAC items."""
+        if not images and self.api is None:
+            raise click.UsageError(
+                "Missing argument 'IMAGES...': give GeoTIFFs, a STAC file, or --stac-api URL"
+            )
+        options = self.options(intersects=intersects)
+        return resolve_inputs(images, storage_options=storage_options, stac=options)
+
+
+def stac_input_options(*, search_bbox: bool) -> Callable[[F], F]:
+    """Add the STAC options to a command; it receives them as `stac_inputs: StacInputArgs`.
+
+    `search_bbox`: add `--bbox W,S,E,N` as the search area (tile); predict has its own --bbox.
+    """
+    options = [
+        click.option(
+            "--stac-api",
+            default=None,
+            metavar="URL",
+            help="Search this STAC API (pystac-client) for the images, e.g. "
+            "https://planetarycomputer.microsoft.com/api/stac/v1. " + SIGNING_NOTE,
+        ),
+        click.option(
+            "--collection",
+            "collections",
+            multiple=True,
+            metavar="NAME",
+            help="Collection to search with --stac-api (repeatable), e.g. naip.",
+        ),
+    ]
+    if search_bbox:
+        options.append(
+            click.option(
+                "--bbox",
+                default=None,
+                metavar="W,S,E,N",
+                help="Area of the --stac-api search in lon/lat degrees.",
+            )
+        )
+    options += [
+        click.option(
+            "--datetime",
+            default=None,
+            metavar="RANGE",
+            help="Date or range of the --stac-api search, e.g. 2018/2021 or 2019-06-01/..",
+        ),
+        click.option(
+            "--stac-asset",
+            default=DEFAULT_ASSET,
+            show_default=True,
+            metavar="KEY",
+            help="Asset of each STAC item that holds the GeoTIFF.",
+        ),
+        click.option(
+            "--stac-pick",
+            type=click.Choice(PICKS),
+            default="newest",
+            show_default=True,
+            help="Of STAC items covering the same place (same grid:code, or footprints "
+            "overlapping by more than half the smaller), keep the newest, the oldest, or all.",
+        ),
+    ]
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def with_stac_inputs(*args: Any, **kwargs: Any) -> Any:
+            kwargs["stac_inputs"] = StacInputArgs(
+                api=kwargs.pop("stac_api"),
+                collections=tuple(kwargs.pop("collections")),
+                bbox=kwargs.pop("bbox") if search_bbox else None,
+                datetime=kwargs.pop("datetime"),
+                asset=kwargs.pop("stac_asset"),
+                pick=kwargs.pop("stac_pick"),
+            )
+            return command(*args, **kwargs)
+
+        decorated: Any = with_stac_inputs
+        for option in reversed(options):
+            decorated = option(decorated)
+        return decorated  # type: ignore[no-any-return]
+
+    return decorate

@@ -1,0 +1,304 @@
+"""STAC inputs: saved searches, static catalogs and STAC API searches → one raster href per place.
+
+Wherever a command takes GeoTIFFs it also takes a STAC document (`*.json` / `*.geojson`: an
+ItemCollection or FeatureCollection such as a saved search, a single item, or a static
+`catalog.json` / `collection.json` whose items are walked) and a STAC API search
+(`StacSearch`, run with pystac-client). Each item gives the href of one asset (`image` by
+default); relative hrefs are resolved against the document that holds them, and the href is
+then opened like any other path or URL (fsspec/GDAL). Signing URLs (e.g. the Planetary
+Computer's SAS tokens) is the caller's business: sign them before saving the search.
+
+Repeat coverage of one place (NAIP is flown every two or three years) must not double up, so
+one item is kept per *place* (`one_per_place`). Two items are the same place when
+
+1. both carry the STAC grid extension's `grid:code` (NAIP: the quarter-quad, `DOQQ-...`) and
+   the codes are equal; otherwise
+2. their footprints (geometry, else bbox, in lon/lat) overlap by more than
+   `SAME_PLACE_OVERLAP` (half) of the smaller footprint's area.
+
+The newest item of a place is kept by default (`pick="oldest"` keeps the oldest, `"all"`
+keeps every item). Items are ranked by date (`end_datetime`, else `datetime`, else
+`start_datetime`; undated items rank last), then by id, and kept greedily: an item is dropped
+when it is the same place as one already kept. Kept items are returned sorted by href, so a
+STAC input lists its rasters in the order a glob of the same files does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import fsspec
+import pystac
+import shapely.geometry
+from pystac.stac_io import DefaultStacIO
+from pystac.utils import make_absolute_href
+from shapely.geometry.base import BaseGeometry
+
+from tiling.errors import SourceFormatError, SourceNotFoundError, StorageAccessError, TilingError
+from tiling.urls import is_local, local_path, storage_errors
+
+logger = logging.getLogger(__name__)
+
+STAC_SUFFIXES = (".json", ".geojson")
+DEFAULT_ASSET = "image"
+PICKS = ("newest", "oldest", "all")
+# Footprints overlapping by more than this share of the smaller one are the same place:
+# neighbouring NAIP quarter-quads share only their ~300 m buffers (well under half).
+SAME_PLACE_OVERLAP = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class StacSearch:
+    """A STAC API item search (`--stac-api URL --collection C --bbox W,S,E,N --datetime R`)."""
+
+    url: str
+    collections: tuple[str, ...]
+    bbox: tuple[float, float, float, float] | None = None  # lon/lat W, S, E, N
+    intersects: Mapping[str, Any] | None = None  # a GeoJSON geometry in lon/lat
+    datetime: str | None = None  # RFC 3339 instant or range, e.g. "2018/2021"
+    max_items: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.collections:
+            raise TilingError(
+                f"--stac-api {self.url} needs --collection NAME (e.g. --collection naip)"
+            )
+
+    def describe(self) -> str:
+        parts = [f"collections {','.join(self.collections)}"]
+        if self.bbox is not None:
+            parts.append("bbox " + ",".join(f"{v:g}" for v in self.bbox))
+        if self.intersects is not None:
+            parts.append("the region")
+        if self.datetime:
+            parts.append(f"datetime {self.datetime}")
+        return f"{self.url} ({', '.join(parts)})"
+
+
+@dataclass(frozen=True, slots=True)
+class StacOptions:
+    """How STAC inputs become rasters: the asset key, which item of a place, an API search."""
+
+    asset: str = DEFAULT_ASSET
+    pick: str = "newest"
+    search: StacSearch | None = None
+
+    def __post_init__(self) -> None:
+        if self.pick not in PICKS:
+            raise TilingError(f"--stac-pick {self.pick!r}: use one of {', '.join(PICKS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class StacSource:
+    """One chosen STAC item: the href of its asset and what an output item cites of it."""
+
+    href: str
+    item_id: str
+    collection: str | None
+    start: datetime | None
+    end: datetime | None
+    self_href: str | None  # the item's own JSON, when it has one (for `derived_from` links)
+
+
+def is_stac_document(pattern: str) -> bool:
+    """True for an input that names a STAC JSON document rather than rasters."""
+    return pattern.lower().split("?", 1)[0].endswith(STAC_SUFFIXES)
+
+
+def parse_bbox(text: str) -> tuple[float, float, float, float]:
+    """`W,S,E,N` in lon/lat degrees → a tuple; one-line error otherwise."""
+    try:
+        w, s, e, n = (float(v) for v in text.split(","))
+    except ValueError:
+        raise TilingError(
+            f"--bbox {text!r}: expected four numbers W,S,E,N in degrees, e.g. -76.6,39,-76.5,39.1"
+        ) from None
+    if not (-180 <= w < e <= 180 and -90 <= s < n <= 90):
+        raise TilingError(
+            f"--bbox {text!r}: need W < E within -180..180 and S < N within -90..90 (lon/lat)"
+        )
+    return w, s, e, n
+
+
+def stac_sources(
+    documents: Sequence[str],
+    options: StacOptions,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[StacSource, ...]:
+    """The chosen items of `documents` and of `options.search`, one per place, sorted by href."""
+    io = FsspecStacIO(storage_options)
+    items: list[tuple[pystac.Item, str]] = []
+    for document in documents:
+        items.extend((item, document) for item in read_items(document, io))
+    if options.search is not None:
+        items.extend((item, options.search.url) for item in search_items(options.search))
+    chosen = one_per_place([item for item, _ in items], options.pick)
+    kept = {id(item) for item in chosen}
+    sources = [_source(item, where, options.asset) for item, where in items if id(item) in kept]
+    dropped = len(items) - len(sources)
+    if dropped:
+        logger.info("STAC: kept %d items, %d repeat(s) of a place dropped", len(sources), dropped)
+    return tuple(sorted(sources, key=lambda s: s.href))
+
+
+class FsspecStacIO(DefaultStacIO):
+    """pystac reads through fsspec, so catalogs on az:// (or any fsspec URL) work like rasters."""
+
+    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.storage_options = dict(storage_options or {})
+
+    def read_text_from_href(self, href: str) -> str:
+        if is_local(href):
+            return local_path(href).read_text(encoding="utf-8")
+        with storage_errors(href), fsspec.open(href, "r", **self.storage_options) as f:
+            return str(f.read())
+
+
+def read_items(document: str, io: pystac.StacIO | None = None) -> list[pystac.Item]:
+    """Every item of a STAC document: an ItemCollection, an item, or a catalog walked down."""
+    io = io or FsspecStacIO()
+    href = _absolute(document)
+    try:
+        data = io.read_json(href)
+    except FileNotFoundError:
+        raise SourceNotFoundError(f"STAC file {document} does not exist; check the path") from None
+    except json.JSONDecodeError as exc:
+        raise SourceFormatError(
+            f"{document}: not JSON ({exc.msg} at line {exc.lineno}); pass a STAC ItemCollection, "
+            "item, catalog.json or collection.json"
+        ) from None
+    kind = data.get("type") if isinstance(data, dict) else None
+    try:
+        if isinstance(data, dict) and pystac.ItemCollection.is_item_collection(data):
+            # Items of a saved search rarely have a self link: relative asset hrefs are
+            # resolved against the document instead (`_source`).
+            return list(pystac.ItemCollection.from_dict(data, preserve_dict=False))
+        if kind in ("Feature", "Catalog", "Collection"):
+            stac_object = pystac.read_file(href, stac_io=io)
+            if isinstance(stac_object, pystac.Item):
+                return [stac_object]
+            if isinstance(stac_object, pystac.Catalog):
+                return list(stac_object.get_items(recursive=True))
+    except pystac.STACError as exc:
+        raise SourceFormatError(f"{document}: not valid STAC ({exc})") from None
+    raise SourceFormatError(
+        f"{document}: JSON but not STAC (type {kind!r}); pass a STAC ItemCollection / "
+        "FeatureCollection of items, an item, a catalog.json or a collection.json"
+    )
+
+
+def search_items(search: StacSearch) -> list[pystac.Item]:
+    """Run a STAC API item search with pystac-client; an empty result is an error."""
+    from pystac_client import Client
+    from pystac_client.exceptions import APIError
+
+    try:
+        client = Client.open(search.url)
+        found = client.search(
+            collections=list(search.collections),
+            bbox=list(search.bbox) if search.bbox is not None else None,
+            intersects=dict(search.intersects) if search.intersects is not None else None,
+            datetime=search.datetime,
+            max_items=search.max_items,
+        )
+        items = list(found.items())
+    except (APIError, OSError, pystac.STACError, NotImplementedError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageAccessError(
+            f"--stac-api {search.url}: search failed ({type(exc).__name__}: {first}); "
+            "check the URL, --collection and --datetime"
+        ) from None
+    if not items:
+        raise SourceNotFoundError(
+            f"STAC search of {search.describe()} found no items; widen --bbox or --datetime, "
+            "or check the collection name"
+        )
+    return items
+
+
+def item_dates(item: pystac.Item) -> tuple[datetime | None, datetime | None]:
+    """(start, end) of an item: its datetime, or its start/end range."""
+    meta = item.common_metadata
+    start = meta.start_datetime or item.datetime or meta.end_datetime
+    end = meta.end_datetime or item.datetime or meta.start_datetime
+    return start, end
+
+
+def one_per_place(items: Iterable[pystac.Item], pick: str = "newest") -> list[pystac.Item]:
+    """One item per place (see the module docstring for the rule), the newest by default."""
+    items = list(items)
+    if pick == "all":
+        return items
+    newest_first = pick == "newest"
+
+    def rank(item: pystac.Item) -> tuple[int, float, str]:
+        _, end = item_dates(item)
+        if end is None:
+            return (1, 0.0, item.id)  # undated: last
+        stamp = end.timestamp()
+        return (0, -stamp if newest_first else stamp, item.id)
+
+    kept: list[tuple[pystac.Item, BaseGeometry | None]] = []
+    for item in sorted(items, key=rank):
+        footprint = _footprint(item)
+        if not any(_same_place(item, footprint, k, kf) for k, kf in kept):
+            kept.append((item, footprint))
+    return [item for item, _ in kept]
+
+
+def _footprint(item: pystac.Item) -> BaseGeometry | None:
+    if item.geometry is not None:
+        return shapely.geometry.shape(item.geometry)
+    bbox = list(item.bbox or [])
+    if len(bbox) == 6:  # 3D: W, S, min z, E, N, max z
+        bbox = [bbox[0], bbox[1], bbox[3], bbox[4]]
+    if len(bbox) == 4:
+        return shapely.geometry.box(*bbox)
+    return None
+
+
+def _same_place(
+    a: pystac.Item, fa: BaseGeometry | None, b: pystac.Item, fb: BaseGeometry | None
+) -> bool:
+    code_a, code_b = a.properties.get("grid:code"), b.properties.get("grid:code")
+    if code_a is not None and code_b is not None:
+        return bool(code_a == code_b)
+    if fa is None or fb is None:
+        return False
+    smaller = min(fa.area, fb.area)
+    if smaller <= 0:
+        return False
+    return bool(fa.intersection(fb).area > SAME_PLACE_OVERLAP * smaller)
+
+
+def _absolute(where: str) -> str:
+    return str(local_path(where).absolute()) if is_local(where) else where
+
+
+def _source(item: pystac.Item, where: str, asset: str) -> StacSource:
+    if asset not in item.assets:
+        keys = ", ".join(sorted(item.assets)) or "none"
+        raise SourceFormatError(
+            f"STAC item {item.id} (from {where}) has no asset {asset!r} (its assets: {keys}); "
+            "pass --stac-asset with one of those"
+        )
+    target = item.assets[asset]
+    href = target.get_absolute_href() or make_absolute_href(target.href, _absolute(where))
+    if href.startswith("file://"):
+        href = str(local_path(href))
+    start, end = item_dates(item)
+    return StacSource(
+        href=href,
+        item_id=item.id,
+        collection=item.collection_id,
+        start=start,
+        end=end,
+        self_href=item.get_self_href(),
+    )
