@@ -1,10 +1,17 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package: the real NAIP files, and a real SLURM cluster of
+emulated nodes on this machine (`slurm_testbed`: one per session, about a second to start; it
+needs root, iproute2 and slurm-wlm, which it installs with apt-get when missing, and otherwise
+the test is skipped with the reason on one line)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from cluster.netns import network_unavailable_reason
+from cluster.testbed import SlurmTestbed, slurm_testbed_unavailable_reason
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REAL_NAIP_DIR = REPO_ROOT / "tests" / "data" / "naip-real"
@@ -21,3 +28,23 @@ def real_naip_dir() -> Path:
 @pytest.fixture(scope="session")
 def real_naip_paths(real_naip_dir: Path) -> list[Path]:
     return sorted(real_naip_dir.glob("*.tif"))
+
+
+@pytest.fixture(scope="session")
+def slurm_testbed() -> Iterator[SlurmTestbed]:
+    """A running 2-node SLURM cluster: `.env` for clients, `.nodes` [(name, address)],
+    `.interface` for GLOO_SOCKET_IFNAME; stopped (daemons, namespaces, bridge) at the end."""
+    reason = slurm_testbed_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    # daemons that fail to start here are a failure, not a skip: the machine can run them
+    with SlurmTestbed(nodes=2) as bed:
+        yield bed
+
+
+@pytest.fixture
+def require_emulated_nodes() -> None:
+    """Skip (one line) where network namespaces cannot be built: not root, no iproute2."""
+    reason = network_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)

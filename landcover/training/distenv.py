@@ -32,6 +32,7 @@ class DistEnv:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    node_name: str | None = None  # the scheduler's name of this node (SLURM), if it gives one
 
     @property
     def is_distributed(self) -> bool:
@@ -94,6 +95,7 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         node_rank=node_rank,
         master_addr=master_addr,
         master_port=master_port,
+        node_name=env.get("SLURMD_NODENAME", "").strip() or None,
     )
 
 

@@ -161,8 +161,9 @@ def write_run_info(
     data: TrainingData,
     optimization: Optimization,
     resume: ResumeState,
+    ranks: list[dict[str, Any]],
 ) -> None:
-    """run.json (rank 0, once per process start)."""
+    """run.json (rank 0, once per process start); `ranks` is every rank's `Placement.where`."""
     env, schedule = place.env, optimization.schedule
     versions = {
         "landcover": landcover.__version__,
@@ -196,5 +197,6 @@ def write_run_info(
         load_bytes=data.load_bytes,
         resumed_from_epoch=resume.start_epoch or None,
         started=utc_now(),
+        ranks=ranks,
     )
     write_run_json(config.out_dir, info.model_dump())

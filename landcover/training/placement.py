@@ -49,6 +49,18 @@ class Placement:
             host=socket.gethostname(),
         )
 
+    def where(self) -> dict[str, Any]:
+        """This rank's place for run.json's `ranks`: rank, node and host (names differ where a
+        scheduler runs several nodes on one host, as the SLURM testbed does)."""
+        env = self.env
+        return {
+            "rank": env.rank,
+            "local_rank": env.local_rank,
+            "node_rank": env.node_rank,
+            "node": env.node_name or self.host,
+            "host": self.host,
+        }
+
     @property
     def channels_last(self) -> bool:
         return self.device.type == "cuda"

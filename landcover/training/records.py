@@ -182,6 +182,8 @@ class RunInfo(BaseModel):
     load_bytes: Annotated[int | None, _Lenient] = None
     resumed_from_epoch: Annotated[int | None, _Lenient] = None
     started: Annotated[str | None, _Lenient] = None
+    # every rank's place (`Placement.where`): rank, local_rank, node_rank, node, host
+    ranks: Annotated[list[dict[str, Any]] | None, _Lenient] = None
     # cluster launchers may add `cluster` (cluster.json as used): kept as an extra key
 
     def _config_int(self, name: str) -> int | None:

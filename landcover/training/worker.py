@@ -83,8 +83,9 @@ def build_trainer(config: TrainConfig, place: Placement, callbacks: TrainCallbac
     optimization = build_optimization(
         config, module, world_size=env.world_size, steps_per_epoch=steps, resume=resume
     )
-    if env.is_main:
-        write_run_info(config, place, data, optimization, resume)
+    ranks = collectives.gather_to_main(place.where())
+    if ranks is not None:  # rank 0
+        write_run_info(config, place, data, optimization, resume, ranks)
     return Trainer(config, place, sync, optimization, data, resume, callbacks)
 
 

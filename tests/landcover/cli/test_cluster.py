@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from cluster import agents, azureml
 from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.errors import LaunchError
 from cluster.machine import local_cpu_count
+from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
 from landcover.cli.cluster import train_argv
 from landcover.cli.train import worker_command
@@ -421,3 +423,38 @@ def test_train_args_give_the_workers_argv() -> None:
 def test_bad_train_args(args: list[str], message: str) -> None:
     with pytest.raises(TrainingError, match=message.replace("(", r"\(")):
         train_argv(args)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cluster_launch_trains_across_two_slurm_nodes(
+    slurm_testbed: SlurmTestbed, tiny_store: str, tmp_path: Path
+) -> None:
+    """The engines issue's acceptance: `landcover cluster launch slurm.json -- train ...` with
+    targetNodeCount 2 trains at world size 2, one rank on each SLURM node."""
+    cluster_json = tmp_path / "slurm.json"
+    cluster_json.write_text(
+        json.dumps(
+            {
+                "engine": "slurm",
+                "targetNodeCount": 2,
+                "processesPerNode": 1,
+                "slurm": {"timeLimit": "00:08:00", "socketInterface": slurm_testbed.interface},
+            }
+        )
+    )
+    run = tmp_path / "run"
+    # the nodes run this interpreter on this checkout (sbatch passes the environment on)
+    path = f"{Path(sys.executable).parent}:{slurm_testbed.env['PATH']}"
+    env = {**slurm_testbed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}
+    result = CliRunner(env=env).invoke(
+        main,
+        ["cluster", "launch", str(cluster_json), "--wait", "--", "train", tiny_store,
+         "--out", str(run), "--epochs", "1", "--batch-size", "8", "--threads", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    info = json.loads((run / "run.json").read_text())
+    assert (info["world_size"], info["nodes"]) == (2, 2)
+    assert [(r["rank"], r["node"]) for r in info["ranks"]] == [(0, "n0"), (1, "n1")]
+    (epoch,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (epoch["world_size"], epoch["nodes"]) == (2, 2) and epoch["val_miou"] >= 0
