@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
                 "nodes": nodes,
                 "epoch_time_s": epoch_time_s,
                 "samples_per_s": world / epoch_time_s,
-                "threads_per_worker": args.threads,
+                "threads_per_worker": args.threads or 1,  # as the trainer records it: at least 1
                 # the other fields every metrics.jsonl record has (docs/CONTRACTS.md)
                 "load_time_s": 0.0,
                 "steps": 1,

@@ -74,3 +74,15 @@ def test_the_error_line_of_a_log() -> None:
     assert error_message("ValueError: fake worker failing") == "ValueError: fake worker failing"
     assert error_message("torch.distributed.elastic.ChildFailedError: ") is None
     assert error_message("epoch 1 done") is None
+
+
+def test_c10d_socket_warnings_without_a_pid_are_hidden_and_not_failures() -> None:
+    """c10d warns once per rank when the machine has no reverse DNS: harmless, not shown."""
+    job_failed = threading.Event()
+    terminal = TerminalFilter(job_failed, stop_after_failure=True)
+    line = (
+        "[W1123 19:41:50.180100540 socket.cpp:207] [c10d] The hostname of the client socket "
+        "cannot be retrieved. err=-3"
+    )
+    assert not terminal.show(line) and not job_failed.is_set()
+    assert terminal.show(PROGRESS)
