@@ -46,7 +46,9 @@ CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_FILE = "mlflow.json"
-RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, MLFLOW_FILE)
+RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR)
+# what a fresh start clears besides the results: tracking of the run it replaces
+TRACKING_NAMES = (TENSORBOARD_DIR, MLFLOW_FILE)
 
 
 def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
@@ -74,7 +76,7 @@ def prepare_run_dir(
         return last
     if resume:
         logger.info("%s: no checkpoint to resume from; starting fresh", out)
-    for name in RESULT_NAMES:
+    for name in (*RESULT_NAMES, *TRACKING_NAMES):
         path = out / name
         if path.is_dir():
             shutil.rmtree(path)
