@@ -51,9 +51,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MLFLOW_INSTALL = "pip install 'landcover[mlflow]'"
-# An unreachable server must cost seconds, not mlflow's default minutes of retries, per call.
+# An unreachable server must cost seconds and one warning, not mlflow's default minutes of
+# retries (each logged) per call; the variables set by the user win.
 _MLFLOW_HTTP_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
 }
 # MLflow takes letters, digits, _ - . / and spaces in a metric name
