@@ -241,3 +241,24 @@ def test_an_unreachable_mlflow_server_never_stops_training(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("tracking: MlflowTracker failed")
     assert tensorboard_scalars(run, "val/miou")  # the other backend goes on
+
+
+def test_the_platforms_run_id_wins(
+    tmp_path: Path, mlflow_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Azure ML creates the job's MLflow run and names it in MLFLOW_RUN_ID: log into that one,
+    even over the run a resumed run dir remembers."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_store)
+    platform_run = client.create_run("0").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", platform_run)
+    (tmp_path / "mlflow.json").write_text(json.dumps({"run_id": "an-earlier-run"}))
+    config = TrainConfig(store_url="s", out_dir=str(tmp_path))
+    tracking = open_tracking(config, is_main=True, class_names=CLASSES)
+    assert [type(b).__name__ for b in tracking.backends] == ["TensorBoardTracker", "MlflowTracker"]
+    tracking.log_epoch(record(1))
+    tracking.finish(failed=False)
+    assert json.loads((tmp_path / "mlflow.json").read_text())["run_id"] == platform_run
+    assert client.get_run(platform_run).data.metrics["val/miou"] == pytest.approx(0.4)
+    assert client.get_run(platform_run).data.params["model"] == "small_unet"
