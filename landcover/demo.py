@@ -95,10 +95,15 @@ class DemoResult:
 Stage = Callable[[str], None]
 
 
-def run_demo(config: DemoConfig, *, on_stage: Stage | None = None) -> DemoResult:
-    """Run every stage into `config.out_dir`; raise LandcoverError if the map is garbage."""
+def run_demo(
+    config: DemoConfig, *, on_stage: Stage | None = None, on_progress: Stage | None = None
+) -> DemoResult:
+    """Run every stage into `config.out_dir`; raise LandcoverError if the map is garbage.
+    `on_stage` gets each stage's name, `on_progress` the training runs' epoch lines and ends
+    ("workers 2: epoch 3/6: train loss ..."); both log by default."""
     started = time.perf_counter()
     stage = on_stage or (lambda name: logger.info("%s", name))
+    progress = on_progress or (lambda line: logger.info("%s", line))
     cluster = check_demo_config(config)
     out = claim_out_dir(config.out_dir)
 
@@ -142,7 +147,9 @@ def run_demo(config: DemoConfig, *, on_stage: Stage | None = None) -> DemoResult
                 *config.extra_train_args,
             ),
             cluster=cluster,
-        )
+        ),
+        on_run=lambda run: progress(f"workers {run.workers}: {run.status}, {run.wall_time_s:.0f}s"),
+        on_progress=lambda workers, line: progress(f"workers {workers}: {line}"),
     )
     if sweep.failed:
         first = sweep.failed[0]

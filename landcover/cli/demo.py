@@ -62,7 +62,10 @@ def demo_command(
     def on_stage(name: str) -> None:
         click.echo(f"[{next(counter)}/{total}] {name}", err=True)
 
-    result = run_demo(config, on_stage=on_stage)
+    def on_progress(line: str) -> None:
+        click.echo(f"      {line}", err=True)
+
+    result = run_demo(config, on_stage=on_stage, on_progress=on_progress)
     held = result.held_out
     click.echo(
         "\n".join(

@@ -13,6 +13,9 @@ cores is allowed but marked `oversubscribed`: such a point measures time-slicing
 After every run, `DIR/sweep.json` (the typed record of `landcover.scaling.sweepfile`, fields
 in docs/CONTRACTS.md) is rewritten atomically, so a partial sweep is readable; each finished
 run is also written alone as `DIR/workers-N/launch.json`.
+
+`on_progress` gets each run's epoch lines as its rank 0 logs them (`landcover.training.progress`),
+picked out of the worker output that the launch passes on.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from landcover.scaling.sweepfile import (
 )
 from landcover.training.config import TrainConfig, split_argv
 from landcover.training.launch import WORKER_MODULE, training_job, worker_config
+from landcover.training.progress import progress_message
 from landcover.training.records import steady_epoch_time_s, steady_samples_per_s
 from landcover.training.rundir import METRICS_FILE
 
@@ -154,8 +158,10 @@ def run_sweep(
     options: LaunchOptions | None = None,
     *,
     on_run: Callable[[SweepRun], None] | None = None,
+    on_progress: Callable[[int, str], None] | None = None,
 ) -> SweepResult:
-    """Train at each worker count; returns every run (failed ones included, never raised)."""
+    """Train at each worker count; returns every run (failed ones included, never raised).
+    `on_progress(workers, line)`: a run's epoch lines, as they come."""
     training, stand_in_args = sweep_training(config)
     options = replace(options or LaunchOptions(), wait=True)
     out = Path(config.out_dir)
@@ -180,7 +186,8 @@ def run_sweep(
             job = training_job(
                 spec, point, entry_module=config.entry_module, extra_args=stand_in_args
             )
-            run = _run_one(spec, job, worker_config(spec, point), options, redactor)
+            launch = _with_progress(options, workers, on_progress)
+            run = _run_one(spec, job, worker_config(spec, point), launch, redactor)
             if run_dir.is_dir():
                 write_launch(run_dir, run)
         runs.append(run)
@@ -188,6 +195,24 @@ def run_sweep(
         if on_run is not None:
             on_run(run)
     return SweepResult(path=sweep_path, cores=local_cpu_count(), runs=tuple(runs))
+
+
+def _with_progress(
+    options: LaunchOptions, workers: int, on_progress: Callable[[int, str], None] | None
+) -> LaunchOptions:
+    """`options` whose worker output also feeds the epoch lines in it to `on_progress`."""
+    if on_progress is None:
+        return options
+    shown = options.on_output
+
+    def output(line: str) -> None:
+        if shown is not None:
+            shown(line)
+        message = progress_message(line)
+        if message is not None:
+            on_progress(workers, message)
+
+    return replace(options, on_output=output)
 
 
 def _record(config: SweepConfig, redactor: Redactor) -> SweepRecord:

@@ -35,6 +35,7 @@ ClassWeights = Literal["auto", "none"]
 Device = Literal["auto", "cpu", "cuda"]
 LrScaling = Literal["linear", "sqrt", "none"]
 Pretrained = Literal["imagenet"]
+TRACKING_BACKENDS = ("tensorboard", "mlflow")
 DEFAULT_LR: Mapping[str, float] = {"adamw": 2e-3, "sgd": 0.02}
 WORKER_PROG = "python -m landcover.training"
 
@@ -158,6 +159,17 @@ class TrainConfig:
         "SyncBatchNorm: normalise with the whole step's batch statistics (CUDA only; without "
         "it, BatchNorm statistics are averaged over the workers after every epoch).",
     )
+    tracking: str = _option(
+        "--tracking",
+        "auto",
+        "Experiment tracking besides metrics.jsonl: a comma list of tensorboard, mlflow; none; "
+        "auto: tensorboard, and mlflow too when MLFLOW_TRACKING_URI is set.",
+    )
+    log_every: int = _option(
+        "--log-every",
+        50,
+        "Without a terminal, also log a progress line every N steps (0: epoch lines only).",
+    )
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -173,6 +185,7 @@ class TrainConfig:
             (self.threads is None or self.threads >= 1, f"--threads {self.threads} must be >= 1"),
             (self.block_size >= 1, f"--block-size {self.block_size} must be >= 1"),
             (self.block_lr > 0, f"--block-lr {self.block_lr} must be > 0"),
+            (self.log_every >= 0, f"--log-every {self.log_every} must be >= 0 (0: off)"),
             (
                 self.block_momentum_value is None or 0 <= self.block_momentum_value < 1,
                 f"--block-momentum-value {self.block_momentum_value} must be in [0, 1)",
@@ -206,6 +219,7 @@ class TrainConfig:
             if not ok:
                 raise TrainingError(message)
         parse_compression(self.compression)  # a bad value fails here, not after the load
+        parse_tracking(self.tracking)
 
     @property
     def base_lr(self) -> float:
@@ -345,6 +359,24 @@ def split_argv(
     except click.UsageError as exc:
         raise TrainingError(f"training arguments: {exc.format_message()}") from None
     return config_from_params(ctx.params), tuple(ctx.args)
+
+
+def parse_tracking(value: str) -> tuple[str, ...] | None:
+    """The backends of a --tracking value: None for auto (decided where the environment is
+    read, `landcover.training.tracking`), () for none."""
+    text = value.strip().lower()
+    if text == "auto":
+        return None
+    if text == "none":
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",")))
+    bad = [n for n in names if n not in TRACKING_BACKENDS]
+    if bad:
+        raise TrainingError(
+            f"--tracking {value!r}: {bad[0]!r} is no tracking backend; use auto, none or a comma "
+            f"list of {', '.join(TRACKING_BACKENDS)}"
+        )
+    return names
 
 
 def _plain(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""What a training worker records: the epoch's `EpochRecord` (a metrics.jsonl line, logged),
+"""What a training worker records: the epoch's `EpochRecord` (a metrics.jsonl line),
 the `ModelMeta` that makes `model.pt` self-describing, and run.json (`RunInfo`), from the built
 objects of `landcover.training.worker`. Rank 0 writes them (`landcover.training.rundir`)."""
 
@@ -60,7 +60,8 @@ def epoch_record(
     sync: SyncStrategy,
     lr: float,
 ) -> EpochRecord:
-    """The epoch's metrics.jsonl record (docs/CONTRACTS.md), logged as one line."""
+    """The epoch's metrics.jsonl record (docs/CONTRACTS.md); `landcover.training.progress`
+    logs it as one line."""
     steps, world_size = data.steps, place.env.world_size
     samples = steps * config.batch_size * world_size
     meter, scores = sync.meter, validation.scores
@@ -97,21 +98,6 @@ def epoch_record(
         host=place.host,
         lr=lr,  # of the epoch's last step
         time=utc_now(),
-    )
-    logger.info(
-        "epoch %d/%d: train loss %.4f, val loss %.4f, val mIoU %.4f, accuracy %.4f; "
-        "%.2f s (%d steps, %.3f s/step, data %.2f%%), %.0f samples/s",
-        epoch,
-        config.epochs,
-        stats.train_loss,
-        validation.val_loss,
-        scores.miou,
-        scores.accuracy,
-        stats.epoch_time_s,
-        steps,
-        step_time_s,
-        100 * stats.data_time_s / max(step_time_s, 1e-12),
-        samples_per_s,
     )
     return record
 

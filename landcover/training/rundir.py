@@ -5,6 +5,8 @@ RUN_DIR/run.json          the run: world, machine, versions, store, config (writ
 RUN_DIR/metrics.jsonl     one JSON object per epoch
 RUN_DIR/checkpoints/      last.pt: everything a resume needs
 RUN_DIR/model.pt          the self-describing model file (landcover.models.modelfile)
+RUN_DIR/tensorboard/      TensorBoard event files (landcover.training.tracking)
+RUN_DIR/mlflow.json       the MLflow run that a resume continues, when MLflow tracks the run
 ```
 
 Checkpoints themselves are read and written by `landcover.training.checkpoint` (torch);
@@ -42,7 +44,11 @@ RUN_FILE = "run.json"
 MODEL_FILE = "model.pt"
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_FILE = "mlflow.json"
 RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR)
+# what a fresh start clears besides the results: tracking of the run it replaces
+TRACKING_NAMES = (TENSORBOARD_DIR, MLFLOW_FILE)
 
 
 def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
@@ -70,7 +76,7 @@ def prepare_run_dir(
         return last
     if resume:
         logger.info("%s: no checkpoint to resume from; starting fresh", out)
-    for name in RESULT_NAMES:
+    for name in (*RESULT_NAMES, *TRACKING_NAMES):
         path = out / name
         if path.is_dir():
             shutil.rmtree(path)

@@ -4,7 +4,8 @@ sync strategy makes the model whole (DDP: BatchNorm statistics averaged; BMUF: t
 block merged); then validation, whose confusion matrices are summed over ranks; then rank 0
 appends a metrics.jsonl line (`EpochRecord`), writes `model.pt` when val mIoU improves (so it
 is the best-by-val-mIoU model; without val chips, the last epoch's) and the checkpoint, and
-every rank stops early together when `--patience` epochs brought no gain.
+hands the record to the progress line and the trackers (`landcover.training.progress`); every
+rank stops early together when `--patience` epochs brought no gain.
 
 Validation, `model.pt` and the checkpoint's `model` are the job's one model
 (`SyncStrategy.global_model`). All randomness is a pure function of (seed, epoch, rank):
@@ -17,9 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from landcover.data.shards import Batch, derive_seed
+from landcover.data.shards import derive_seed
 from landcover.models.modelfile import save_model_file
 from landcover.training.builders import Optimization, TrainingData
 from landcover.training.checkpoint import save_checkpoint, to_cpu
@@ -40,10 +40,12 @@ from landcover.training.losses import (
 )
 from landcover.training.outputs import EpochStats, Validation, epoch_record, model_meta
 from landcover.training.placement import Placement
+from landcover.training.progress import Progress
 from landcover.training.records import Checkpoint, EpochRecord
 from landcover.training.resume import ResumeState
 from landcover.training.rundir import MODEL_FILE, append_metrics, jsonable
 from landcover.training.sync import SyncStrategy
+from landcover.training.tracking import Tracker
 
 __all__ = ["TrainCallbacks", "TrainResult", "Trainer"]
 
@@ -81,6 +83,7 @@ class Trainer:
         data: TrainingData,
         resume: ResumeState,
         callbacks: TrainCallbacks,
+        tracker: Tracker,
     ) -> None:
         self.config = config
         self.place = place
@@ -97,9 +100,27 @@ class Trainer:
         self.epochs_without_improvement = resume.epochs_without_improvement
         self.stopped_early = resume.stopped_early
         self.last_lr = self.peak_lr
+        self.progress = Progress(
+            tracker,
+            is_main=place.env.is_main,
+            epochs=config.epochs,
+            batch_size=config.batch_size,
+            world_size=place.env.world_size,
+            log_every=config.log_every,
+        )
 
     def fit(self) -> TrainResult:
-        """Train from the epoch after `start_epoch` to `--epochs` or an early stop."""
+        """Train from the epoch after `start_epoch` to `--epochs` or an early stop; the
+        trackers finish either way (an exception marks their run failed)."""
+        try:
+            result = self._fit()
+        except BaseException:
+            self.progress.finish(failed=True)
+            raise
+        self.progress.finish(failed=False)
+        return result
+
+    def _fit(self) -> TrainResult:
         config, place = self.config, self.place
         if self.stopped_early:
             logger.info(
@@ -146,6 +167,7 @@ class Trainer:
             # Rank 0 decides: every rank must leave the loop after the same epoch.
             self.stopped_early = bool(place.collectives.broadcast_object(stop))
             self._save(epoch, record, improved=improved)
+            self.progress.epoch_end(record)
             if self.callbacks.on_epoch_end is not None:
                 self.callbacks.on_epoch_end(epoch, record.model_dump())
             if self.stopped_early:
@@ -186,7 +208,8 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=place.device)
         place.collectives.barrier()
         start, start_cpu = time.perf_counter(), time.process_time()
-        for step, batch in enumerate(self._progress(batches, epoch)):
+        progress = self.progress.epoch(epoch, data.steps)
+        for step, batch in enumerate(progress.wrap(batches)):
             images, labels = place.to_device(batch)
             with place.autocast():
                 logits = sync.model(images)
@@ -203,8 +226,10 @@ class Trainer:
             self.scheduler.step()
             sync.after_optimizer_step(self.optimizer)
             loss_sum += loss.detach()
+            progress.step(step, loss_sum, self.last_lr)
             if self.callbacks.on_step is not None:
                 self.callbacks.on_step(epoch, step, sync.module)
+        progress.close()
         # The epoch's last model average (BMUF) or BatchNorm average (DDP) is part of its time.
         sync.end_epoch(self.optimizer)
         if place.device.type == "cuda":
@@ -224,15 +249,6 @@ class Trainer:
             data_time_s=data_time_s,
             train_loss=loss_total / place.env.world_size,
         )
-
-    def _progress(self, batches: Iterable[Batch], epoch: int) -> Iterator[Batch]:
-        if not (self.place.env.is_main and sys.stderr.isatty()):
-            return iter(batches)
-        from tqdm.auto import tqdm
-
-        desc = f"epoch {epoch}/{self.config.epochs}"
-        bar: Iterator[Batch] = tqdm(batches, desc=desc, unit="step", leave=False)
-        return bar
 
     def _validate(self) -> Validation:
         """The job's model on this rank's val shard, summed with every other rank's."""

@@ -16,7 +16,9 @@ workers through torchrun. `train` builds, in this order, then hands everything t
 5. the sync strategy (`landcover.training.sync`: DDP with a comm hook, or BMUF), the optimizer
    and its schedule (`landcover.training.schedule`: peak = base lr x a function of the world
    size, warm-up, cosine to 1 % of the peak), derived for the world this run has;
-6. rank 0 writes run.json; then `Trainer.fit`.
+6. rank 0 writes run.json and opens the trackers (`landcover.training.tracking`: TensorBoard,
+   MLflow; last, so that nothing can fail between their start and `Trainer.fit`, which
+   finishes them); then `Trainer.fit`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from landcover.training.placement import Placement
 from landcover.training.resume import resume_state
 from landcover.training.rundir import prepare_run_dir
 from landcover.training.sync import build_sync
+from landcover.training.tracking import Tracking, open_tracking
 from landcover.training.trainer import TrainCallbacks, Trainer, TrainResult
 
 __all__ = ["train"]
@@ -86,7 +89,22 @@ def build_trainer(config: TrainConfig, place: Placement, callbacks: TrainCallbac
     ranks = collectives.gather_to_main(place.where())
     if ranks is not None:  # rank 0
         write_run_info(config, place, data, optimization, resume, ranks)
-    return Trainer(config, place, sync, optimization, data, resume, callbacks)
+    tracking = _open_tracking(config, collectives, [c.name for c in store.class_map.classes])
+    return Trainer(config, place, sync, optimization, data, resume, callbacks, tracking)
+
+
+def _open_tracking(
+    config: TrainConfig, collectives: Collectives, class_names: list[str]
+) -> Tracking:
+    """Rank 0's trackers; a tracker asked for and not installed fails every rank."""
+    error: str | None = None
+    tracking = Tracking()
+    try:
+        tracking = open_tracking(config, is_main=collectives.env.is_main, class_names=class_names)
+    except TrainingError as exc:
+        error = str(exc)
+    collectives.raise_if_any(error)
+    return tracking
 
 
 def _prepare_run_dir(config: TrainConfig, collectives: Collectives) -> Path | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -167,3 +168,28 @@ def test_three_scenes_at_the_default_size_pass_the_checks(tmp_path: Path) -> Non
     # two scenes tiled (128 chips, about 102 for training) for 2 workers x batch 8
     spec = check_demo_config(DemoConfig(out_dir=tmp_path, scenes=3, cluster_json=None))
     assert spec.engine == "local"
+
+
+def test_the_training_runs_epoch_lines_reach_the_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's epoch lines and run ends, named by worker count, instead of a silent
+    minute per run (the stages before training stubbed out)."""
+    image = tmp_path / "scene.tif"
+    monkeypatch.setattr(
+        demo, "synthesize_scenes", lambda config: SimpleNamespace(image_paths=[image] * 4)
+    )
+    monkeypatch.setattr(demo, "tile", lambda config: None)
+    monkeypatch.setattr(demo, "_check_store", lambda tiled, config: None)
+
+    def sweep(config: Any, *, on_run: Any, on_progress: Any) -> None:
+        on_progress(1, "epoch 1/6: train loss 0.9000, ...")
+        on_run(SimpleNamespace(workers=1, status="done", wall_time_s=41.6))
+        raise LandcoverError(STOPPED)
+
+    monkeypatch.setattr(demo, "run_sweep", sweep)
+    result = run_demo("--out", str(tmp_path / "demo"))
+    assert result.exit_code == 2, result.output
+    assert "      workers 1: epoch 1/6: train loss 0.9000, ...\n      workers 1: done, 42s\n" in (
+        result.output
+    )
