@@ -29,7 +29,8 @@ _ERROR_LINE = re.compile(
     r"^(?:error: (?P<message>.+)|(?P<exception>[\w.]*\w(?:Error|Exception)\b.*))$"
 )
 # glog lines of torch's C++ and elastic agent ("E1123 16:21:40.948000 7593 file:line] ...",
-# also in brackets, the pid left out by c10d's socket warnings) and gloo's transport logger ("[/path/debug_logger.cc:9] ERROR ...")
+# also in brackets, the pid left out by c10d's socket warnings) and gloo's transport logger
+# ("[/path/debug_logger.cc:9] ERROR ...")
 _GLOG = re.compile(r"^\[?(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? ")
 _GLOO = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\] (?:ERROR|WARNING)")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct")
