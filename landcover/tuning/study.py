@@ -168,6 +168,10 @@ def run_study(
     require_optuna()
     import optuna
 
+    # optuna's lines ("Trial 3 finished ...") through logging, as every library's, not its
+    # own stderr handler
+    optuna.logging.disable_default_handler()
+    optuna.logging.enable_propagation()
     training, stand_in_args = tune_training(config)
     if config.entry_module == WORKER_MODULE and _runs_here(config.cluster):
         _check_store(training, config.cluster)
