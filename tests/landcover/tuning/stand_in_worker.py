@@ -1,9 +1,11 @@
-"""A stand-in for `python -m landcover.training` in the `landcover tune --cluster` tests: no
-model, a few milliseconds a trial.
+"""Stand-ins for the trainer in the `landcover tune` tests: no model, milliseconds a trial.
+
+As a worker module (`--cluster` trials):
 
 `python -m tests.landcover.tuning.stand_in_worker STORE --out RUN_DIR [--epochs E] [--lr LR]
 [training options, ignored]` writes E metrics.jsonl lines whose val mIoU grows with the epoch
-and is highest at lr = 1e-3, so the trials' scores depend on what the sampler chose.
+and is highest at lr = 1e-3, so the trials' scores depend on what the sampler chose. In process,
+`replace_trainer` puts the same metrics in place of `landcover.training.train`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
+
+    from landcover.training import TrainCallbacks, TrainConfig
 
 ENTRY_MODULE = "tests.landcover.tuning.stand_in_worker"
 
@@ -45,6 +52,21 @@ def write_metrics(
             f.write(json.dumps(record) + "\n")
         if on_epoch_end is not None:
             on_epoch_end(epoch, record)
+
+
+def replace_trainer(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
+    """`landcover.training.train` replaced by `write_metrics` (the epoch-end callback
+    included); returns the list that every trained configuration is appended to."""
+    configs: list[TrainConfig] = []
+
+    def train(config: TrainConfig, *, callbacks: TrainCallbacks | None = None) -> None:
+        configs.append(config)
+        on_epoch_end = callbacks.on_epoch_end if callbacks else None
+        lr = config.lr or 2e-3
+        write_metrics(Path(config.out_dir), lr=lr, epochs=config.epochs, on_epoch_end=on_epoch_end)
+
+    monkeypatch.setattr("landcover.training.worker.train", train)
+    return configs
 
 
 def main(argv: list[str]) -> int:

@@ -16,10 +16,10 @@ import optuna
 import pytest
 
 from landcover.errors import LandcoverError, TuneError
-from landcover.training import TrainCallbacks, TrainConfig
+from landcover.training import TrainConfig
 from landcover.tuning.space import parse_space
 from landcover.tuning.study import STUDY_FILE, TuneConfig, require_optuna, run_study
-from tests.landcover.tuning.stand_in_worker import val_miou, write_metrics
+from tests.landcover.tuning.stand_in_worker import replace_trainer, val_miou
 
 SPACE = parse_space("lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet")
 
@@ -90,17 +90,7 @@ def test_a_pruned_trial_stops_after_the_epoch_and_keeps_its_run(
 
 @pytest.fixture()
 def stand_in_trainer(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
-    """`landcover.training.train` replaced by the stand-in's metrics; returns the configs."""
-    configs: list[TrainConfig] = []
-
-    def train(config: TrainConfig, *, callbacks: TrainCallbacks | None = None) -> None:
-        configs.append(config)
-        on_epoch_end = callbacks.on_epoch_end if callbacks else None
-        write_metrics(Path(config.out_dir), lr=config.lr or 2e-3, epochs=config.epochs,
-                      on_epoch_end=on_epoch_end)  # fmt: skip
-
-    monkeypatch.setattr("landcover.training.worker.train", train)
-    return configs
+    return replace_trainer(monkeypatch)
 
 
 def test_scores_are_the_best_val_miou_of_each_run(
