@@ -6,13 +6,7 @@ OUT/trial-NNN/      trial NNN's run directory (model.pt, metrics.jsonl, run.json
 OUT/trials.md       the table of trials; OUT/trials.png its figure (landcover.tuning.results)
 ```
 
-Storage: SQLite, not Optuna's journal file. Every change of the study is one SQLite transaction,
-and SQLite's own journal rolls back one that a kill cut short, so a killed search leaves a study
-that opens as it was; its locks are the kernel's and die with the process. The journal file
-backend instead leaves a lock file behind a kill (the next run waits out its grace period) and
-can be left with a torn last line. Only one `landcover tune` may use OUT at a time (an flock on
-OUT/.tune.lock), so a trial still marked running when a search starts is one a kill interrupted:
-it is marked failed, and its parameters are queued again (a fresh run in a new trial dir).
+Storage, the lock, interrupted trials and --overwrite: `landcover.tuning.studydir`.
 
 A rerun of the same command resumes: it runs trials until N have finished (complete or pruned).
 The study remembers its settings (the search space and the training configuration), and a rerun
@@ -31,13 +25,10 @@ pruned mid-run (the pruner still sees its curve).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
-import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,21 +40,23 @@ from landcover.scaling.metricsfile import read_finished_epochs
 from landcover.training.config import OPTIONS, TrainConfig, split_argv
 from landcover.training.launch import WORKER_MODULE, training_job
 from landcover.training.rundir import METRICS_FILE
-from landcover.tuning.results import (
-    PLOT_FILE,
-    TABLE_FILE,
-    TrialRow,
-    best_row,
-    write_results,
-)
+from landcover.tuning.results import TrialRow, best_row, write_results
 from landcover.tuning.space import NOT_TUNABLE, NumberRange, SearchSpace
+from landcover.tuning.studydir import (
+    RUN_DIR_ATTR,
+    clear_search,
+    exclusive,
+    open_study,
+    requeue_interrupted,
+    trial_dir,
+    trial_row,
+    val_mious,
+)
 
 if TYPE_CHECKING:
     import optuna
 
 __all__ = [
-    "STUDY_FILE",
-    "TRIAL_PREFIX",
     "TuneConfig",
     "TuneResult",
     "require_optuna",
@@ -73,12 +66,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-STUDY_FILE = "study.db"
-STUDY_NAME = "landcover-tune"
-TRIAL_PREFIX = "trial-"
-_LOCK_FILE = ".tune.lock"
-_SETTINGS_ATTR = "landcover_settings"
-_RUN_DIR_ATTR = "run_dir"
 _FINISHED = ("COMPLETE", "PRUNED")
 # set by the search, never by the training arguments after `--`
 _RESERVED_FLAGS = ("--out", "--epochs", "--seed", "--resume", "--overwrite", "--nproc")
@@ -144,7 +131,7 @@ def tune_training(config: TuneConfig) -> tuple[TrainConfig, tuple[str, ...]]:
         if name in flags:
             raise TuneError(f"{name} is searched by --space; remove it from the training arguments")
     given = {
-        "out_dir": str(_trial_dir(Path(config.out_dir), 0)),
+        "out_dir": str(trial_dir(Path(config.out_dir), 0)),
         "epochs": config.epochs,
         "seed": config.seed,
     }
@@ -177,12 +164,12 @@ def run_study(
         _check_store(training, config.cluster)
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
+    with exclusive(out):
         if config.overwrite:
-            _clear(out)
-        study, storage = _open_study(out, _settings(config, training), pruner)
+            clear_search(out)
+        study, storage = open_study(out, _settings(config, training), pruner)
         study.sampler = optuna.samplers.TPESampler(seed=config.seed + len(study.trials))
-        _requeue_interrupted(storage, study)
+        requeue_interrupted(storage, study)
         finished = sum(t.state.name in _FINISHED for t in study.trials)
         remaining = max(0, config.trials - finished)
         if remaining == 0:
@@ -192,14 +179,14 @@ def run_study(
 
         def trial_done(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
             if on_trial is not None:
-                on_trial(_row(out, trial))
+                on_trial(trial_row(out, trial))
 
         try:
             study.optimize(
                 trial_run, n_trials=remaining, callbacks=[trial_done], gc_after_trial=True
             )
         finally:
-            rows = tuple(_row(out, t) for t in study.get_trials(deepcopy=False))
+            rows = tuple(trial_row(out, t) for t in study.get_trials(deepcopy=False))
             table_path, plot_path = write_results(out, rows)
     return TuneResult(out, rows, _started(study) - started, table_path, plot_path)
 
@@ -221,8 +208,8 @@ class _TrialRunner:
         self.options = replace(options, wait=True)
 
     def __call__(self, trial: optuna.Trial) -> float:
-        run_dir = _trial_dir(Path(self.config.out_dir), trial.number)
-        trial.set_user_attr(_RUN_DIR_ATTR, run_dir.name)
+        run_dir = trial_dir(Path(self.config.out_dir), trial.number)
+        trial.set_user_attr(RUN_DIR_ATTR, run_dir.name)
         params = _suggest(trial, self.config.space)
         config = replace(self.training, out_dir=str(run_dir), **params)
         if run_dir.exists():  # left by an interrupted search: never trusted
@@ -274,35 +261,13 @@ def _suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
 
 
 def _best_val_miou(run_dir: Path) -> float:
-    scores = [
-        r.val_miou
-        for r in read_finished_epochs(run_dir / METRICS_FILE)
-        if r.val_miou is not None and math.isfinite(r.val_miou)
-    ]
+    scores = val_mious(run_dir)
     if not scores:
         raise TuneError(
             f"{run_dir}: no epoch has a val mIoU, which ranks the trials; tile the store with "
             "val chips (landcover tile --val-fraction)"
         )
     return max(scores)
-
-
-def _row(out: Path, trial: optuna.trial.FrozenTrial) -> TrialRow:
-    run_dir = str(trial.user_attrs.get(_RUN_DIR_ATTR, _trial_dir(out, trial.number).name))
-    records = read_finished_epochs(out / run_dir / METRICS_FILE)
-    scores = [r.val_miou for r in records if r.val_miou is not None and math.isfinite(r.val_miou)]
-    return TrialRow(
-        number=trial.number,
-        params=dict(trial.params),
-        best_val_miou=max(scores) if scores else None,
-        epochs=len(records),
-        state=trial.state.name.lower(),
-        run_dir=run_dir,
-    )
-
-
-def _trial_dir(out: Path, number: int) -> Path:
-    return out / f"{TRIAL_PREFIX}{number:03d}"
 
 
 def _started(study: optuna.Study) -> int:
@@ -340,76 +305,3 @@ def _settings(config: TuneConfig, training: TrainConfig) -> dict[str, Any]:
         "cluster": None if config.cluster is None else config.cluster.name,
         "entry_module": config.entry_module,
     }
-
-
-def _open_study(
-    out: Path, settings: dict[str, Any], pruner: optuna.pruners.BasePruner | None
-) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
-    """The study of OUT/study.db and its storage, created with `settings` or checked against
-    them."""
-    import optuna
-
-    path = out / STUDY_FILE
-    existed = path.exists() and path.stat().st_size > 0
-    if not existed:
-        stale = sorted(p.name for p in out.glob(f"{TRIAL_PREFIX}*"))[:1]
-        if stale:
-            raise TuneError(
-                f"{out} holds {stale[0]} but no {STUDY_FILE}; pass --overwrite to replace it or "
-                "choose another --out"
-            )
-    storage = optuna.storages.RDBStorage(f"sqlite:///{path.resolve()}")
-    study = optuna.create_study(
-        storage=storage,
-        study_name=STUDY_NAME,
-        direction="maximize",
-        pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
-        load_if_exists=True,
-    )
-    old = study.user_attrs.get(_SETTINGS_ATTR)
-    if not existed or old is None:
-        study.set_user_attr(_SETTINGS_ATTR, settings)
-        return study, storage
-    changed = sorted(k for k in settings.keys() | old.keys() if settings.get(k) != old.get(k))
-    if changed:
-        raise TuneError(
-            f"{out} holds a search with other settings ({', '.join(changed)} differ); pass "
-            "--overwrite to replace it or choose another --out"
-        )
-    return study, storage
-
-
-def _requeue_interrupted(storage: optuna.storages.RDBStorage, study: optuna.Study) -> None:
-    """Trials left running by a killed search: marked failed, their params queued again."""
-    from optuna.trial import TrialState
-
-    study_id = storage.get_study_id_from_name(STUDY_NAME)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        logger.warning("trial %d was interrupted; running its parameters again", trial.number)
-        study.enqueue_trial(dict(trial.params), skip_if_exists=False)
-
-
-def _clear(out: Path) -> None:
-    """--overwrite: the study, the trial dirs and the results, nothing else of OUT."""
-    for path in (out / STUDY_FILE, out / TABLE_FILE, out / PLOT_FILE):
-        path.unlink(missing_ok=True)
-    for trial_dir in out.glob(f"{TRIAL_PREFIX}*"):
-        shutil.rmtree(trial_dir)
-
-
-@contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """One search at a time in OUT: an flock, released by the kernel if the process dies."""
-    fd = os.open(out / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TuneError(
-                f"another landcover tune is using {out}; wait for it or choose another --out"
-            ) from None
-        yield
-    finally:
-        os.close(fd)

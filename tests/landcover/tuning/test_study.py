@@ -18,7 +18,8 @@ import pytest
 from landcover.errors import LandcoverError, TuneError
 from landcover.training import TrainConfig
 from landcover.tuning.space import parse_space
-from landcover.tuning.study import STUDY_FILE, TuneConfig, require_optuna, run_study
+from landcover.tuning.study import TuneConfig, require_optuna, run_study
+from landcover.tuning.studydir import STUDY_FILE
 from tests.landcover.tuning.stand_in_worker import replace_trainer, val_miou
 
 SPACE = parse_space("lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet")
