@@ -8,7 +8,9 @@ import fcntl
 import json
 import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from landcover.training import TrainConfig
 from landcover.tuning.space import parse_space
 from landcover.tuning.study import TuneConfig, require_optuna, run_study
 from landcover.tuning.studydir import STUDY_FILE
+from tests.conftest import REPO_ROOT
 from tests.landcover.tuning.stand_in_worker import replace_trainer, val_miou
 
 SPACE = parse_space("lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet")
@@ -151,6 +154,32 @@ def test_an_interrupted_trial_is_run_again(
     assert result.ran == 1
     assert result.rows[1].params == {"lr": lr, "loss": killed.params["loss"]}
     assert result.rows[2].params == {**result.rows[1].params, "model": "small_unet"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_search_killed_during_a_trial_resumes(tiny_store: str, tmp_path: Path) -> None:
+    """SIGKILL while trial 1 trains (after its first epoch): the rerun finds the study intact,
+    marks trial 1 failed and trains its parameters again as trial 2."""
+    out = tmp_path / "tune"
+    config = tune_config(tiny_store, out, epochs=3)
+    command = [
+        sys.executable, "-m", "landcover.cli.app", "tune", tiny_store, "--trials", "2",
+        "--epochs", "3", "--space", str(SPACE), "--out", str(out), "--", *config.extra_args,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    with subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL) as search:
+        started = time.monotonic()
+        while not (out / "trial-001" / "metrics.jsonl").exists():
+            assert search.poll() is None, "the search ended before it could be killed"
+            assert time.monotonic() - started < 300, "trial 1 never finished an epoch"
+            time.sleep(0.1)
+        search.kill()
+    result = run_study(config)
+    assert [r.state for r in result.rows] == ["complete", "fail", "complete"]
+    assert [r.epochs for r in result.rows[::2]] == [3, 3] and 1 <= result.rows[1].epochs < 3
+    assert result.rows[2].params == result.rows[1].params
+    assert result.ran == 1
 
 
 def test_one_search_at_a_time(tiny_store: str, tmp_path: Path) -> None:
