@@ -16,7 +16,7 @@ a resumed search does not draw its first trials again.
 
 Pruning: after every epoch, a trial reports its val mIoU; the median pruner stops a trial whose
 val mIoU is below the median of earlier trials at the same epoch (from epoch 2, once 3 trials
-have finished). An in-process trial raises `optuna.TrialPruned` from the trainer's epoch-end
+have completed). An in-process trial raises `optuna.TrialPruned` from the trainer's epoch-end
 callback, which runs after the epoch's metrics line, model.pt and checkpoint are written, so a
 pruned trial's run dir is a consistent, resumable run of fewer epochs. A `cluster` trial is one
 job, awaited: its epochs are reported from its metrics.jsonl after the job, so it is never

@@ -63,6 +63,10 @@ TRIAL_PREFIX = "trial-"
 RUN_DIR_ATTR = "run_dir"  # a trial's user attribute: its run dir, relative to OUT
 _LOCK_FILE = ".tune.lock"
 _SETTINGS_ATTR = "landcover_settings"
+# The median pruner compares a trial's val mIoU at an epoch with the completed trials' at that
+# epoch: it needs a few of them, and the first epoch's score says little (warm-up).
+_PRUNE_AFTER_TRIALS = 3  # completed trials before any pruning
+_PRUNE_FROM_EPOCH = 2  # optuna: the earliest step a trial can be pruned at (steps are epochs)
 
 
 def trial_dir(out: Path, number: int) -> Path:
@@ -116,7 +120,10 @@ def open_study(
         storage=storage,
         study_name=STUDY_NAME,
         direction="maximize",
-        pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+        pruner=pruner
+        or optuna.pruners.MedianPruner(
+            n_startup_trials=_PRUNE_AFTER_TRIALS, n_warmup_steps=_PRUNE_FROM_EPOCH
+        ),
         load_if_exists=True,
     )
     old = study.user_attrs.get(_SETTINGS_ATTR)

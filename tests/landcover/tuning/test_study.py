@@ -18,12 +18,12 @@ import optuna
 import pytest
 
 from landcover.errors import LandcoverError, TuneError
-from landcover.training import TrainConfig
+from landcover.training import TrainCallbacks, TrainConfig
 from landcover.tuning.space import parse_space
 from landcover.tuning.study import TuneConfig, require_optuna, run_study
 from landcover.tuning.studydir import STUDY_FILE
 from tests.conftest import REPO_ROOT
-from tests.landcover.tuning.stand_in_worker import replace_trainer, val_miou
+from tests.landcover.tuning.stand_in_worker import replace_trainer, val_miou, write_metrics
 
 SPACE = parse_space("lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet")
 
@@ -109,6 +109,23 @@ def test_scores_are_the_best_val_miou_of_each_run(
         study_name="landcover-tune", storage=f"sqlite:///{tmp_path / 'tune' / STUDY_FILE}"
     )
     assert [sorted(t.intermediate_values) for t in study.trials] == [[1, 2, 3], [1, 2, 3]]
+
+
+def test_the_median_pruner_waits_for_3_trials_and_the_second_epoch(
+    tiny_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trial 3 scores far below the others at every epoch: pruned after epoch 2, not 1."""
+    calls: list[str] = []
+
+    def train(config: TrainConfig, *, callbacks: TrainCallbacks) -> None:
+        calls.append(config.out_dir)
+        lr = 1e-12 if len(calls) == 4 else 1e-3
+        write_metrics(Path(config.out_dir), lr=lr, epochs=config.epochs,
+                      on_epoch_end=callbacks.on_epoch_end)  # fmt: skip
+
+    monkeypatch.setattr("landcover.training.worker.train", train)
+    result = run_study(tune_config(tiny_store, tmp_path / "tune", trials=4, epochs=4))
+    assert [(r.state, r.epochs) for r in result.rows] == [("complete", 4)] * 3 + [("pruned", 2)]
 
 
 def test_another_search_in_the_same_dir_is_refused_unless_overwrite(
