@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.engine import LaunchOptions, launch_job
+from cluster.redact import Redactor
 from cluster.spec import ClusterSpec
 from landcover.errors import TrainingError, TuneError
 from landcover.scaling.metricsfile import read_finished_epochs
@@ -119,6 +120,8 @@ def tune_training(config: TuneConfig) -> tuple[TrainConfig, tuple[str, ...]]:
     """The training configuration every trial starts from (parsed from the store, epochs, seed
     and `extra_args` by the worker's own options; its run dir is trial 0's), checked against
     every value of the space, and a stand-in entry module's own arguments."""
+    if config.trials < 1:
+        raise TuneError(f"--trials {config.trials} must be >= 1")
     flags = {o.flag.name for o in OPTIONS if o.name in config.space.names}
     flags |= {str(o.flag.off) for o in OPTIONS if o.name in config.space.names and o.flag.off}
     for arg in config.extra_args:
@@ -293,15 +296,19 @@ def _check_store(training: TrainConfig, spec: ClusterSpec | None) -> None:
 
 
 def _settings(config: TuneConfig, training: TrainConfig) -> dict[str, Any]:
-    """What makes two searches the same: the space and the trials' configuration (storage
-    secrets redacted by `TrainConfig.to_json`), and where the trials run."""
-    trials = {k: v for k, v in training.to_json().items() if k not in NOT_TUNABLE}
-    return {
+    """What makes two searches the same: the space and the trials' configuration, and where
+    the trials run; secrets redacted (a SAS token in the store URL, storage options), since
+    they are kept in study.db."""
+    values = training.to_json()
+    trials = {k: v for k, v in values.items() if k not in NOT_TUNABLE}
+    settings = {
         "space": str(config.space),
-        "store": training.to_json()["store_url"],
+        "store": values["store_url"],
         "epochs": config.epochs,
         "seed": config.seed,
         "training": trials,
         "cluster": None if config.cluster is None else config.cluster.name,
         "entry_module": config.entry_module,
     }
+    redacted: dict[str, Any] = Redactor().data(settings)
+    return redacted

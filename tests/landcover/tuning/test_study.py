@@ -25,6 +25,7 @@ from landcover.tuning.studydir import STUDY_FILE
 from tests.conftest import REPO_ROOT
 from tests.landcover.tuning.stand_in_worker import replace_trainer, val_miou, write_metrics
 
+SAS_SIG = "c2lnbmF0dXJlLW9mLXRoZS1zYXMtdG9rZW4"
 SPACE = parse_space("lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet")
 
 
@@ -146,6 +147,23 @@ def test_another_search_in_the_same_dir_is_refused_unless_overwrite(
     result = run_study(tune_config(tiny_store, out, trials=1, space=other, overwrite=True))
     assert [r.params.keys() for r in result.rows] == [{"lr": 0}.keys()]
     assert not (out / "trial-000" / "keep").exists()
+
+
+def test_no_secret_is_kept_in_the_study(
+    tmp_path: Path, stand_in_trainer: list[TrainConfig]
+) -> None:
+    key = "c2VjcmV0LWFjY291bnQta2V5LW9mLXRoZS10ZXN0"
+    sas_store = f"https://acct.blob.core.windows.net/c/chips.zarr?sv=2022-11-02&sig={SAS_SIG}"
+    options = ("--storage-options", json.dumps({"account_key": key}))
+    out = tmp_path / "tune"
+    # a stand-in entry module: the store is not opened before the (replaced) trainer runs
+    config = tune_config(sas_store, out, trials=1, extra_args=options, entry_module="stand.in")
+    run_study(config)
+    assert stand_in_trainer[0].storage_options == {"account_key": key}
+    assert stand_in_trainer[0].store_url == sas_store
+    study = (out / STUDY_FILE).read_bytes()
+    assert key.encode() not in study and SAS_SIG.encode() not in study
+    assert b"acct.blob.core.windows.net" in study
 
 
 def test_trial_dirs_without_a_study_are_refused(tiny_store: str, tmp_path: Path) -> None:
