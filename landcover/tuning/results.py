@@ -77,6 +77,7 @@ def _plot(rows: Sequence[TrialRow], path: Path) -> None:
     the complete trials, against the trial number. The object API on the Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(7, 4), layout="constrained")
     FigureCanvasAgg(fig)
@@ -87,6 +88,8 @@ def _plot(rows: Sequence[TrialRow], path: Path) -> None:
             for r in rows
             if r.state == state and r.best_val_miou is not None
         ]
+        if not shown:
+            continue
         ax.scatter(
             [number for number, _ in shown],
             [miou for _, miou in shown],
@@ -105,11 +108,12 @@ def _plot(rows: Sequence[TrialRow], path: Path) -> None:
             best_x.append(r.number)
             best_y.append(running)
     ax.step(best_x, best_y, where="post", color="C1", label="best so far")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel("best val mIoU")
     ax.set_title("landcover tune")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     fig.savefig(path, format="png", dpi=100)
 
 
