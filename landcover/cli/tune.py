@@ -55,7 +55,7 @@ def tune_command(
 
     \b
     landcover tune chips.zarr --trials 20 --epochs 5 --out tune \\
-        --space lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet|unet_resnet18
+        --space 'lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet|unet_resnet18'
 
     Each trial trains into OUT/trial-NNN. Rerunning the command resumes the search until
     --trials have finished. Other training options go after `--`.
