@@ -40,3 +40,7 @@ class PredictionError(LandcoverError):
 
 class OutputExistsError(LandcoverError, FileExistsError):
     """An output file exists and --overwrite was not given."""
+
+
+class TuneError(LandcoverError):
+    """A search space or a study directory that `landcover tune` cannot use."""

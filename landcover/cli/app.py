@@ -50,6 +50,7 @@ COMMANDS: dict[str, str] = {
     "predict": "landcover.cli.predict:predict_command",
     "evaluate": "landcover.cli.predict:evaluate_command",
     "demo": "landcover.cli.demo:demo_command",
+    "tune": "landcover.cli.tune:tune_command",
 }
 
 SHORT_HELP: dict[str, str] = {
@@ -63,6 +64,7 @@ SHORT_HELP: dict[str, str] = {
     "predict": "Predict a land-cover COG for a region.",
     "evaluate": "Score a land-cover raster against truth.",
     "demo": "Run the whole pipeline on generated data.",
+    "tune": "Search training options with Optuna (trials are training runs).",
 }
 
 
