@@ -309,9 +309,8 @@ def _project_curve(
         baseline_workers=min(measured),
         measured={n: statistics.median(ts) for n, ts in measured.items()},
     )
+    # the reason is stated beside the curve's projection table (report.py)
     refused = refusal_reason(model, [n for n in project_to if n not in measured])
-    if refused is not None:
-        notes.append(f"{where}: {refused}.")
     return CurveProjection(model, source, compute, points_out, refused)
 
 

@@ -278,7 +278,7 @@ def test_report_files_are_complete_and_the_html_is_self_contained(tmp_path: Path
     assert sorted(linked) == sorted(p.name for p in paths.images)
     assert "first left out" in markdown and "PROJECTED" in markdown
     assert "| 8 (projected) | 15 |" in markdown
-    assert "not projected to 148 workers" in markdown
+    assert "Not projected to 148 workers: the store" in markdown
 
     with pytest.raises(
         OutputExistsError, match=r"report.md exists; pass --overwrite to replace the scaling report"
@@ -319,7 +319,10 @@ def test_cli_prints_the_table_and_where_the_files_are(tmp_path: Path) -> None:
         main, [*args, "--project-to", "8,64", "--network", "infiniband-edr-100g"]
     )
     assert result.exit_code == 0, result.output
-    assert "| device | mode | workers | nodes | epoch time (s) |" in result.stdout
+    assert (
+        "| device | mode | workers | nodes | threads/worker | cores | epoch time (s) |"
+        in result.stdout
+    )
     assert "| 64 (projected) |" in result.stdout
     assert "infiniband-edr-100g (100 Gbit/s, 1.5 µs latency) [--network]" in result.stdout
     assert f"report: {out / 'report.html'}" in result.stdout
