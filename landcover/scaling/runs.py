@@ -61,6 +61,7 @@ class RunSummary:
     samples_per_s: float  # median over epochs_used: samples trained (full batches) per second
     comm_bytes_per_step: float
     comm_counts: CommCounts  # collectives per step by kind, medians over epochs_used
+    comm_time_s: float | None  # per step, median over epochs_used; None: not recorded
     vm_size: str | None
     cores: int | None
     oversubscribed: bool | None  # None: unknown (no sweep.json and no core count)
@@ -243,6 +244,7 @@ def _summarise(source: _Source) -> RunSummary:
         samples_per_s=steady_samples_per_s(records),
         comm_bytes_per_step=statistics.median(r.comm_bytes_per_step for r in used),
         comm_counts=median_counts([r.comm_counts() for r in used]),
+        comm_time_s=_median_or_none([r.comm_time_s for r in used]),
         vm_size=run_info.vm_size,
         cores=cores,
         oversubscribed=oversubscribed,
@@ -261,6 +263,11 @@ def median_counts(counts: Sequence[CommCounts]) -> CommCounts:
         if f.name != "measured"
     }
     return CommCounts(**values, measured=all(c.measured for c in counts))
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _read_run_info(path: Path) -> RunInfo:
