@@ -246,6 +246,10 @@ def print_goals(points: list[Point], net: Network) -> None:
     rows = rows_of(points, net)
     print("## Goals")
     print()
+    if not any(r.error is not None for r in rows):
+        print(
+            "- projection error: no point has its mode's unlimited-link run (add --links unlimited)"
+        )
     errors = [r for r in rows if r.error is not None]
     worst = max(errors, key=lambda r: abs(r.error or 0.0), default=None)
     if worst is not None and worst.error is not None:
