@@ -363,3 +363,23 @@ def test_cli_names_a_directory_without_metrics(tmp_path: Path) -> None:
         f"error: {tmp_path / 'nothing'}: no metrics.jsonl in it nor in any subdirectory; pass run "
         "directories written by `landcover train --out` (or a sweep directory holding them)\n"
     )
+
+
+def test_efficiency_is_from_equal_work_when_sample_counts_differ(tmp_path: Path) -> None:
+    # 1003 chips in batches of 8: 1 worker trains 125 batches (1000 samples), 8 workers 15
+    # each (960). At a perfect 1 ms per sample per worker the 8-worker epoch is 125/15 = 8.3x
+    # shorter: 104 % by epoch times, 100 % by samples trained per second.
+    for n in (1, 8):
+        t = steps_for(n) * BATCH * 0.001
+        write_run(
+            tmp_path, f"w{n}", workers=n, epoch_times=[t, t],
+            samples_per_s=steps_for(n) * n * BATCH / t, comm_bytes_per_step=0.0,
+        )  # fmt: skip
+    runs = load_runs([tmp_path])
+    assert only(runs, 1).epoch_time_s / only(runs, 8).epoch_time_s > 8
+    rows = {row.run.workers: row for row in scaling_table(runs)}
+    assert rows[8].efficiency == pytest.approx(1.0)
+    report = build_scaling_report(runs, project_to=(8,))
+    (curve,) = report.curves
+    assert curve.projection is not None
+    assert all(p.efficiency <= 1 + 1e-9 for p in curve.projection.points)
