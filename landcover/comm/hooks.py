@@ -56,6 +56,7 @@ class _MeteredHook:
 
     def hook(self, state: object, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         start_s = time.perf_counter()
+        self._meter.add_bucket()
         if bucket.is_last():
             self._meter.add_step()
         future = self._communicate(bucket)

@@ -12,6 +12,12 @@ for every mode, so payload bytes compare modes fairly. DDP's own traffic outside
 initial parameter broadcast, the per-forward buffer broadcast of BatchNorm statistics) is not
 gradient communication and is not counted.
 
+Collectives are also counted by kind (`all_reduce`, `all_gather`, `broadcast`): how many a
+rank issues and the payload bytes it hands to each kind, and how many gradient buckets its
+hooks handled. The scaling projection charges each kind by its own cost model (a ring
+all-gather of a payload costs N-1 payloads, an all-reduce 2(N-1)/N) and one latency per
+collective, so it needs both; `CommMeter.counts_per_step` gives them per step.
+
 "Comm time" per step is the wall time during which at least one bucket was in its hook:
 from the hook call (compression included) to the end of its last callback (decompression
 included), as the union of the buckets' intervals, so overlapping buckets count once. It
@@ -29,14 +35,26 @@ import math
 import threading
 import types
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
 
+from landcover.comm.counts import CommCounts
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["CommMeter", "CountingCollectives", "StatefulAlgorithm", "rebind_module"]
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "CollectiveKind",
+    "CommMeter",
+    "CountingCollectives",
+    "StatefulAlgorithm",
+    "rebind_module",
+]
+
+CollectiveKind = Literal["all_reduce", "all_gather", "broadcast"]
+COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = ("all_reduce", "all_gather", "broadcast")
 
 
 class StatefulAlgorithm(Protocol):
@@ -61,6 +79,9 @@ class CommMeter:
         self.steps = 0
         self._time_s = 0.0
         self._intervals: list[tuple[float, float]] = []
+        self.calls: dict[str, int] = dict.fromkeys(COLLECTIVE_KINDS, 0)
+        self.bytes_by_kind: dict[str, int] = dict.fromkeys(COLLECTIVE_KINDS, 0)
+        self.buckets = 0
 
     def carry(self, algorithm: StatefulAlgorithm) -> None:
         """Keep `algorithm`'s state in this meter's `state_dict` from now on."""
@@ -73,6 +94,9 @@ class CommMeter:
             self.steps = 0
             self._time_s = 0.0
             self._intervals = []
+            self.calls = dict.fromkeys(COLLECTIVE_KINDS, 0)
+            self.bytes_by_kind = dict.fromkeys(COLLECTIVE_KINDS, 0)
+            self.buckets = 0
 
     @property
     def comm_time_s(self) -> float:
@@ -87,12 +111,30 @@ class CommMeter:
     def time_per_step_s(self) -> float:
         return self.comm_time_s / self.steps if self.steps else 0.0
 
+    def counts_per_step(self) -> CommCounts:
+        """Collectives and their payload bytes per step, by kind (zeros before any step)."""
+        with self._lock:
+            per = 1 / self.steps if self.steps else 0.0
+            calls, sent = self.calls, self.bytes_by_kind
+            return CommCounts(
+                allreduce_per_step=calls["all_reduce"] * per,
+                allreduce_bytes_per_step=sent["all_reduce"] * per,
+                allgather_per_step=calls["all_gather"] * per,
+                allgather_bytes_per_step=sent["all_gather"] * per,
+                broadcast_per_step=calls["broadcast"] * per,
+                broadcast_bytes_per_step=sent["broadcast"] * per,
+                buckets_per_step=self.buckets * per,
+            )
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "compression": self.label,
             "bytes_sent": self.bytes_sent,
             "comm_time_s": self.comm_time_s,
             "steps": self.steps,
+            "calls": dict(self.calls),
+            "bytes_by_kind": dict(self.bytes_by_kind),
+            "buckets": self.buckets,
             "algorithm": self._algorithm.state_dict() if self._algorithm is not None else {},
         }
 
@@ -112,6 +154,11 @@ class CommMeter:
             self.steps = int(state.get("steps", 0))
             self._time_s = float(state.get("comm_time_s", 0.0))
             self._intervals = []
+            # a checkpoint from before the counts by kind: they restart at zero
+            for kind in COLLECTIVE_KINDS:
+                self.calls[kind] = int(dict(state.get("calls", {})).get(kind, 0))
+                self.bytes_by_kind[kind] = int(dict(state.get("bytes_by_kind", {})).get(kind, 0))
+            self.buckets = int(state.get("buckets", 0))
         if self._algorithm is not None:
             self._algorithm.load_state_dict(state.get("algorithm", {}))
 
@@ -119,6 +166,18 @@ class CommMeter:
     def add_bytes(self, count: int) -> None:
         with self._lock:
             self.bytes_sent += count
+
+    def add_collective(self, kind: CollectiveKind, payload_bytes: int) -> None:
+        """One collective of `kind` to which this rank handed `payload_bytes`."""
+        with self._lock:
+            self.bytes_sent += payload_bytes
+            self.calls[kind] += 1
+            self.bytes_by_kind[kind] += payload_bytes
+
+    def add_bucket(self) -> None:
+        """One gradient bucket handled by a hook."""
+        with self._lock:
+            self.buckets += 1
 
     def add_step(self) -> None:
         with self._lock:
@@ -155,7 +214,7 @@ class CountingCollectives:
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        self._meter.add_bytes(tensor.numel() * tensor.element_size())
+        self._meter.add_collective("all_reduce", _size(tensor))
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
     def all_gather_into_tensor(
@@ -165,7 +224,7 @@ class CountingCollectives:
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        self._meter.add_bytes(input_tensor.numel() * input_tensor.element_size())
+        self._meter.add_collective("all_gather", _size(input_tensor))
         return dist.all_gather_into_tensor(
             output_tensor, input_tensor, group=group, async_op=async_op
         )
@@ -177,8 +236,18 @@ class CountingCollectives:
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        self._meter.add_bytes(tensor.numel() * tensor.element_size())
+        self._meter.add_collective("all_gather", _size(tensor))
         return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+
+    def broadcast(
+        self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False
+    ) -> Any:
+        self._meter.add_collective("broadcast", _size(tensor))
+        return dist.broadcast(tensor, src, group=group, async_op=async_op)
+
+
+def _size(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 _HOOKS_PACKAGE = "torch.distributed.algorithms.ddp_comm_hooks"

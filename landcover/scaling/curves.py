@@ -33,8 +33,9 @@ from landcover.scaling.projection import (
     fit_compute_per_sample,
     fit_power_law,
     project,
+    refusal_reason,
 )
-from landcover.scaling.runs import RunSummary
+from landcover.scaling.runs import RunSummary, median_counts
 
 DEFAULT_PROJECT_TO = (8, 16, 64, 148)
 
@@ -82,12 +83,14 @@ class ScalingRow:
 
 @dataclass(frozen=True, slots=True)
 class CurveProjection:
-    """The ring-model projection of one curve (PROJECTED, not measured)."""
+    """The ring-model projection of one curve (PROJECTED, not measured); `refused` says which
+    worker counts were not projected and why (None: all were)."""
 
     model: RingModel
     network_source: str
     compute_fit: ComputeFit
     points: tuple[ProjectedPoint, ...]
+    refused: str | None = None
 
     @property
     def max_abs_error(self) -> float | None:
@@ -266,15 +269,24 @@ def _project_curve(
 ) -> CurveProjection:
     runs = [r.run for r in fit_rows]
     network, source = _choose_network(runs, override, where, notes)
-    multi = [r.comm_bytes_per_step for r in runs if r.workers > 1]
-    payload = statistics.median(multi or [r.comm_bytes_per_step for r in runs])
+    # what a rank issues per step with peers: a single worker communicates nothing
+    talking = [r for r in runs if r.workers > 1] or runs
+    counts = median_counts([r.comm_counts for r in talking])
+    payload = counts.bytes_per_step
+    if payload > 0 and not counts.measured:
+        notes.append(
+            f"{where}: the runs did not record their collectives by kind (older metrics.jsonl); "
+            "the projection assumes one "
+            + ("all-gather" if counts.allgather_per_step else "all-reduce")
+            + " of the measured bytes per step."
+        )
     if payload == 0:
         notes.append(
             f"{where}: no run measured any bytes communicated per step, so the projection "
             "has no communication cost; measure a run with 2 or more workers."
         )
     points = [MeasuredPoint(r.workers, r.steps, r.batch_size, r.epoch_time_s) for r in runs]
-    compute = fit_compute_per_sample(points, payload_bytes=payload, network=network)
+    compute = fit_compute_per_sample(points, payload_bytes=payload, network=network, counts=counts)
     if compute.clamped:
         notes.append(
             f"{where}: the modelled communication over {network.name} alone exceeds the measured "
@@ -286,6 +298,7 @@ def _project_curve(
         samples_per_epoch=round(statistics.median(r.samples_per_epoch for r in runs)),
         batch_size=key.batch_size,
         network=network,
+        counts=counts,
     )
     measured: dict[int, list[float]] = {}
     for r in runs:
@@ -296,7 +309,9 @@ def _project_curve(
         baseline_workers=min(measured),
         measured={n: statistics.median(ts) for n, ts in measured.items()},
     )
-    return CurveProjection(model, source, compute, points_out)
+    # the reason is stated beside the curve's projection table (report.py)
+    refused = refusal_reason(model, [n for n in project_to if n not in measured])
+    return CurveProjection(model, source, compute, points_out, refused)
 
 
 def _choose_network(

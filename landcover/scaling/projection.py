@@ -1,23 +1,40 @@
-"""Scaling arithmetic: power-law fits of measured epoch times and a ring-model projection of
-epoch time to cluster sizes nobody has measured.
+"""Scaling arithmetic: power-law fits of measured epoch times and a projection of epoch time to
+cluster sizes nobody has measured, charging each communication mode for the collectives it
+really issues.
 
 What is modelled (strong scaling of one epoch). The trainer keeps the per-worker batch `B`
 fixed and splits a dataset of `S` training samples evenly across `N` workers, so
 
     steps(N)      = floor(floor(S / N) / B)                every rank runs this many steps
-    comm(N)       = 2(N-1)·latency + 2(N-1)/N · payload / bandwidth     (0 when N = 1)
-    epoch_time(N) = steps(N) · (B·compute_per_sample + comm(N))
+    epoch_time(N) = steps(N) · (B·compute_per_sample + (1 - overlap)·comm(N))
 
-`comm(N)` is a ring all-reduce: a reduce-scatter and an all-gather of N-1 steps each, every
-step one message of payload/N bytes per worker, hence 2(N-1) latencies and 2(N-1)/N of the
-payload through each worker's link. `payload` is a mode's measured `comm_bytes_per_step`
-(what a rank hands to the all-reduce per step, after compression). `bandwidth` is per node
-and intra-node links are assumed faster than it. Not modelled: overlap of communication with
-backward (the model charges comm in full, so it is pessimistic there), stragglers, input
-pipeline stalls, and the per-block (not per-step) latency of block momentum.
+`comm(N)` is the sum over the collectives a rank issues per step, as the comm layer counted
+them at run time (`landcover.comm.counts.CommCounts`: calls k and payload bytes b per kind),
+each by its ring algorithm over a per-node link of bandwidth β and latency α:
+
+    all-reduce  k·2(N-1)·α + 2(N-1)/N · b / β     reduce-scatter + all-gather, 2(N-1) hops
+    all-gather  k·(N-1)·α  + (N-1) · b / β        every rank receives the N-1 other payloads
+    broadcast   k·(N-1)·α  + b / β                pipelined along the ring
+
+(0 when N = 1). What the modes issue, per step: none/fp16/bf16 one all-reduce of the (cast)
+gradient per bucket; powersgd an all-reduce of the uncompressed tensors, of P and of Q per
+bucket; onebit one all-gather of its sign bits and scales per bucket, so its bytes on the wire
+grow with N: above N ≈ 64 it moves more than an fp32 all-reduce ((N-1)/8 > 8(N-1)/N bytes per
+gradient value, `ONEBIT_CROSSOVER_WORKERS`); block momentum one all-reduce of the model per
+block (1/block per step). DDP broadcasts no buffers (`broadcast_buffers=False`); the epoch-end
+BatchNorm average is one all-reduce per epoch and is not charged.
+
+`overlap` is the fraction of communication hidden behind backward. It cannot be measured from
+the runs' epoch times alone, so it is an assumption (0 by default: communication is charged in
+full, which is pessimistic where DDP overlaps buckets with backward). Not modelled either:
+stragglers, input pipeline stalls, and links faster inside a node than between nodes.
 
 `compute_per_sample` is the one fitted number: a least-squares fit of the model to the
 measured epoch times in relative terms, so that a 2 s and a 200 s epoch count the same.
+Speed-up and efficiency compare samples trained per second (steps(N)·N·B / epoch_time(N)),
+never epoch times, which cover different sample counts. A worker count at which a worker's
+shard holds fewer chips than a batch (S / N < B) is refused, never projected: the trainer
+would not run it.
 """
 
 from __future__ import annotations
@@ -25,12 +42,18 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from cluster.vmsizes import ETHERNET_10G, GBIT, NETWORKS, Network, known_vm_sizes, network_for
+from landcover.comm.counts import CommCounts
 from landcover.errors import ReportError
+
+# onebit's all-gather moves (N-1)·b_1 per rank, an fp32 all-reduce 2(N-1)/N·b_32 with
+# b_1 = b_32 / 32 (one bit per 32-bit value): (N-1)/32 > 2(N-1)/N ⇔ N > 64. Its per-tensor
+# scales move the crossover slightly lower.
+ONEBIT_CROSSOVER_WORKERS = 64
 
 # The network a projection assumes when neither --network nor the runs' vmSize names one:
 # plain 10 Gbit/s Ethernet, the slowest interconnect in the VM table, so projections err low.
@@ -72,14 +95,80 @@ def describe_network(network: Network) -> str:
     )
 
 
-def ring_allreduce_time_s(payload_bytes: float, workers: int, network: Network) -> float:
-    """Seconds for one ring all-reduce of `payload_bytes` per worker among `workers` workers:
-    2(N-1)·latency + 2(N-1)/N · payload / bandwidth; zero for a single worker or an empty
-    payload (nothing is sent, so no latency is paid either)."""
+def ring_allreduce_time_s(
+    payload_bytes: float, workers: int, network: Network, *, collectives: float = 1.0
+) -> float:
+    """Seconds for ring all-reduces of `payload_bytes` per worker in all, issued as
+    `collectives` calls, among `workers` workers: calls·2(N-1)·latency + 2(N-1)/N · payload /
+    bandwidth; zero for a single worker or an empty payload (nothing is sent, so no latency is
+    paid either)."""
     if workers <= 1 or payload_bytes <= 0:
         return 0.0
     hops = 2 * (workers - 1)
-    return hops * network.latency_s + hops / workers * payload_bytes / network.bandwidth_bytes_per_s
+    bandwidth = network.bandwidth_bytes_per_s
+    return collectives * hops * network.latency_s + hops / workers * payload_bytes / bandwidth
+
+
+def ring_allgather_time_s(
+    payload_bytes: float, workers: int, network: Network, *, collectives: float = 1.0
+) -> float:
+    """Seconds for ring all-gathers of each worker's own `payload_bytes` (in all, over
+    `collectives` calls): calls·(N-1)·latency + (N-1) · payload / bandwidth, since every rank
+    receives the other N-1 payloads through its link."""
+    if workers <= 1 or payload_bytes <= 0:
+        return 0.0
+    hops = workers - 1
+    bandwidth = network.bandwidth_bytes_per_s
+    return collectives * hops * network.latency_s + hops * payload_bytes / bandwidth
+
+
+def ring_broadcast_time_s(
+    payload_bytes: float, workers: int, network: Network, *, collectives: float = 1.0
+) -> float:
+    """Seconds for pipelined ring broadcasts of `payload_bytes` (in all, over `collectives`
+    calls): calls·(N-1)·latency + payload / bandwidth."""
+    if workers <= 1 or payload_bytes <= 0:
+        return 0.0
+    bandwidth = network.bandwidth_bytes_per_s
+    return collectives * (workers - 1) * network.latency_s + payload_bytes / bandwidth
+
+
+def comm_time_per_step_s(counts: CommCounts, workers: int, network: Network) -> float:
+    """Seconds of communication per step of a rank issuing `counts` among `workers` workers:
+    each kind of collective by its own ring formula."""
+    return (
+        ring_allreduce_time_s(
+            counts.allreduce_bytes_per_step,
+            workers,
+            network,
+            collectives=counts.allreduce_per_step,
+        )
+        + ring_allgather_time_s(
+            counts.allgather_bytes_per_step,
+            workers,
+            network,
+            collectives=counts.allgather_per_step,
+        )
+        + ring_broadcast_time_s(
+            counts.broadcast_bytes_per_step,
+            workers,
+            network,
+            collectives=counts.broadcast_per_step,
+        )
+    )
+
+
+def allreduce_counts(payload_bytes: float) -> CommCounts:
+    """One all-reduce of `payload_bytes` per step (none when there is nothing to send)."""
+    return CommCounts(
+        allreduce_per_step=1.0 if payload_bytes > 0 else 0.0,
+        allreduce_bytes_per_step=payload_bytes,
+    )
+
+
+def fits_a_batch(samples_per_epoch: int, workers: int, batch_size: int) -> bool:
+    """Whether each of `workers` workers' shards of `samples_per_epoch` holds a full batch."""
+    return samples_per_epoch // workers >= batch_size
 
 
 def steps_per_epoch(samples_per_epoch: int, workers: int, batch_size: int) -> int:
@@ -133,25 +222,52 @@ class MeasuredPoint:
 
 @dataclass(frozen=True, slots=True)
 class RingModel:
-    """The projection model of one device and communication mode (see the module docstring)."""
+    """The projection model of one device and communication mode (see the module docstring).
+    `counts` are the collectives per step as measured; None: one all-reduce of
+    `payload_bytes` per step. `overlap_fraction` of the communication is assumed hidden."""
 
     compute_per_sample_s: float
     payload_bytes: float
     samples_per_epoch: int
     batch_size: int
     network: Network
+    counts: CommCounts | None = None
+    overlap_fraction: float = 0.0
+
+    @property
+    def collectives(self) -> CommCounts:
+        return self.counts if self.counts is not None else allreduce_counts(self.payload_bytes)
+
+    def with_network(self, network: Network) -> RingModel:
+        """The same model over another link."""
+        return replace(self, network=network)
 
     def steps(self, workers: int) -> int:
         return steps_per_epoch(self.samples_per_epoch, workers, self.batch_size)
+
+    def fits(self, workers: int) -> bool:
+        """Whether the store gives each of `workers` workers at least a batch."""
+        return fits_a_batch(self.samples_per_epoch, workers, self.batch_size)
 
     def compute_per_step_s(self) -> float:
         return self.batch_size * self.compute_per_sample_s
 
     def comm_per_step_s(self, workers: int) -> float:
-        return ring_allreduce_time_s(self.payload_bytes, workers, self.network)
+        """Communication charged per step: what is not hidden behind compute."""
+        full = comm_time_per_step_s(self.collectives, workers, self.network)
+        return (1.0 - self.overlap_fraction) * full
+
+    def step_time_s(self, workers: int) -> float:
+        return self.compute_per_step_s() + self.comm_per_step_s(workers)
 
     def epoch_time_s(self, workers: int) -> float:
-        return self.steps(workers) * (self.compute_per_step_s() + self.comm_per_step_s(workers))
+        return self.steps(workers) * self.step_time_s(workers)
+
+    def samples_per_s(self, workers: int) -> float:
+        """Samples trained per second: full batches of every worker over the epoch time."""
+        epoch_s = self.epoch_time_s(workers)
+        trained = self.steps(workers) * workers * self.batch_size
+        return trained / epoch_s if epoch_s > 0 else math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,16 +280,27 @@ class ComputeFit:
 
 
 def fit_compute_per_sample(
-    points: Sequence[MeasuredPoint], *, payload_bytes: float, network: Network
+    points: Sequence[MeasuredPoint],
+    *,
+    payload_bytes: float,
+    network: Network,
+    counts: CommCounts | None = None,
+    overlap_fraction: float = 0.0,
 ) -> ComputeFit:
-    """Fit c in epoch_time = steps·(B·c + comm(N)) to measured points, minimising the sum of
-    squared relative errors (closed form: the model is linear in c)."""
+    """Fit c in epoch_time = steps·(B·c + (1 - overlap)·comm(N)) to measured points, minimising
+    the sum of squared relative errors (closed form: the model is linear in c). `counts`: the
+    collectives per step (None: one all-reduce of `payload_bytes`)."""
     if not points:
         raise ReportError("no measured runs to fit the compute time per sample to")
+    collectives = counts if counts is not None else allreduce_counts(payload_bytes)
+    charged = 1.0 - overlap_fraction
     a = np.array([p.steps * p.batch_size / p.epoch_time_s for p in points])
     comm_share = np.array(
         [
-            p.steps * ring_allreduce_time_s(payload_bytes, p.workers, network) / p.epoch_time_s
+            p.steps
+            * charged
+            * comm_time_per_step_s(collectives, p.workers, network)
+            / p.epoch_time_s
             for p in points
         ]
     )
@@ -211,17 +338,20 @@ def project(
     baseline_workers: int,
     measured: dict[int, float] | None = None,
 ) -> tuple[ProjectedPoint, ...]:
-    """The model at each worker count (sorted, deduplicated). Speed-up and efficiency are
-    relative to the model's own time at `baseline_workers`; `measured` maps worker counts to
-    measured epoch times for the error column."""
+    """The model at each worker count (sorted, deduplicated) at which every worker gets a full
+    batch (`RingModel.fits`; the others are left out: see `refused_workers`). Speed-up and
+    efficiency are samples per second relative to the model's own at `baseline_workers`;
+    `measured` maps worker counts to measured epoch times for the error column."""
     measured = measured or {}
-    baseline_s = model.epoch_time_s(baseline_workers)
+    baseline = model.samples_per_s(baseline_workers)
     points = []
     for n in sorted(set(workers)):
+        if not model.fits(n) and n not in measured:
+            continue
         steps = model.steps(n)
         epoch_s = model.epoch_time_s(n)
         # a zero model time only happens when the compute fit was clamped and N = 1
-        speedup = baseline_s / epoch_s if epoch_s > 0 else math.nan
+        speedup = model.samples_per_s(n) / baseline if epoch_s > 0 else math.nan
         points.append(
             ProjectedPoint(
                 workers=n,
@@ -235,3 +365,23 @@ def project(
             )
         )
     return tuple(points)
+
+
+def refused_workers(model: RingModel, workers: Sequence[int]) -> tuple[int, ...]:
+    """The worker counts `project` refuses: a worker's shard would hold fewer chips than a
+    batch (S / N < B), so the trainer would not run there."""
+    return tuple(n for n in sorted(set(workers)) if not model.fits(n))
+
+
+def refusal_reason(model: RingModel, workers: Sequence[int]) -> str | None:
+    """One sentence saying which worker counts are not projected and why; None: none."""
+    refused = refused_workers(model, workers)
+    if not refused:
+        return None
+    largest = model.samples_per_epoch // model.batch_size
+    return (
+        f"not projected to {', '.join(str(n) for n in refused)} workers: the store's "
+        f"{model.samples_per_epoch} training chips give a worker fewer than a batch of "
+        f"{model.batch_size} there (at most {largest} workers fit); use a larger store or a "
+        "smaller --batch-size to project further"
+    )

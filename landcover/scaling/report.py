@@ -17,7 +17,9 @@ from pathlib import Path
 
 from cluster.vmsizes import Network
 from landcover.atomic import refuse_existing, write_bytes_atomic
+from landcover.comm.counts import CommCounts
 from landcover.errors import ReportError
+from landcover.scaling.advice import payoff_blocks
 from landcover.scaling.curves import (
     DEFAULT_PROJECT_TO,
     CurveKey,
@@ -86,13 +88,34 @@ class ReportPaths:
 
 
 _RUN_HEADERS = (
-    *("device", "mode", "workers", "nodes", "epoch time (s)", "epochs run", "epochs used"),
+    *("device", "mode", "workers", "nodes", "threads/worker", "cores"),
+    *("epoch time (s)", "epochs run", "epochs used"),
     *("step time (s)", "samples/s", "speed-up", "efficiency", "load time (s)", "comm/step"),
     *("oversubscribed", "run"),
 )
 _PROJECTION_HEADERS = (
     *("workers", "steps/epoch", "compute (s)", "comm (s)", "PROJECTED epoch time (s)"),
     *("speed-up", "efficiency", "measured (s)", "error"),
+)
+_PROJECTION_NOTE = (
+    "Model: epoch_time(N) = steps(N) · (B · compute_per_sample + (1 - overlap) · comm(N)) with "
+    "a fixed per-worker batch B and the epoch's S samples split over N workers (strong scaling "
+    "of the epoch): steps(N) = floor(floor(S / N) / B), full batches of the smallest shard as "
+    "the trainer runs them. comm(N) charges every collective the mode issued per step, as the "
+    "comm layer counted them at run time (calls k and payload bytes b per kind), each by its "
+    "ring algorithm over a per-node link of bandwidth β and latency α: all-reduce "
+    "k·2(N-1)·α + 2(N-1)/N·b/β; all-gather (onebit) k·(N-1)·α + (N-1)·b/β, so onebit's bytes "
+    "on the wire grow with N and exceed an fp32 all-reduce's above ~64 workers; broadcast "
+    "k·(N-1)·α + b/β. PowerSGD issues three all-reduces per bucket (the uncompressed tensors, "
+    "P, Q), block momentum one model all-reduce per block; DDP broadcasts no buffers and the "
+    "once-per-epoch BatchNorm average is not charged. compute_per_sample is fitted to the "
+    "measured epoch times (least squares of the relative error). ASSUMED, not measured: the "
+    "overlap of communication with backward (0: communication charged in full, pessimistic "
+    "where buckets overlap backward); not modelled: stragglers, input stalls, faster links "
+    "inside a node. Speed-up and efficiency compare samples trained per second. A worker count "
+    "at which a worker's shard holds fewer chips than a batch is not projected (the trainer "
+    "would not run it). The error column is (projected - measured) / measured at each measured "
+    "worker count."
 )
 _CURVE_NOTE = (
     "Runs share a curve only when they differ in the worker count alone: same device, chip "
@@ -205,19 +228,7 @@ def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> 
             blocks.append(Image(figures[device][0], f"Measured scaling on {device}"))
     blocks += [
         Heading(2, "PROJECTED epoch times (ring model, not measurements)"),
-        Paragraph(
-            "Model: epoch_time(N) = steps(N) · (B · compute_per_sample + comm(N)) with a fixed "
-            "per-worker batch B and the epoch's S samples split over N workers (strong scaling "
-            "of the epoch): steps(N) = floor(floor(S / N) / B), full batches of the smallest "
-            "shard as the trainer runs them. comm(N) is one ring all-reduce per step, "
-            "2(N-1)·latency + 2(N-1)/N · bytes / bandwidth (reduce-scatter plus all-gather: "
-            "2(N-1) messages of bytes/N), with bytes = the mode's measured comm bytes per step "
-            "and the bandwidth per node. compute_per_sample is fitted to the measured epoch "
-            "times (least squares of the relative error). Not modelled: overlap of "
-            "communication with backward, stragglers, input stalls, and block momentum's "
-            "once-per-block (not per-step) latency. The error column is (projected - measured) "
-            "/ measured at each measured worker count."
-        ),
+        Paragraph(_PROJECTION_NOTE),
     ]
     for curve in report.curves:
         if curve.projection is not None:
@@ -225,6 +236,7 @@ def _document(report: ScalingReport, figures: Mapping[str, tuple[str, str]]) -> 
     for device in report.devices:
         if device in figures:
             blocks.append(Image(figures[device][1], f"PROJECTED epoch time on {device}"))
+    blocks += payoff_blocks(report)
     if report.notes:
         blocks += [Heading(2, "Notes"), Bullets(report.notes)]
     return blocks
@@ -241,6 +253,8 @@ def _run_row(curve: ScalingCurve, row: ScalingRow) -> tuple[str, ...]:
         curve.label,
         str(run.workers),
         str(run.nodes),
+        "?" if run.threads_per_worker is None else str(run.threads_per_worker),
+        "?" if run.cores is None else str(run.cores),
         format_seconds(run.epoch_time_s),
         run.progress,
         _format_epochs(run.epochs_used, len(run.epochs)),
@@ -276,10 +290,16 @@ def _projection_blocks(curve: ScalingCurve, projection: CurveProjection) -> list
     summary = (
         f"Network {describe_network(model.network)} [{projection.network_source}]; "
         f"compute per sample {model.compute_per_sample_s * 1e3:.4g} ms (fitted"
-        f"{', clamped at 0' if projection.compute_fit.clamped else ''}); all-reduce payload "
-        f"{format_bytes(model.payload_bytes)} per step; S = {model.samples_per_epoch} samples per "
-        f"epoch; B = {model.batch_size}. Largest error on the measured points: "
+        f"{', clamped at 0' if projection.compute_fit.clamped else ''}); collectives per step: "
+        f"{describe_counts(model.collectives)}; overlap assumed {model.overlap_fraction:.0%}; "
+        f"S = {model.samples_per_epoch} samples per epoch; B = {model.batch_size}. Largest "
+        "error on the measured points: "
         + (f"{worst:.1%}." if worst is not None else "n/a.")
+        + (
+            f" {projection.refused[0].upper()}{projection.refused[1:]}."
+            if projection.refused
+            else ""
+        )
     )
     rows = tuple(
         (
@@ -306,3 +326,21 @@ def _format_epochs(used: Sequence[int], total: int) -> str:
     if len(used) == total:
         return f"{total} of {total}"
     return f"{len(used)} of {total} (first left out)"
+
+
+def describe_counts(counts: CommCounts) -> str:
+    """`4 all-reduces of 1.00 MiB in all, 4 buckets` (nothing sent: `none`)."""
+    parts = [
+        f"{calls:.3g} {name}{'s' if calls != 1 else ''} of {format_bytes(sent)} in all"
+        for name, calls, sent in (
+            ("all-reduce", counts.allreduce_per_step, counts.allreduce_bytes_per_step),
+            ("all-gather", counts.allgather_per_step, counts.allgather_bytes_per_step),
+            ("broadcast", counts.broadcast_per_step, counts.broadcast_bytes_per_step),
+        )
+        if calls > 0 or sent > 0
+    ]
+    if counts.buckets_per_step:
+        parts.append(f"{counts.buckets_per_step:.3g} buckets")
+    if not counts.measured and parts:
+        parts.append("inferred from the bytes: not recorded by kind")
+    return ", ".join(parts) or "none"

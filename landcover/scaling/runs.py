@@ -17,11 +17,12 @@ import logging
 import math
 import os
 import statistics
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from landcover.comm.counts import CommCounts
 from landcover.errors import ReportError
 from landcover.scaling.metricsfile import is_int, read_epoch_records
 from landcover.scaling.sweepfile import SWEEP_FILE, SweepRun, read_sweep
@@ -59,6 +60,8 @@ class RunSummary:
     samples_per_epoch: int
     samples_per_s: float  # median over epochs_used: samples trained (full batches) per second
     comm_bytes_per_step: float
+    comm_counts: CommCounts  # collectives per step by kind, medians over epochs_used
+    comm_time_s: float | None  # per step, median over epochs_used; None: not recorded
     vm_size: str | None
     cores: int | None
     oversubscribed: bool | None  # None: unknown (no sweep.json and no core count)
@@ -240,6 +243,8 @@ def _summarise(source: _Source) -> RunSummary:
         samples_per_epoch=run_info.train_chips or max(1, round(statistics.median(samples))),
         samples_per_s=steady_samples_per_s(records),
         comm_bytes_per_step=statistics.median(r.comm_bytes_per_step for r in used),
+        comm_counts=median_counts([r.comm_counts() for r in used]),
+        comm_time_s=_median_or_none([r.comm_time_s for r in used]),
         vm_size=run_info.vm_size,
         cores=cores,
         oversubscribed=oversubscribed,
@@ -248,6 +253,21 @@ def _summarise(source: _Source) -> RunSummary:
         epochs_planned=epochs_planned,
         stopped_early=_stopped_early(records, run_info.patience, epochs_planned),
     )
+
+
+def median_counts(counts: Sequence[CommCounts]) -> CommCounts:
+    """Field by field medians of `counts` (measured only if all were)."""
+    values = {
+        f.name: statistics.median(getattr(c, f.name) for c in counts)
+        for f in fields(CommCounts)
+        if f.name != "measured"
+    }
+    return CommCounts(**values, measured=all(c.measured for c in counts))
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _read_run_info(path: Path) -> RunInfo:

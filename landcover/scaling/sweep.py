@@ -7,8 +7,12 @@ the trainer's own files (metrics.jsonl, run.json, ...). A rerun reuses the runs 
 (unless `overwrite`) and redoes the others from scratch.
 
 On the local engine, N workers are one node with N processes (or, with a cluster spec, N /
-processesPerNode simulated nodes), each with max(1, cores // N) threads. More workers than
-cores is allowed but marked `oversubscribed`: such a point measures time-slicing, not scaling.
+processesPerNode simulated nodes). Every point of a sweep gets the same per-worker resources,
+as adding a node does on a cluster: `--threads` when given, else the threads a worker gets at
+the sweep's LARGEST worker count (`sweep_threads`; on the local engine max(1, cores // max N)).
+A sweep that gave N workers cores // N threads each would run every point on the same cores
+and compare threads with processes, not measure scaling. More workers than cores is allowed
+but marked `oversubscribed`: such a point measures time-slicing, not scaling.
 
 After every run, `DIR/sweep.json` (the typed record of `landcover.scaling.sweepfile`, fields
 in docs/CONTRACTS.md) is rewritten atomically, so a partial sweep is readable; each finished
@@ -29,7 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cluster.engine import Job, LaunchOptions, job_redactor, launch_plan, plan_job
+from cluster.engine import (
+    Job,
+    LaunchOptions,
+    job_redactor,
+    launch_plan,
+    plan_job,
+    threads_per_worker,
+)
 from cluster.errors import ClusterError, LaunchError
 from cluster.machine import local_cpu_count
 from cluster.redact import Redactor
@@ -61,6 +72,7 @@ __all__ = [
     "run_sweep",
     "spec_for_workers",
     "summarize_metrics",
+    "sweep_threads",
 ]
 
 logger = logging.getLogger(__name__)
@@ -259,7 +271,19 @@ def sweep_training(config: SweepConfig) -> tuple[TrainConfig, tuple[str, ...]]:
     }
     strict = config.entry_module == WORKER_MODULE
     # STORE first, as the worker takes it: a stand-in's own option values stay its own
-    return split_argv([config.store, *config.extra_args], strict=strict, given=given)
+    training, stand_in_args = split_argv(
+        [config.store, *config.extra_args], strict=strict, given=given
+    )
+    if training.threads is None:
+        training = replace(training, threads=sweep_threads(config.cluster, config.workers))
+    return training, stand_in_args
+
+
+def sweep_threads(cluster: ClusterSpec | None, workers: tuple[int, ...]) -> int | None:
+    """Threads per worker at EVERY point of a sweep over `workers`: what a worker gets at the
+    largest worker count (local engine: max(1, usable cores // max(workers))), so that each
+    added worker adds resources; None where the engine cannot tell (no known VM size)."""
+    return threads_per_worker(spec_for_workers(cluster, max(workers)))
 
 
 def _run_one(
@@ -295,7 +319,8 @@ def _run_one(
         processes_per_node=spec.processes_per_node,
         threads_per_worker=worker.threads,
         cores=cores,
-        oversubscribed=local and spec.workers > local_cpu_count(),
+        # more worker threads than cores: time-slicing, not more resources
+        oversubscribed=local and spec.workers * (worker.threads or 1) > local_cpu_count(),
         run_dir=run_dir.name,
         status=status,
         error=error,
@@ -322,7 +347,10 @@ def summarize_metrics(path: Path) -> tuple[int, float | None, float | None]:
 
 
 def format_sweep_table(result: SweepResult) -> str:
-    """Epoch time against workers, with speedup and efficiency relative to the first run."""
+    """Epoch time against workers, with speed-up and efficiency relative to the first run,
+    from samples per second (an epoch trains full batches of the smallest shard only, so
+    epochs at different worker counts can train different sample counts); from epoch times
+    only where a run recorded no samples per second."""
     header = (
         "workers",
         "nodes x procs",
@@ -337,8 +365,8 @@ def format_sweep_table(result: SweepResult) -> str:
     rows: list[tuple[str, ...]] = []
     for run in result.runs:
         speedup = efficiency = "-"
-        if base is not None and base.epoch_time_s and run.epoch_time_s:
-            s = base.epoch_time_s / run.epoch_time_s
+        s = _speedup(base, run) if base is not None else None
+        if base is not None and s is not None:
             speedup = f"{s:.2f}"
             efficiency = f"{100 * s / (run.workers / base.workers):.0f}%"
         note: str = run.status if run.status != "done" else ""
@@ -366,6 +394,14 @@ def format_sweep_table(result: SweepResult) -> str:
         return "  ".join([*aligned, cells[-1]]).rstrip()
 
     return "\n".join([line(header), *(line(r) for r in rows)])
+
+
+def _speedup(base: SweepRun, run: SweepRun) -> float | None:
+    if base.samples_per_s and run.samples_per_s:
+        return run.samples_per_s / base.samples_per_s
+    if base.epoch_time_s and run.epoch_time_s:
+        return base.epoch_time_s / run.epoch_time_s
+    return None
 
 
 def _now() -> str:

@@ -15,6 +15,7 @@ import torch
 
 import landcover
 from cluster.machine import local_cpu_count
+from landcover.comm.counts import CommCounts
 from landcover.models.modelfile import ModelMeta
 from landcover.training.builders import Optimization, TrainingData
 from landcover.training.config import TrainConfig
@@ -65,6 +66,7 @@ def epoch_record(
     steps, world_size = data.steps, place.env.world_size
     samples = steps * config.batch_size * world_size
     meter, scores = sync.meter, validation.scores
+    counts = meter.counts_per_step() if meter is not None else CommCounts()
     samples_per_s = samples / stats.epoch_time_s
     step_time_s = stats.epoch_time_s / steps
     record = EpochRecord(
@@ -98,6 +100,13 @@ def epoch_record(
         host=place.host,
         lr=lr,  # of the epoch's last step
         time=utc_now(),
+        comm_allreduce_per_step=counts.allreduce_per_step,
+        comm_allreduce_bytes_per_step=counts.allreduce_bytes_per_step,
+        comm_allgather_per_step=counts.allgather_per_step,
+        comm_allgather_bytes_per_step=counts.allgather_bytes_per_step,
+        comm_broadcast_per_step=counts.broadcast_per_step,
+        comm_broadcast_bytes_per_step=counts.broadcast_bytes_per_step,
+        comm_buckets_per_step=counts.buckets_per_step,
     )
     return record
 

@@ -25,6 +25,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidator
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
+from landcover.comm.counts import CommCounts
+
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
@@ -91,6 +93,14 @@ class EpochRecord(BaseModel):
     host: _Text | None = None
     lr: _Score = None  # of the epoch's last step
     time: str | None = None  # ISO 8601 UTC
+    # collectives per step by kind (landcover.comm.counts.CommCounts); null: not recorded
+    comm_allreduce_per_step: _NonNegative | None = None
+    comm_allreduce_bytes_per_step: _NonNegative | None = None
+    comm_allgather_per_step: _NonNegative | None = None
+    comm_allgather_bytes_per_step: _NonNegative | None = None
+    comm_broadcast_per_step: _NonNegative | None = None
+    comm_broadcast_bytes_per_step: _NonNegative | None = None
+    comm_buckets_per_step: _NonNegative | None = None
 
     @classmethod
     def required_fields(cls) -> tuple[str, ...]:
@@ -110,6 +120,28 @@ class EpochRecord(BaseModel):
         if self.samples_per_s is not None:
             return self.samples_per_s
         return self.steps * self.world_size * self.batch_size / self.epoch_time_s
+
+    def comm_counts(self) -> CommCounts:
+        """The epoch's collectives per step by kind. A record without them (older files)
+        gets them inferred from `comm_bytes_per_step` alone: an all-gather under onebit (its
+        only collective), else an all-reduce, one collective per step (`measured` False)."""
+        if self.comm_allreduce_per_step is not None:
+            return CommCounts(
+                allreduce_per_step=self.comm_allreduce_per_step,
+                allreduce_bytes_per_step=self.comm_allreduce_bytes_per_step or 0.0,
+                allgather_per_step=self.comm_allgather_per_step or 0.0,
+                allgather_bytes_per_step=self.comm_allgather_bytes_per_step or 0.0,
+                broadcast_per_step=self.comm_broadcast_per_step or 0.0,
+                broadcast_bytes_per_step=self.comm_broadcast_bytes_per_step or 0.0,
+                buckets_per_step=self.comm_buckets_per_step or 0.0,
+            )
+        sent = self.comm_bytes_per_step
+        calls = 1.0 if sent > 0 else 0.0
+        if self.compression.startswith("onebit"):
+            return CommCounts(
+                allgather_per_step=calls, allgather_bytes_per_step=sent, measured=False
+            )
+        return CommCounts(allreduce_per_step=calls, allreduce_bytes_per_step=sent, measured=False)
 
 
 def steady_epochs(records: Sequence[EpochRecord]) -> list[EpochRecord]:

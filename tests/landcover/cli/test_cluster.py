@@ -205,10 +205,11 @@ def test_scale_trains_at_each_worker_count_and_prints_the_table(tmp_path: Path) 
     sweep = json.loads((out / "sweep.json").read_text())
     cores = local_cpu_count()
     assert sweep["cores"] == cores and sweep["train_args"] == ["--sleep-s", "0.2"]
+    threads = max(1, cores // 2)  # every point: the threads of the largest worker count
     for run, workers in zip(sweep["runs"], (1, 2), strict=True):
         assert (run["workers"], run["status"], run["epochs_done"]) == (workers, "done", 2)
-        assert run["oversubscribed"] is (workers > cores)
-        assert run["threads_per_worker"] == max(1, cores // workers)
+        assert run["oversubscribed"] is (workers * threads > cores)
+        assert run["threads_per_worker"] == threads
         metrics = read_jsonl(out / run["run_dir"] / "metrics.jsonl")
         assert [(m["epoch"], m["world_size"]) for m in metrics] == [(1, workers), (2, workers)]
         assert run["epoch_time_s"] >= 0.2

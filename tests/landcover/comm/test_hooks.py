@@ -7,6 +7,7 @@ below assert on those results.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from landcover.comm.counts import CommCounts
 from landcover.comm.hooks import install_comm_hook
 from landcover.comm.meter import CommMeter
 from landcover.comm.onebit import pack_bits, unpack_bits
@@ -60,11 +62,18 @@ def run_ddp_modes(rank: int) -> dict[str, Any]:
     for label in MODES:
         spec = parse_compression(label)
         model, ddp, optimizer, meter = ddp_setup(spec)
-        snapshots, step_bytes = [], []
+        snapshots, step_bytes, step_calls = [], [], []
         for step in range(STEPS):
             before = meter.bytes_sent
+            calls_before, buckets_before = dict(meter.calls), meter.buckets
             toy_step(ddp, optimizer, rank, step)
             step_bytes.append(meter.bytes_sent - before)
+            step_calls.append(
+                {
+                    **{kind: meter.calls[kind] - calls_before[kind] for kind in meter.calls},
+                    "buckets": meter.buckets - buckets_before,
+                }
+            )
             snapshots.append(flat_params(model))
             if step == 2:
                 checkpoint = round_trip(
@@ -78,6 +87,8 @@ def run_ddp_modes(rank: int) -> dict[str, Any]:
         out[label] = {
             "params": torch.stack(snapshots),
             "step_bytes": step_bytes,
+            "step_calls": step_calls,
+            "counts": dataclasses.asdict(meter.counts_per_step()),
             "steps": meter.steps,
             "bytes_per_step": meter.bytes_per_step(),
             "comm_time_s": meter.comm_time_s,
@@ -296,6 +307,60 @@ def test_meter_counts_overlapping_intervals_once() -> None:
     assert meter.bytes_per_step() == 50.0
     meter.reset()
     assert (meter.bytes_sent, meter.steps, meter.comm_time_s) == (0, 0, 0.0)
+
+
+@pytest.mark.slow
+def test_meter_counts_the_collectives_each_mode_issues_per_bucket(
+    ranks: list[dict[str, Any]],
+) -> None:
+    ddp = ranks[0]["ddp"]
+    for mode in ("none", "fp16", "bf16"):  # one all-reduce per bucket
+        for step in ddp[mode]["step_calls"]:
+            assert step == {
+                "all_reduce": step["buckets"],
+                "all_gather": 0,
+                "broadcast": 0,
+                "buckets": step["buckets"],
+            }
+    for step in ddp["onebit"]["step_calls"]:  # one all-gather of its payload per bucket
+        assert (step["all_reduce"], step["all_gather"]) == (0, step["buckets"])
+    rounds = [s["all_reduce"] / s["buckets"] for s in ddp["powersgd:2"]["step_calls"]]
+    # plain all-reduce before start_iter (2), then the uncompressed tensors, P and Q
+    assert rounds == [1, 1] + [3] * (STEPS - 2)
+    assert ddp["none"]["step_calls"][-1]["buckets"] >= 3  # the rebuilt buckets
+    for mode in MODES:
+        counts = CommCounts(**ddp[mode]["counts"])
+        assert counts.measured
+        assert counts.bytes_per_step == pytest.approx(ddp[mode]["bytes_per_step"])
+        calls = sum(
+            sum(s[k] for k in ("all_reduce", "all_gather")) for s in ddp[mode]["step_calls"]
+        )
+        assert counts.collectives_per_step == pytest.approx(calls / STEPS)
+
+
+def test_meter_counts_collectives_by_kind_and_keeps_them_in_its_state() -> None:
+    meter = CommMeter("onebit")
+    meter.add_collective("all_gather", 300)
+    meter.add_collective("all_reduce", 100)
+    meter.add_collective("all_reduce", 100)
+    meter.add_bucket()
+    meter.add_bucket()
+    meter.add_step()
+    meter.add_step()
+    counts = meter.counts_per_step()
+    assert (counts.allreduce_per_step, counts.allreduce_bytes_per_step) == (1.0, 100.0)
+    assert (counts.allgather_per_step, counts.allgather_bytes_per_step) == (0.5, 150.0)
+    assert (counts.broadcast_per_step, counts.buckets_per_step) == (0.0, 1.0)
+    assert meter.bytes_per_step() == counts.bytes_per_step == 250.0
+    resumed = CommMeter("onebit")
+    resumed.load_state_dict(meter.state_dict())
+    assert resumed.counts_per_step() == counts
+    # a checkpoint from before the counts by kind: bytes kept, counts restart at zero
+    old = {k: v for k, v in meter.state_dict().items() if k not in ("calls", "bytes_by_kind")}
+    resumed.load_state_dict(old)
+    assert resumed.bytes_sent == 500 and resumed.calls["all_gather"] == 0
+    meter.reset()
+    assert meter.counts_per_step() == CommCounts()
 
 
 def test_meter_ignores_state_of_another_compression(caplog: pytest.LogCaptureFixture) -> None:

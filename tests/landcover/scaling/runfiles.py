@@ -55,6 +55,22 @@ def metrics_line(
         "time": "2026-01-01T00:00:00Z",
     }
     line.update(overrides)
+    # the collectives behind comm_bytes_per_step, as the meter records them: one per step, an
+    # all-gather under onebit, else an all-reduce (unless a test gives its own)
+    sent = line["comm_bytes_per_step"]
+    gather = str(line["compression"]).startswith("onebit")
+    calls = 1.0 if sent else 0.0
+    counts = {
+        "comm_allreduce_per_step": 0.0 if gather else calls,
+        "comm_allreduce_bytes_per_step": 0.0 if gather else sent,
+        "comm_allgather_per_step": calls if gather else 0.0,
+        "comm_allgather_bytes_per_step": sent if gather else 0.0,
+        "comm_broadcast_per_step": 0.0,
+        "comm_broadcast_bytes_per_step": 0.0,
+        "comm_buckets_per_step": calls,
+    }
+    for key, value in counts.items():
+        line.setdefault(key, value)
     return line
 
 

@@ -10,16 +10,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.vmsizes import GBIT, IB_EDR, IB_FDR, Network
+from landcover.comm.counts import CommCounts
 from landcover.errors import ReportError
 from landcover.scaling.projection import (
     DEFAULT_LATENCY_S,
+    ONEBIT_CROSSOVER_WORKERS,
     MeasuredPoint,
     RingModel,
+    allreduce_counts,
+    comm_time_per_step_s,
     fit_compute_per_sample,
     fit_power_law,
     parse_network,
     project,
+    refusal_reason,
+    refused_workers,
+    ring_allgather_time_s,
     ring_allreduce_time_s,
+    ring_broadcast_time_s,
     steps_per_epoch,
 )
 
@@ -129,7 +137,9 @@ def test_project_by_hand() -> None:
     comm64 = 126 * 50e-6 + 126 / 64 * 4e6 / 1.25e9
     assert sixty_four.steps == 1
     assert sixty_four.epoch_time_s == pytest.approx(1 * (0.08 + comm64))
-    assert sixty_four.speedup == pytest.approx(10.0 / (1 * (0.08 + comm64)))
+    # speed-up in samples trained per second: 64 × 8 samples in one step against 1000 in 10 s
+    rate64 = 64 * 8 / (1 * (0.08 + comm64))
+    assert sixty_four.speedup == pytest.approx(rate64 / (1000 / 10.0))
     assert sixty_four.efficiency == pytest.approx(sixty_four.speedup / 64)
     assert sixty_four.relative_error is None
 
@@ -171,3 +181,115 @@ def test_ring_time_grows_with_workers_and_stays_under_twice_the_payload(
     assert ring_allreduce_time_s(payload, workers + 1, network) >= now
     bound = 2 * payload / network.bandwidth_bytes_per_s + 2 * (workers - 1) * network.latency_s
     assert now <= bound * (1 + 1e-12)
+
+
+# -- per collective ------------------------------------------------------------------------
+
+MB = 1e6
+GRADIENT = 100 * MB  # fp32 gradient bytes per step (25 M parameters)
+
+
+def test_allgather_and_broadcast_by_hand() -> None:
+    # 8 workers, 3 MB of own payload in 2 calls: 2·7 latencies + 7 · 3e6 / 1.25e9
+    assert ring_allgather_time_s(3 * MB, 8, NET_10G, collectives=2) == pytest.approx(
+        2 * 7 * 50e-6 + 7 * 3e6 / 1.25e9, rel=1e-12
+    )
+    assert ring_broadcast_time_s(3 * MB, 8, NET_10G) == pytest.approx(
+        7 * 50e-6 + 3e6 / 1.25e9, rel=1e-12
+    )
+    assert ring_allgather_time_s(3 * MB, 1, NET_10G) == 0.0
+
+
+@pytest.mark.parametrize("workers", [2, 16, 148])
+def test_each_mode_costs_what_its_collectives_cost_by_hand(workers: int) -> None:
+    n, alpha, beta = workers, 50e-6, 1.25e9
+    buckets = 4
+    allreduce = 2 * (n - 1) * alpha, 2 * (n - 1) / n / beta  # per call, per byte
+    modes = {
+        # none: 4 buckets of the fp32 gradient
+        "none": (
+            CommCounts(allreduce_per_step=buckets, allreduce_bytes_per_step=GRADIENT),
+            buckets * allreduce[0] + GRADIENT * allreduce[1],
+        ),
+        # fp16/bf16: the same calls, half the bytes
+        "fp16": (
+            CommCounts(allreduce_per_step=buckets, allreduce_bytes_per_step=GRADIENT / 2),
+            buckets * allreduce[0] + GRADIENT / 2 * allreduce[1],
+        ),
+        # powersgd: 3 rounds per bucket (uncompressed, P, Q) of 1 MB in all
+        "powersgd": (
+            CommCounts(allreduce_per_step=3 * buckets, allreduce_bytes_per_step=1 * MB),
+            3 * buckets * allreduce[0] + 1 * MB * allreduce[1],
+        ),
+        # onebit: one all-gather per bucket of a 32nd of the gradient
+        "onebit": (
+            CommCounts(allgather_per_step=buckets, allgather_bytes_per_step=GRADIENT / 32),
+            buckets * (n - 1) * alpha + (n - 1) * GRADIENT / 32 / beta,
+        ),
+        # bmuf, block of 8 steps: a model all-reduce every 8th step
+        "bmuf": (
+            CommCounts(allreduce_per_step=1 / 8, allreduce_bytes_per_step=GRADIENT / 8),
+            allreduce[0] / 8 + GRADIENT / 8 * allreduce[1],
+        ),
+    }
+    for mode, (counts, by_hand) in modes.items():
+        assert comm_time_per_step_s(counts, n, NET_10G) == pytest.approx(by_hand, rel=1e-12), mode
+
+
+def test_powersgd_pays_a_latency_per_round_and_bucket() -> None:
+    # the same bytes in 3 rounds × 10 buckets instead of one all-reduce: 29 more latencies each
+    # of 2(N-1) hops
+    one = comm_time_per_step_s(allreduce_counts(1 * MB), 16, NET_10G)
+    rounds = CommCounts(allreduce_per_step=30, allreduce_bytes_per_step=1 * MB)
+    assert comm_time_per_step_s(rounds, 16, NET_10G) - one == pytest.approx(29 * 30 * 50e-6)
+
+
+def _onebit_beats_fp32(workers: int) -> bool:
+    onebit = CommCounts(allgather_per_step=1, allgather_bytes_per_step=GRADIENT / 32)
+    fp32 = allreduce_counts(GRADIENT)
+    slow = Network("bandwidth-only", 10 * GBIT, 0.0)
+    return comm_time_per_step_s(onebit, workers, slow) < comm_time_per_step_s(fp32, workers, slow)
+
+
+def test_onebit_all_gather_costs_more_than_fp32_all_reduce_above_64_workers() -> None:
+    # (N-1)·b/32 against 2(N-1)/N·b: equal at N = 64
+    assert ONEBIT_CROSSOVER_WORKERS == 64
+    assert all(_onebit_beats_fp32(n) for n in range(2, 64))
+    assert not any(_onebit_beats_fp32(n) for n in range(65, 300))
+    # the case: 148 workers on 10 GbE, 4 MB of fp32 gradient: onebit is ~1.2x slower,
+    # never 6x cheaper
+    onebit = CommCounts(allgather_per_step=1, allgather_bytes_per_step=4 * MB / 32)
+    ratio = comm_time_per_step_s(onebit, 148, NET_10G) / comm_time_per_step_s(
+        allreduce_counts(4 * MB), 148, NET_10G
+    )
+    assert ratio > 1
+
+
+def test_overlap_hides_that_fraction_of_the_communication() -> None:
+    counts = allreduce_counts(4 * MB)
+    full = RingModel(0.01, 4 * MB, 1000, 8, NET_10G, counts=counts)
+    half = RingModel(0.01, 4 * MB, 1000, 8, NET_10G, counts=counts, overlap_fraction=0.5)
+    assert half.comm_per_step_s(4) == pytest.approx(full.comm_per_step_s(4) / 2)
+    assert half.step_time_s(4) == pytest.approx(0.08 + full.comm_per_step_s(4) / 2)
+
+
+def test_projection_refuses_worker_counts_whose_shards_hold_less_than_a_batch() -> None:
+    # 55 chips in batches of 8: 6 workers get 9 chips (1 batch), 7 get 7 (none)
+    model = RingModel(0.01, 4 * MB, 55, 8, NET_10G)
+    points = project(model, [1, 2, 6, 7, 64], baseline_workers=1)
+    assert [p.workers for p in points] == [1, 2, 6]
+    assert refused_workers(model, [1, 2, 6, 7, 64]) == (7, 64)
+    reason = refusal_reason(model, [7, 64])
+    assert reason is not None
+    assert reason.startswith("not projected to 7, 64 workers: the store's 55 training chips")
+    assert "(at most 6 workers fit)" in reason
+    assert refusal_reason(model, [2, 6]) is None
+
+
+def test_efficiency_never_exceeds_100_percent_from_a_sample_count_artefact() -> None:
+    # 1003 chips, batch 8: 1 worker trains 125 batches, 8 workers 15 each (960 samples);
+    # without communication the 8-worker epoch is 120/125 of the time per worker's samples
+    model = RingModel(0.01, 0.0, 1003, 8, NET_10G)
+    one, eight = project(model, [1, 8], baseline_workers=1)
+    assert one.epoch_time_s / eight.epoch_time_s > 8  # epoch times alone: 104 %
+    assert eight.efficiency == pytest.approx(1.0)

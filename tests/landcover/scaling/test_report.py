@@ -62,7 +62,9 @@ def test_exponent_speedup_efficiency_and_projection_error_from_the_metrics(tmp_p
     assert projection.model.compute_per_sample_s == pytest.approx(c, rel=1e-9)
     assert projection.model.payload_bytes == 4e6
     by_workers = {p.workers: p for p in projection.points}
-    assert sorted(by_workers) == [1, 2, 4, 8, 16, 64, 148]
+    # 148 workers would get 6 of the 1003 chips each, less than a batch of 8: refused
+    assert sorted(by_workers) == [1, 2, 4, 8, 16, 64]
+    assert projection.refused is not None and "not projected to 148 workers" in projection.refused
     for n in workers:
         projected = steps_for(n) * (BATCH * c + comm[n])
         assert by_workers[n].epoch_time_s == pytest.approx(projected, rel=1e-9)
@@ -70,13 +72,15 @@ def test_exponent_speedup_efficiency_and_projection_error_from_the_metrics(tmp_p
     assert projection.max_abs_error == pytest.approx(
         max(abs(steps_for(n) * (BATCH * c + comm[n]) - t[n]) / t[n] for n in workers)
     )
-    for n in (64, 148):
+    for n in (64,):
         assert by_workers[n].relative_error is None
         projected = steps_for(n) * (BATCH * c + comm[n])
         assert by_workers[n].epoch_time_s == pytest.approx(projected, rel=1e-9)
-        baseline = steps_for(1) * BATCH * c
-        assert by_workers[n].speedup == pytest.approx(baseline / projected, rel=1e-9)
-        assert by_workers[n].efficiency == pytest.approx(baseline / projected / n, rel=1e-9)
+        # samples trained per second against 1 worker's (1 step of 64 × 8 samples vs 125 × 8)
+        baseline_rate = 1 / c
+        rate = steps_for(n) * n * BATCH / projected
+        assert by_workers[n].speedup == pytest.approx(rate / baseline_rate, rel=1e-9)
+        assert by_workers[n].efficiency == pytest.approx(rate / baseline_rate / n, rel=1e-9)
 
 
 def test_runs_made_by_the_ring_model_are_projected_without_error(tmp_path: Path) -> None:
@@ -85,16 +89,16 @@ def test_runs_made_by_the_ring_model_are_projected_without_error(tmp_path: Path)
         t = steps_for(n) * (BATCH * compute_per_sample_s + ring_by_hand(payload, n, 10, 50e-6))
         write_run(tmp_path, f"w{n}", workers=n, epoch_times=[t * 2, t], comm_bytes_per_step=payload)
     report = build_scaling_report(
-        load_runs([tmp_path]), project_to=(148,), network=parse_network("10gbit:50us")
+        load_runs([tmp_path]), project_to=(125,), network=parse_network("10gbit:50us")
     )
     projection = report.curves[0].projection
     assert projection is not None
     assert projection.model.compute_per_sample_s == pytest.approx(compute_per_sample_s)
     assert projection.max_abs_error == pytest.approx(0.0, abs=1e-9)
-    at_148 = projection.points[-1]
-    expected = steps_for(148) * (BATCH * 0.02 + 294 * 50e-6 + 294 / 148 * payload / 1.25e9)
-    assert (at_148.workers, at_148.steps) == (148, 1)
-    assert at_148.epoch_time_s == pytest.approx(expected)
+    at_125 = projection.points[-1]  # the most workers 1003 chips give a batch of 8 each
+    expected = steps_for(125) * (BATCH * 0.02 + 248 * 50e-6 + 248 / 125 * payload / 1.25e9)
+    assert (at_125.workers, at_125.steps) == (125, 1)
+    assert at_125.epoch_time_s == pytest.approx(expected)
 
 
 def test_network_comes_from_the_runs_vm_size_unless_overridden(tmp_path: Path) -> None:
@@ -273,7 +277,8 @@ def test_report_files_are_complete_and_the_html_is_self_contained(tmp_path: Path
     linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
     assert sorted(linked) == sorted(p.name for p in paths.images)
     assert "first left out" in markdown and "PROJECTED" in markdown
-    assert "| 148 (projected) | 1 |" in markdown
+    assert "| 8 (projected) | 15 |" in markdown
+    assert "Not projected to 148 workers: the store" in markdown
 
     with pytest.raises(
         OutputExistsError, match=r"report.md exists; pass --overwrite to replace the scaling report"
@@ -314,7 +319,10 @@ def test_cli_prints_the_table_and_where_the_files_are(tmp_path: Path) -> None:
         main, [*args, "--project-to", "8,64", "--network", "infiniband-edr-100g"]
     )
     assert result.exit_code == 0, result.output
-    assert "| device | mode | workers | nodes | epoch time (s) |" in result.stdout
+    assert (
+        "| device | mode | workers | nodes | threads/worker | cores | epoch time (s) |"
+        in result.stdout
+    )
     assert "| 64 (projected) |" in result.stdout
     assert "infiniband-edr-100g (100 Gbit/s, 1.5 µs latency) [--network]" in result.stdout
     assert f"report: {out / 'report.html'}" in result.stdout
@@ -355,3 +363,23 @@ def test_cli_names_a_directory_without_metrics(tmp_path: Path) -> None:
         f"error: {tmp_path / 'nothing'}: no metrics.jsonl in it nor in any subdirectory; pass run "
         "directories written by `landcover train --out` (or a sweep directory holding them)\n"
     )
+
+
+def test_efficiency_is_from_equal_work_when_sample_counts_differ(tmp_path: Path) -> None:
+    # 1003 chips in batches of 8: 1 worker trains 125 batches (1000 samples), 8 workers 15
+    # each (960). At a perfect 1 ms per sample per worker the 8-worker epoch is 125/15 = 8.3x
+    # shorter: 104 % by epoch times, 100 % by samples trained per second.
+    for n in (1, 8):
+        t = steps_for(n) * BATCH * 0.001
+        write_run(
+            tmp_path, f"w{n}", workers=n, epoch_times=[t, t],
+            samples_per_s=steps_for(n) * n * BATCH / t, comm_bytes_per_step=0.0,
+        )  # fmt: skip
+    runs = load_runs([tmp_path])
+    assert only(runs, 1).epoch_time_s / only(runs, 8).epoch_time_s > 8
+    rows = {row.run.workers: row for row in scaling_table(runs)}
+    assert rows[8].efficiency == pytest.approx(1.0)
+    report = build_scaling_report(runs, project_to=(8,))
+    (curve,) = report.curves
+    assert curve.projection is not None
+    assert all(p.efficiency <= 1 + 1e-9 for p in curve.projection.points)

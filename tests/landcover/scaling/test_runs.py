@@ -268,3 +268,40 @@ def test_a_failed_sweep_run_is_logged_as_one_readable_line(
         "w2 (2 workers, status failed): killed: out of memory"
     )
     assert "{" not in message and "\n" not in message
+
+
+_COUNT_KEYS = (
+    "comm_allreduce_per_step", "comm_allreduce_bytes_per_step", "comm_allgather_per_step",
+    "comm_allgather_bytes_per_step", "comm_broadcast_per_step", "comm_broadcast_bytes_per_step",
+    "comm_buckets_per_step",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("compression", "gathered"), [("none", False), ("onebit", True)])
+def test_collectives_of_older_files_are_inferred_from_the_bytes(
+    tmp_path: Path, compression: str, gathered: bool
+) -> None:
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    lines = []
+    for epoch in (1, 2):
+        line = metrics_line(epoch, 2, 10.0, compression=compression, comm_bytes_per_step=1e6)
+        lines.append(json.dumps({k: v for k, v in line.items() if k not in _COUNT_KEYS}))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run,) = load_runs([run_dir])
+    counts = run.comm_counts
+    assert not counts.measured
+    assert counts.bytes_per_step == 1e6 and counts.collectives_per_step == 1
+    assert (counts.allgather_bytes_per_step == 1e6) is gathered
+
+
+def test_recorded_collectives_are_read_as_medians_of_the_steady_epochs(tmp_path: Path) -> None:
+    run_dir = write_run(
+        tmp_path, "psgd", workers=2, epoch_times=[3.0, 1.0, 1.0], compression="powersgd:2",
+        comm_bytes_per_step=1e5, comm_allreduce_per_step=12.0,
+        comm_allreduce_bytes_per_step=1e5, comm_buckets_per_step=4.0,
+    )  # fmt: skip
+    (run,) = load_runs([run_dir])
+    assert run.comm_counts.measured
+    assert (run.comm_counts.allreduce_per_step, run.comm_counts.buckets_per_step) == (12.0, 4.0)
+    assert run.comm_time_s == 0.01

@@ -276,3 +276,68 @@ def test_secret_environment_reaches_every_run_and_no_file(
     assert all("--lr" in job.argv for job in jobs)
     for path in (tmp_path / "sweep").rglob("*"):
         assert path.is_dir() or key not in path.read_text()
+
+
+class ArgvLaunch(FakeLaunch):
+    """FakeLaunch that also keeps each run's worker argv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.argvs: dict[int, tuple[str, ...]] = {}
+
+    def __call__(self, plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
+        self.argvs[plan.spec.workers] = tuple(plan.job.argv)
+        return super().__call__(plan, options)
+
+
+def _threads_of(argv: tuple[str, ...]) -> int:
+    return int(argv[argv.index("--threads") + 1])
+
+
+@pytest.mark.parametrize(
+    ("cores", "workers", "threads"),
+    [(2, (1, 2), 1), (8, (1, 2, 4), 2), (2, (1, 2, 4), 1), (16, (1,), 16)],
+)
+def test_every_point_of_a_sweep_gets_the_threads_of_its_largest_worker_count(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cores: int,
+    workers: tuple[int, ...],
+    threads: int,
+) -> None:
+    # `landcover scale STORE --workers 1,2` on 2 cores: 1 thread per worker at both points,
+    # so the second worker adds a core instead of splitting the first worker's two
+    monkeypatch.setattr(sweep, "local_cpu_count", lambda: cores)
+    monkeypatch.setattr("cluster.engine.local_cpu_count", lambda: cores)
+    fake = ArgvLaunch()
+    monkeypatch.setattr(sweep, "launch_plan", fake)
+    run_sweep(SweepConfig("chips.zarr", workers, 3, str(tmp_path / "sweep")))
+    assert {n: _threads_of(argv) for n, argv in fake.argvs.items()} == dict.fromkeys(
+        workers, threads
+    )
+    document = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [(r["threads_per_worker"], r["cores"]) for r in document["runs"]] == [
+        (threads, cores)
+    ] * len(workers)
+
+
+def test_threads_given_to_a_sweep_are_kept_at_every_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
+    fake = ArgvLaunch()
+    monkeypatch.setattr(sweep, "launch_plan", fake)
+    config = SweepConfig("chips.zarr", (1, 2), 1, str(tmp_path / "s"), ("--threads", "2"))
+    result = run_sweep(config)
+    assert [_threads_of(fake.argvs[n]) for n in (1, 2)] == [2, 2]
+    # 2 workers × 2 threads on 2 cores: time-slicing, marked
+    assert [r.oversubscribed for r in result.runs] == [False, True]
+
+
+def test_table_efficiency_is_from_samples_per_second_not_epoch_time(tmp_path: Path) -> None:
+    # 1003 chips, batch 8: 1 worker trains 125 full batches (1000 samples) in 10 s; 8 workers
+    # train 15 batches each (960 samples) in 1.2 s. Epoch times say 104 %; the equal-work
+    # rate (samples/s) says 100 %.
+    runs = (run(1, 10.0, samples_per_s=100.0), run(8, 1.2, samples_per_s=800.0))
+    table = format_sweep_table(SweepResult(tmp_path / "sweep.json", 8, runs))
+    assert table.splitlines()[2].split()[7:9] == ["8.00", "100%"]
