@@ -312,7 +312,14 @@ def _resolve(
     network = None
     if common.network is not None:
         network = network_shape(common.network)
-        if engine not in ("local", "slurm"):
+        if engine == "slurm":
+            notes = (
+                *notes,
+                "network: a SLURM cluster's links are its own, so the slurm engine ignores it; "
+                "the local SLURM testbed takes the rate when it starts "
+                "(python -m cluster.testbed up --bandwidth RATE)",
+            )
+        elif engine != "local":
             notes = (*notes, f"network is emulated by the local engine only: {engine} ignores it")
     data = DataSpec(common.data.url, common.data.mode, common.data.account_name)
     if data.url is not None and not data.url.strip():

@@ -195,3 +195,13 @@ def test_the_local_engine_all_reduces_across_namespaces(tmp_path: Path) -> None:
     # the agents joined at node 0's namespace address, not loopback
     assert f"--rdzv-endpoint {plan.network.addresses[0]}:29500" in " ".join(plan.agent_commands[1])
     assert existing_names(prefix) == []
+
+
+def test_engines_that_cannot_emulate_links_say_so_in_the_plan() -> None:
+    """Never a silent no-op: a slurm or remote spec with `network` carries a note saying why."""
+    slurm = parse_cluster_spec(
+        {"engine": "slurm", "targetNodeCount": 2, "network": {"bandwidth": "1gbit"}}
+    )
+    assert any("slurm engine ignores it" in note and "--bandwidth" in note for note in slurm.notes)
+    local = parse_cluster_spec({"targetNodeCount": 2, "network": {"bandwidth": "1gbit"}})
+    assert not any("network" in note for note in local.notes)
