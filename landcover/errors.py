@@ -40,3 +40,7 @@ class PredictionError(LandcoverError):
 
 class OutputExistsError(LandcoverError, FileExistsError):
     """An output file exists and --overwrite was not given."""
+
+
+class ExportError(LandcoverError):
+    """A model that cannot be exported as asked (format, opset, a missing optional library)."""
