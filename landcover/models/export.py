@@ -125,7 +125,7 @@ def export_model(
     if format == "torchscript":
         buffer = io.BytesIO()  # saved from memory, its archive is not named after a temp file
         with _quiet_jit():
-            traced = torch.jit.trace(graph, example)
+            traced = torch.jit.trace(graph, example)  # type: ignore[no-untyped-call]
             torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_EXTRA_FILE: meta_json})
         write_bytes_atomic(out, buffer.getvalue())
         return ExportResult(os.fspath(out), format, None, meta)
@@ -179,7 +179,7 @@ def _quiet_jit() -> Iterator[None]:
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # type: ignore[attr-defined]
         warnings.simplefilter("ignore", UserWarning)
         for lg in loggers:
             lg.setLevel(logging.WARNING)
@@ -217,7 +217,9 @@ def load_torchscript(
     extra = {TORCHSCRIPT_EXTRA_FILE: ""}
     try:
         with fsspec.open(url, "rb", **dict(storage_options or {})) as f, _quiet_jit():
-            module = torch.jit.load(io.BytesIO(f.read()), map_location=device, _extra_files=extra)
+            module = torch.jit.load(  # type: ignore[no-untyped-call]
+                io.BytesIO(f.read()), map_location=device, _extra_files=extra
+            )
     except (RuntimeError, OSError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise ModelFileError(f"{url}: cannot load the TorchScript file ({reason})") from None
