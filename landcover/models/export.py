@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from landcover.atomic import refuse_existing, write_atomic, write_bytes_atomic
-from landcover.errors import ExportError, ModelFileError
+from landcover.errors import ExportError, LandcoverError, ModelFileError
 from landcover.models.modelfile import ModelMeta, load_model_file, meta_from_json, meta_to_json
 
 __all__ = [
@@ -68,6 +68,8 @@ ModelKind = Literal["model", "onnx", "torchscript"]
 
 @dataclass(frozen=True, slots=True)
 class ExportResult:
+    """What `export_model` wrote."""
+
     out: str
     format: str
     opset: int | None  # the ONNX file's default-domain opset; None for TorchScript
@@ -120,7 +122,8 @@ def export_model(
             require_onnx(module)
     model, meta = load_model_file(model_url, storage_options=storage_options)
     graph = _exportable(model)
-    example = torch.zeros(1, meta.in_channels, meta.chip_size, meta.chip_size)
+    # Batch 2: torch.export specialises a dimension whose example size is 0 or 1.
+    example = torch.zeros(2, meta.in_channels, meta.chip_size, meta.chip_size)
     meta_json = json.dumps(meta_to_json(meta))
     if format == "torchscript":
         buffer = io.BytesIO()  # saved from memory, its archive is not named after a temp file
@@ -130,7 +133,18 @@ def export_model(
         write_bytes_atomic(out, buffer.getvalue())
         return ExportResult(os.fspath(out), format, None, meta)
     actual: list[int] = []
-    write_atomic(out, lambda tmp: actual.append(_write_onnx(graph, example, tmp, opset, meta_json)))
+    try:
+        write_atomic(
+            out, lambda tmp: actual.append(_write_onnx(graph, example, tmp, opset, meta_json))
+        )
+    except LandcoverError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as exc:  # the exporter's own errors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ExportError(
+            f"{model_url}: the ONNX exporter failed on {meta.architecture} ({first}); "
+            "try --format torchscript"
+        ) from exc
     return ExportResult(os.fspath(out), format, actual[0], meta)
 
 
