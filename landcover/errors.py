@@ -44,3 +44,7 @@ class OutputExistsError(LandcoverError, FileExistsError):
 
 class TuneError(LandcoverError):
     """A search space or a study directory that `landcover tune` cannot use."""
+
+
+class ExportError(LandcoverError):
+    """A model that cannot be exported as asked (format, opset, a missing optional library)."""

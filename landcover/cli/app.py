@@ -49,6 +49,7 @@ COMMANDS: dict[str, str] = {
     "report": "landcover.cli.report:report_group",
     "predict": "landcover.cli.predict:predict_command",
     "evaluate": "landcover.cli.predict:evaluate_command",
+    "export": "landcover.cli.export:export_command",
     "demo": "landcover.cli.demo:demo_command",
     "tune": "landcover.cli.tune:tune_command",
 }
@@ -63,6 +64,7 @@ SHORT_HELP: dict[str, str] = {
     "report": "Reports from training runs (scaling curves).",
     "predict": "Predict a land-cover COG for a region.",
     "evaluate": "Score a land-cover raster against truth.",
+    "export": "Export a model to ONNX or TorchScript, metadata inside.",
     "demo": "Run the whole pipeline on generated data.",
     "tune": "Search training options with Optuna (trials are training runs).",
 }

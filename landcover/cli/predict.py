@@ -60,6 +60,24 @@ logger = logging.getLogger(__name__)
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Windows per batch.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option(
+    "--runtime",
+    type=click.Choice(["auto", "torch", "onnxruntime"]),
+    default="auto",
+    show_default=True,
+    help="What runs MODEL: torch (model.pt, TorchScript) or onnxruntime (an ONNX file from "
+    "`landcover export`); auto picks onnxruntime for *.onnx.",
+)
+@click.option(
+    "--tta",
+    type=click.Choice(["none", "flips", "d4"]),
+    default="none",
+    is_flag=False,
+    flag_value="d4",
+    show_default=True,
+    help="Test-time augmentation: average the logits over the 8 flips/rotations of the "
+    "square (--tta or --tta d4, 8x the model time) or the 4 flips (--tta flips, 4x).",
+)
+@click.option(
     "--probabilities",
     default=None,
     help="Also write per-class probabilities (uint8, scale 1/254, 255 = nodata) as a COG.",
@@ -103,6 +121,8 @@ def predict_command(
     overlap: int | None,
     batch_size: int,
     device: str,
+    runtime: str,
+    tta: str,
     probabilities: str | None,
     stac_item: str | None,
     block_px: int,
@@ -155,6 +175,8 @@ def predict_command(
         overlap_px=overlap,
         batch_size=batch_size,
         device=device,
+        runtime=runtime,
+        tta=tta,
         probabilities=probabilities,
         overwrite=overwrite,
         block_px=block_px,

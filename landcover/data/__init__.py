@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from landcover.data.augment import dihedral, gather_chips, random_ops
+    from landcover.data.augment import dihedral, gather_chips, inverse_dihedral, random_ops
     from landcover.data.normalise import check_band_stats, normalise
     from landcover.data.shards import Batch, ShardDataset, derive_seed
 
@@ -20,6 +20,7 @@ __all__ = [
     "derive_seed",
     "dihedral",
     "gather_chips",
+    "inverse_dihedral",
     "normalise",
     "random_ops",
 ]
@@ -32,6 +33,7 @@ __getattr__, __dir__ = lazy_exports(
         "derive_seed": "shards",
         "dihedral": "augment",
         "gather_chips": "augment",
+        "inverse_dihedral": "augment",
         "random_ops": "augment",
         "check_band_stats": "normalise",
         "normalise": "normalise",

@@ -1,5 +1,6 @@
 """Augmentation: the 8 symmetries of the square (flips and 90-degree rotations), applied to a
-chip's image and mask alike while it is gathered from the shard into a batch."""
+chip's image and mask alike while it is gathered from the shard into a batch, and undone by
+`inverse_dihedral` (test-time augmentation in prediction maps logits back with it)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,14 @@ def dihedral(x: torch.Tensor, op: int) -> torch.Tensor:
     if op & 2:
         x = x.flip(-2)
     return x
+
+
+def inverse_dihedral(op: int) -> int:
+    """The element that undoes `dihedral(., op)`: flips are their own inverses, and a transpose
+    followed by flips is undone by the flips, then the transpose, which is the transpose
+    followed by the flips with columns and rows swapped."""
+    if not 0 <= op < 8:
+        raise ValueError(f"dihedral op {op}: must be 0..7")  # a bug, never user input
+    if op & 4:
+        return 4 | ((op & 1) << 1) | ((op & 2) >> 1)
+    return op

@@ -53,10 +53,10 @@ class ModelMeta:
         return self.class_map.num_classes
 
 
-def save_model_file(path: str | os.PathLike[str], model: nn.Module, meta: ModelMeta) -> None:
-    """Write `model.pt` atomically (temp file in the same directory, then rename)."""
-    state = {k: v.detach().cpu().clone() for k, v in _unwrap(model).state_dict().items()}
-    payload: dict[str, Any] = {
+def meta_to_json(meta: ModelMeta) -> dict[str, Any]:
+    """The metadata a model file holds, as JSON-able values with the format name and version:
+    `model.pt` stores it beside its weights, exported ONNX and TorchScript files as JSON."""
+    return {
         "format": MODEL_FORMAT,
         "version": MODEL_FORMAT_VERSION,
         "architecture": meta.architecture,
@@ -69,8 +69,39 @@ def save_model_file(path: str | os.PathLike[str], model: nn.Module, meta: ModelM
         "chip_size": int(meta.chip_size),
         "resolution_m": float(meta.resolution_m),
         "training": dict(meta.training),
-        "state_dict": state,
     }
+
+
+def meta_from_json(payload: object, *, where: str, not_ours: str) -> ModelMeta:
+    """The `ModelMeta` of `meta_to_json`'s dict; `ModelFileError` starting with `where` when it
+    is damaged or newer than this landcover, `not_ours` when it is not a landcover model's."""
+    if not isinstance(payload, Mapping) or payload.get("format") != MODEL_FORMAT:
+        raise ModelFileError(not_ours)
+    version = int(payload.get("version", 0))
+    if version > MODEL_FORMAT_VERSION:
+        raise ModelFileError(
+            f"{where}: model format version {version} is newer than this landcover "
+            f"({MODEL_FORMAT_VERSION}); upgrade landcover"
+        )
+    try:
+        return ModelMeta(
+            architecture=str(payload["architecture"]),
+            class_map=ClassMap.from_json(payload["class_map"]),
+            band_names=tuple(str(b) for b in payload["band_names"]),
+            band_mean=tuple(float(v) for v in payload["band_mean"]),
+            band_std=tuple(float(v) for v in payload["band_std"]),
+            chip_size=int(payload["chip_size"]),
+            resolution_m=float(payload["resolution_m"]),
+            training=dict(payload.get("training", {})),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelFileError(f"{where}: damaged landcover model file (missing {exc})") from None
+
+
+def save_model_file(path: str | os.PathLike[str], model: nn.Module, meta: ModelMeta) -> None:
+    """Write `model.pt` atomically (temp file in the same directory, then rename)."""
+    state = {k: v.detach().cpu().clone() for k, v in _unwrap(model).state_dict().items()}
+    payload: dict[str, Any] = {**meta_to_json(meta), "state_dict": state}
     write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
@@ -111,25 +142,8 @@ def read_model_file(
                 "directory is missing); copy it again or re-export it with `landcover train`"
             ) from None
         raise ModelFileError(not_ours) from None  # e.g. a zip archive, but not torch's
-    if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
-        raise ModelFileError(not_ours)
-    version = int(payload.get("version", 0))
-    if version > MODEL_FORMAT_VERSION:
-        raise ModelFileError(
-            f"{where}: model format version {version} is newer than this landcover "
-            f"({MODEL_FORMAT_VERSION}); upgrade landcover"
-        )
+    meta = meta_from_json(payload, where=where, not_ours=not_ours)
     try:
-        meta = ModelMeta(
-            architecture=str(payload["architecture"]),
-            class_map=ClassMap.from_json(payload["class_map"]),
-            band_names=tuple(str(b) for b in payload["band_names"]),
-            band_mean=tuple(float(v) for v in payload["band_mean"]),
-            band_std=tuple(float(v) for v in payload["band_std"]),
-            chip_size=int(payload["chip_size"]),
-            resolution_m=float(payload["resolution_m"]),
-            training=dict(payload.get("training", {})),
-        )
         state = dict(payload["state_dict"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelFileError(f"{where}: damaged landcover model file (missing {exc})") from None

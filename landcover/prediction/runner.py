@@ -29,12 +29,11 @@ import rasterio
 import torch
 from rasterio.windows import Window
 from shapely.geometry import box
-from torch import nn
 from tqdm import tqdm
 
 from landcover.classes import NODATA_CODE
 from landcover.errors import PredictionError, RegionError
-from landcover.models.modelfile import ModelMeta, load_model_file
+from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout
 from landcover.prediction.blocks import blocks, owned_windows, region_has_pixels, region_mask
 from landcover.prediction.mosaic import read_mosaic
@@ -57,6 +56,7 @@ from landcover.prediction.outgrid import (
     plan_output_grid,
 )
 from landcover.prediction.region import Region, parse_crs
+from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
     check_model,
     check_sources_fit,
@@ -66,6 +66,7 @@ from landcover.prediction.setup import (
     warnings_to_log,
     window_overlap,
 )
+from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import Block, WindowRunner
 from tiling.reader import RasterReader
 from tiling.urls import check_storage_options
@@ -90,6 +91,8 @@ class PredictConfig:
     overlap_px: int | None = None  # None: a quarter of the model's chip size
     batch_size: int = 16
     device: str = "cpu"
+    runtime: str = "auto"  # auto, torch, onnxruntime (landcover.prediction.runtime)
+    tta: str = "none"  # none, flips, d4 (landcover.prediction.tta)
     probabilities: str | None = None
     overwrite: bool = False
     block_px: int = 2048
@@ -122,6 +125,7 @@ def predict_region(config: PredictConfig) -> PredictResult:
             raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
         if config.block_px < 16:
             raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
+        tta_ops(config.tta)  # refuse a bad mode before the model loads
         device = resolve_device(config.device)
         keep_large_buffers_off_the_heap()
         with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
@@ -149,8 +153,11 @@ def predict_region(config: PredictConfig) -> PredictResult:
 def _predict_and_write(
     config: PredictConfig, outputs: OutputPaths, device: torch.device
 ) -> tuple[OutputGrid, GridPlan, _Tally]:
-    model, meta = load_model_file(
-        config.model, device=device, storage_options=config.storage_options
+    model, meta = load_window_model(
+        config.model,
+        runtime=config.runtime,
+        device=device,
+        storage_options=config.storage_options,
     )
     check_model(config.model, meta)
     overlap = window_overlap(config.overlap_px, meta.chip_size)
@@ -207,7 +214,7 @@ class _Tally:
 
 
 def _predict_into(
-    model: nn.Module,
+    model: WindowModel,
     meta: ModelMeta,
     plan: GridPlan,
     layout: WindowLayout,
@@ -220,7 +227,13 @@ def _predict_into(
     num_classes = meta.num_classes
     tally = _Tally(np.zeros(num_classes, dtype=np.int64))
     windows = WindowRunner(
-        model, meta, layout, batch_size=config.batch_size, where=config.model, device=device
+        model,
+        meta,
+        layout,
+        batch_size=config.batch_size,
+        where=config.model,
+        device=device,
+        tta_ops=tta_ops(config.tta),
     )
     show = config.progress if config.progress is not None else sys.stderr.isatty()
     with ExitStack() as stack:

@@ -1,9 +1,11 @@
 """Running the model over the windows of one output block.
 
 `WindowRunner` cuts the windows out of a block's source pixels, normalises them as training
-does (`landcover.data.normalise`), runs them in batches and adds their logits to the block's
-`LogitBlender`. It keeps the logits of windows that reach into the next block of the same
-block row, so only windows on the boundary to the next block ROW are run twice.
+does (`landcover.data.normalise`), runs them in batches through a `WindowModel` (PyTorch or
+onnxruntime, `landcover.prediction.runtime`), with test-time augmentation when asked
+(`landcover.prediction.tta`), and adds their logits to the block's `LogitBlender`. It keeps
+the logits of windows that reach into the next block of the same block row, so only windows
+on the boundary to the next block ROW are run twice.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch import nn
 
 from landcover.data.normalise import normalise
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.runtime import WindowModel
+from landcover.prediction.tta import average_over_symmetries
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +45,19 @@ class WindowRunner:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: WindowModel,
         meta: ModelMeta,
         layout: WindowLayout,
         *,
         batch_size: int,
         where: str,
         device: torch.device | str,
+        tta_ops: Sequence[int] = (0,),
     ) -> None:
-        """`where` names the model file in errors about the model's output."""
+        """`where` names the model file in errors about the model's output; `tta_ops` are the
+        dihedral ops whose passes are averaged (`landcover.prediction.tta`)."""
         self.model, self.layout, self.device = model, layout, torch.device(device)
+        self.tta_ops = tuple(tta_ops)
         self.num_classes = meta.num_classes
         self.batch_size = batch_size
         self.where = where
@@ -91,7 +97,7 @@ class WindowRunner:
             m = torch.stack([has_data[rs, cs] for rs, cs in spans])
             # As in training: pixels no source covers get the band mean (0 after normalising).
             x = normalise(x, self.mean, self.std, valid=m)
-            logits = _run_model(self.model, x, self.num_classes, self.where)
+            logits = average_over_symmetries(self._model_pass, x, self.tta_ops)
             results.extend(zip(batch, logits, strict=True))
             self.windows_run += len(batch)
         for (r, c), window_logits in results:
@@ -99,10 +105,12 @@ class WindowRunner:
             if c + size > right_edge and right_edge < self.layout.width:
                 self.carry[(r, c)] = window_logits
 
+    def _model_pass(self, x: torch.Tensor) -> torch.Tensor:
+        return _run_model(self.model, x, self.num_classes, self.where)
 
-def _run_model(model: nn.Module, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:
-    with torch.inference_mode():
-        logits = model(x)
+
+def _run_model(model: WindowModel, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:
+    logits = model(x)
     if not isinstance(logits, torch.Tensor) or logits.ndim != 4 or logits.shape[1] != num_classes:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise PredictionError(

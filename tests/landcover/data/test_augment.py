@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from landcover.data import dihedral, gather_chips, random_ops
+from landcover.data import dihedral, gather_chips, inverse_dihedral, random_ops
 from tests.landcover.data.chips import make_dataset
 
 
@@ -16,6 +16,14 @@ def test_dihedral_ops_are_the_eight_symmetries_of_a_square() -> None:
     a = x.numpy()
     numpy_group = {tuple(np.rot90(m, k).flatten()) for m in (a, a.T) for k in range(4)}
     assert results == numpy_group
+
+
+def test_inverse_dihedral_undoes_each_symmetry() -> None:
+    x = torch.arange(2 * 3 * 3).view(2, 3, 3)
+    for op in range(8):
+        assert torch.equal(dihedral(dihedral(x, op), inverse_dihedral(op)), x), op
+    # The transposes with one flip (the rotations by 90 and 270 degrees) are each other's.
+    assert [inverse_dihedral(op) for op in range(8)] == [0, 1, 2, 3, 4, 6, 5, 7]
 
 
 def test_augmentation_moves_image_and_mask_together() -> None:

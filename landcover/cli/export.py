@@ -1,0 +1,58 @@
+"""`landcover export`: a model file as ONNX or TorchScript, its metadata inside."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+# Imports torch: paid only when `landcover export` runs (the group loads commands lazily).
+from landcover.models.export import DEFAULT_OPSET, EXPORT_FORMATS, export_model
+from landcover.options import overwrite_option, storage_options_option
+
+logger = logging.getLogger(__name__)
+
+
+@click.command("export")
+@click.argument("model")
+@click.option(
+    "--format",
+    "export_format",
+    type=click.Choice(EXPORT_FORMATS),
+    required=True,
+    help="onnx (onnxruntime, TensorRT, ...) or torchscript (LibTorch).",
+)
+@click.option("--out", required=True, help="Output file, e.g. model.onnx (local path).")
+@click.option(
+    "--opset",
+    type=click.IntRange(min=7),
+    default=DEFAULT_OPSET,
+    show_default=True,
+    help="ONNX opset; below 18 the exporter's graph is converted down.",
+)
+@overwrite_option
+@storage_options_option
+def export_command(
+    model: str,
+    export_format: str,
+    out: str,
+    opset: int,
+    overwrite: bool,
+    storage_options: dict[str, Any],
+) -> None:
+    """Export MODEL (a model.pt) for other runtimes; batch, height and width stay dynamic."""
+    result = export_model(
+        model,
+        out,
+        format=export_format,
+        opset=opset,
+        overwrite=overwrite,
+        storage_options=storage_options,
+    )
+    opset_text = f", opset {result.opset}" if result.opset is not None else ""
+    click.echo(
+        f"wrote {result.out}: {result.meta.architecture} as {result.format}{opset_text}, "
+        f"{result.meta.num_classes} classes, {result.meta.chip_size} px chips "
+        "(dynamic batch, height, width)"
+    )

@@ -1,0 +1,262 @@
+"""Exported models: a model file (`model.pt`) as ONNX or TorchScript, its metadata inside.
+
+Both formats carry the same `ModelMeta` as the model file (architecture, class table, band
+names/mean/std, chip size, resolution, training summary) as the JSON of `meta_to_json`:
+ONNX in the model's `metadata_props` under the key `landcover`, TorchScript as the extra file
+`landcover.json` (`torch.jit.load(..., _extra_files=...)`), so `landcover predict` reads an
+exported file as it reads `model.pt`.
+
+The graph takes `pixels` (batch, bands, height, width) float32, normalised as
+`landcover.data.normalise` does, and returns `logits` (batch, classes, height, width).
+Batch, height and width are dynamic. The U-Nets pad their input to a multiple of their stride
+with a branch on the input size, which an exporter would freeze at the example's size; the
+export therefore wraps them in `_PadToMultiple`, which always pads (by 0 when the size is a
+multiple) and crops, as the model itself would: same logits at any size of at least one
+stride (8 px for small_unet, 32 px for the ResNet U-Nets).
+
+ONNX uses torch's dynamo exporter (`torch.onnx.export(..., dynamo=True)`, built on
+`torch.export` and onnxscript); its operators start at opset 18 (the default here). A lower
+`--opset` is converted down by ONNX's version converter. TorchScript (deprecated by PyTorch,
+kept for C++/LibTorch users) is a trace of the same wrapper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import warnings
+import zipfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import fsspec
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from landcover.atomic import refuse_existing, write_atomic, write_bytes_atomic
+from landcover.errors import ExportError, LandcoverError, ModelFileError
+from landcover.models.modelfile import ModelMeta, load_model_file, meta_from_json, meta_to_json
+
+__all__ = [
+    "DEFAULT_OPSET",
+    "EXPORT_FORMATS",
+    "ExportResult",
+    "ModelKind",
+    "export_model",
+    "load_torchscript",
+    "meta_from_onnx_props",
+    "model_kind",
+    "require_onnx",
+]
+
+EXPORT_FORMATS = ("onnx", "torchscript")
+DEFAULT_OPSET = 18  # the dynamo exporter's own operators start here
+ONNX_METADATA_KEY = "landcover"
+TORCHSCRIPT_EXTRA_FILE = "landcover.json"
+INPUT_NAME = "pixels"
+OUTPUT_NAME = "logits"
+DYNAMIC_AXES = ("batch", "height", "width")
+ONNX_EXTRA = "pip install 'landcover[onnx]'"
+
+ModelKind = Literal["model", "onnx", "torchscript"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What `export_model` wrote."""
+
+    out: str
+    format: str
+    opset: int | None  # the ONNX file's default-domain opset; None for TorchScript
+    meta: ModelMeta
+
+
+class _PadToMultiple(nn.Module):
+    """Pads the input (reflect) up to a multiple of `multiple`, runs `model`, crops back."""
+
+    def __init__(self, model: nn.Module, multiple: int) -> None:
+        super().__init__()
+        self.model = model
+        self.multiple = multiple
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        height, width = x.shape[-2], x.shape[-1]
+        padded = F.pad(x, (0, (-width) % self.multiple, 0, (-height) % self.multiple), "reflect")
+        logits: torch.Tensor = self.model(padded)
+        return logits[..., :height, :width]
+
+
+def require_onnx(module: str) -> Any:
+    """Import an optional ONNX library, or say which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ExportError(f"{module} is not installed; {ONNX_EXTRA}") from None
+
+
+def export_model(
+    model_url: str,
+    out: str | os.PathLike[str],
+    *,
+    format: str,
+    opset: int = DEFAULT_OPSET,
+    overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> ExportResult:
+    """Write the model of `model_url` (a `model.pt`) to `out` as ONNX or TorchScript, with its
+    metadata inside; refuses an existing `out` unless `overwrite`, writes atomically."""
+    if format not in EXPORT_FORMATS:
+        raise ExportError(f"--format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
+    if opset < 7:
+        raise ExportError(f"--opset {opset}: ONNX opsets start at 7; the default is 18")
+    refuse_existing([out], overwrite=overwrite)
+    if format == "onnx":
+        for module in ("onnx", "onnxscript"):
+            require_onnx(module)
+    model, meta = load_model_file(model_url, storage_options=storage_options)
+    graph = _exportable(model)
+    # Batch 2: torch.export specialises a dimension whose example size is 0 or 1.
+    example = torch.zeros(2, meta.in_channels, meta.chip_size, meta.chip_size)
+    meta_json = json.dumps(meta_to_json(meta))
+    if format == "torchscript":
+        buffer = io.BytesIO()  # saved from memory, its archive is not named after a temp file
+        with _quiet_jit():
+            traced = torch.jit.trace(graph, example)  # type: ignore[no-untyped-call]
+            torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_EXTRA_FILE: meta_json})
+        write_bytes_atomic(out, buffer.getvalue())
+        return ExportResult(os.fspath(out), format, None, meta)
+    actual: list[int] = []
+    try:
+        write_atomic(
+            out, lambda tmp: actual.append(_write_onnx(graph, example, tmp, opset, meta_json))
+        )
+    except LandcoverError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as exc:  # the exporter's own errors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ExportError(
+            f"{model_url}: the ONNX exporter failed on {meta.architecture} ({first}); "
+            "try --format torchscript"
+        ) from exc
+    return ExportResult(os.fspath(out), format, actual[0], meta)
+
+
+def _exportable(model: nn.Module) -> nn.Module:
+    multiple = getattr(model, "size_multiple", 1)
+    wrapped = _PadToMultiple(model, int(multiple)) if int(multiple) > 1 else model
+    return wrapped.eval()
+
+
+def _write_onnx(
+    graph: nn.Module, example: torch.Tensor, path: str, opset: int, meta_json: str
+) -> int:
+    """Export `graph` to `path`, add the metadata; returns the file's opset."""
+    onnx = require_onnx("onnx")
+    multiple = int(getattr(graph, "multiple", 1))
+    batch = torch.export.Dim("batch")
+    # Reflect padding needs the input larger than the pad: at least one stride.
+    height = torch.export.Dim("height", min=max(multiple, 2))
+    width = torch.export.Dim("width", min=max(multiple, 2))
+    # The exporter prints its steps and warns about opset conversion: we log our own line.
+    with _quiet_jit(), contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(
+            graph,
+            (example,),
+            path,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            dynamic_shapes={"x": {0: batch, 2: height, 3: width}},
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,  # one file: the weights inside, not in a .data file beside it
+            verbose=False,
+        )
+    proto = onnx.load(path)
+    onnx.helper.set_model_props(proto, {ONNX_METADATA_KEY: meta_json})
+    onnx.save(proto, path)
+    return next(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+
+
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    # torch.jit/onnx deprecation notes, tracer warnings about the U-Nets' size branch (always
+    # false behind _PadToMultiple) and the ONNX optimiser's log of its passes (INFO, dozens of
+    # lines) say nothing a user can act on.
+    loggers = [logging.getLogger(name) for name in ("onnx_ir", "onnxscript", "torch.onnx")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # type: ignore[attr-defined]
+        warnings.simplefilter("ignore", UserWarning)
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+def model_kind(url: str, *, storage_options: Mapping[str, Any] | None = None) -> ModelKind:
+    """What a model file is: `torchscript` (a zip with TorchScript code), `onnx` (named
+    *.onnx: ONNX protobufs have no magic number) or `model` (anything else, left to
+    `read_model_file` to accept or refuse)."""
+    if url.lower().endswith(".onnx"):
+        return "onnx"
+    try:
+        with fsspec.open(url, "rb", **dict(storage_options or {})) as f:
+            if f.read(4) != b"PK\x03\x04":
+                return "model"
+            f.seek(0)
+            names = zipfile.ZipFile(f).namelist()
+    except (OSError, zipfile.BadZipFile):
+        return "model"
+    return "torchscript" if any(n.endswith("/constants.pkl") for n in names) else "model"
+
+
+def load_torchscript(
+    url: str,
+    *,
+    device: str | torch.device = "cpu",
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[nn.Module, ModelMeta]:
+    """A TorchScript file from `landcover export` and the metadata it carries."""
+    extra = {TORCHSCRIPT_EXTRA_FILE: ""}
+    try:
+        with fsspec.open(url, "rb", **dict(storage_options or {})) as f, _quiet_jit():
+            module = torch.jit.load(  # type: ignore[no-untyped-call]
+                io.BytesIO(f.read()), map_location=device, _extra_files=extra
+            )
+    except (RuntimeError, OSError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise ModelFileError(f"{url}: cannot load the TorchScript file ({reason})") from None
+    payload = _json_or_none(extra[TORCHSCRIPT_EXTRA_FILE])
+    meta = meta_from_json(payload, where=url, not_ours=_not_exported(url, "TorchScript"))
+    return module.eval(), meta
+
+
+def meta_from_onnx_props(props: Mapping[str, str], where: str) -> ModelMeta:
+    """The metadata of an ONNX file from `landcover export`, from its `metadata_props`."""
+    payload = _json_or_none(props.get(ONNX_METADATA_KEY, ""))
+    return meta_from_json(payload, where=where, not_ours=_not_exported(where, "ONNX"))
+
+
+def _json_or_none(text: str | bytes) -> object:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _not_exported(where: str, kind: str) -> str:
+    return (
+        f"{where}: {kind} file without landcover metadata; export it with "
+        "`landcover export model.pt --format ...`"
+    )
