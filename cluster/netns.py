@@ -32,8 +32,8 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from types import TracebackType
 
+from cluster._lifecycle import Started
 from cluster.errors import ClusterError, ClusterSpecError
 
 logger = logging.getLogger(__name__)
@@ -267,25 +267,13 @@ def network_unavailable_reason() -> str | None:
     return None
 
 
-class NodeNetwork:
+class NodeNetwork(Started):
     """Builds a `NetworkLayout` on enter and removes it on exit (also at interpreter exit, and
     when building fails half-way); processes still inside its namespaces are killed first."""
 
     def __init__(self, layout: NetworkLayout) -> None:
         self.layout = layout
         self._up = False
-
-    def __enter__(self) -> NodeNetwork:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         reason = network_unavailable_reason()

@@ -35,8 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
+from cluster._lifecycle import Started
 from cluster.errors import ClusterError
 from cluster.netns import (
     NODE_INTERFACE,
@@ -111,7 +111,7 @@ def slurm_testbed_unavailable_reason() -> str | None:
     return None
 
 
-class SlurmTestbed:
+class SlurmTestbed(Started):
     """A running SLURM cluster of `nodes` emulated nodes (context manager).
 
     `.env`: what a client (srun, sbatch, squeue, scancel) needs, SLURM_CONF and PATH;
@@ -156,18 +156,6 @@ class SlurmTestbed:
     def env(self) -> dict[str, str]:
         path = os.environ.get("PATH", "")
         return {"SLURM_CONF": str(self.conf_path), "PATH": f"/usr/bin:/usr/sbin:{path}"}
-
-    def __enter__(self) -> SlurmTestbed:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Build the network, write slurm.conf, start the daemons, wait for idle nodes."""
