@@ -11,6 +11,7 @@ import click
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.errors import RegionError
 from landcover.options import overwrite_option, storage_options_option
+from landcover.prediction.choices import RUNTIMES, TTA_MODES
 from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ logger = logging.getLogger(__name__)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option(
     "--runtime",
-    type=click.Choice(["auto", "torch", "onnxruntime"]),
+    type=click.Choice(RUNTIMES),
     default="auto",
     show_default=True,
     help="What runs MODEL: torch (model.pt, TorchScript) or onnxruntime (an ONNX file from "
@@ -69,7 +70,7 @@ logger = logging.getLogger(__name__)
 )
 @click.option(
     "--tta",
-    type=click.Choice(["none", "flips", "d4"]),
+    type=click.Choice(TTA_MODES),
     default="none",
     is_flag=False,
     flag_value="d4",

@@ -29,10 +29,9 @@ from landcover.models.export import (
     require_onnx,
 )
 from landcover.models.modelfile import ModelMeta, load_model_file
+from landcover.prediction.choices import RUNTIMES
 
 logger = logging.getLogger(__name__)
-
-RUNTIMES = ("auto", "torch", "onnxruntime")
 
 
 class WindowModel(Protocol):

@@ -16,12 +16,7 @@ import torch
 
 from landcover.data.augment import dihedral, inverse_dihedral
 from landcover.errors import PredictionError
-
-TTA_OPS: dict[str, tuple[int, ...]] = {
-    "none": (0,),
-    "flips": (0, 1, 2, 3),
-    "d4": tuple(range(8)),
-}
+from landcover.prediction.choices import TTA_OPS
 
 
 def tta_ops(name: str) -> tuple[int, ...]:
