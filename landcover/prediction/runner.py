@@ -4,9 +4,11 @@ This module holds the configuration, the result and the loop over blocks. The ou
 cut into blocks (`block_px` square, `landcover.prediction.blocks`). For each block we read the
 source pixels under every window that touches it, run those windows in batches
 (`landcover.prediction.windows`), blend their logits with a smooth weight
-(`landcover.prediction.blend`) and write the block's classes into a tiled GeoTIFF.
-Memory is bounded by one block, never by the region: the logits of windows that reach into the
-next block of the same block row are kept for it, and windows on the boundary between two
+(`landcover.prediction.blend`) and write the block's classes into a tiled GeoTIFF
+(`landcover.prediction.blockstages`); reading the next blocks and writing the last ones overlap
+the model's work (`landcover.prediction.pipeline`).
+Memory is bounded by a few blocks, never by the region: the logits of windows that reach into
+the next block of the same block row are kept for it, and windows on the boundary between two
 block rows are run once for each (about 12% more inference with 2048 px blocks and 256 px
 windows) rather than keeping a region-wide strip of logits. The tiled GeoTIFF then becomes a
 Cloud-Optimized GeoTIFF (GDAL's COG driver, overviews by mode) under a temporary name that is
@@ -18,28 +20,31 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import rasterio
 import torch
-from rasterio.windows import Window
-from shapely.geometry import box
 from tqdm import tqdm
 
-from landcover.classes import NODATA_CODE
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
-from landcover.prediction.blend import LogitBlender, WindowLayout
-from landcover.prediction.blocks import blocks, owned_windows, region_has_pixels, region_mask
-from landcover.prediction.mosaic import read_mosaic
+from landcover.prediction.blend import WindowLayout
+from landcover.prediction.blocks import blocks, region_has_pixels
+from landcover.prediction.blockstages import (
+    BlockPredictor,
+    BlockRect,
+    BlockWriter,
+    PredictedBlock,
+    PreparedBlock,
+    prepare_block,
+)
 from landcover.prediction.outfiles import (
-    PROBABILITY_NODATA,
-    PROBABILITY_SCALE,
     OutputPaths,
     TempOutputs,
     check_outputs,
@@ -55,6 +60,7 @@ from landcover.prediction.outgrid import (
     OutputGrid,
     plan_output_grid,
 )
+from landcover.prediction.pipeline import run_pipeline
 from landcover.prediction.region import Region, parse_crs
 from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
@@ -67,7 +73,7 @@ from landcover.prediction.setup import (
     window_overlap,
 )
 from landcover.prediction.tta import tta_ops
-from landcover.prediction.windows import Block, WindowRunner
+from landcover.prediction.windows import WindowRunner
 from tiling.reader import RasterReader
 from tiling.urls import check_storage_options
 
@@ -101,6 +107,9 @@ class PredictConfig:
     max_pixels: int | None = DEFAULT_MAX_PIXELS  # refuse larger output grids; None: no limit
     # Images without nodata or a mask: pixels 0 in every band are nodata (NAIP collars).
     zero_is_nodata: bool = True
+    # Read, infer and write in three overlapping threads; False: one block after another in
+    # this thread (the same bytes, slower: for comparisons and debugging).
+    pipeline: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,10 +231,11 @@ def _predict_into(
     device: torch.device,
     tiles_out: str,
     tiles_prob: str | None,
+    block_rects: Iterable[BlockRect] | None = None,
 ) -> _Tally:
+    """Predict the blocks `block_rects` (default: every block of the grid, row by row) into
+    the tiled GeoTIFFs; reading, inference and writing overlap (`pipeline`)."""
     grid = plan.grid
-    num_classes = meta.num_classes
-    tally = _Tally(np.zeros(num_classes, dtype=np.int64))
     windows = WindowRunner(
         model,
         meta,
@@ -249,64 +259,22 @@ def _predict_into(
         )
         reader = RasterReader(storage_options=config.storage_options)
         stack.callback(reader.close)
-        for row0, col0, height, width in blocks(grid, config.block_px):
-            if col0 == 0:
-                windows.new_block_row()
-            rows = layout.rows_touching(row0, row0 + height)
-            cols = layout.cols_touching(col0, col0 + width)
-            bar.update(owned_windows(layout, rows, cols, row0, col0, height, width))
-            if not plan.area.intersects(box(*grid.window_bounds(row0, col0, height, width))):
-                # Nothing to predict: leave the tiles unwritten (sparse, read as nodata).
-                tally.class_pixels[NODATA_CODE] += height * width
-                continue
-            ext_row0, ext_col0 = rows[0], cols[0]
-            ext_h, ext_w = rows[-1] + layout.size - ext_row0, cols[-1] + layout.size - ext_col0
-            data, covered = read_mosaic(plan, reader, ext_row0, ext_col0, ext_h, ext_w)
-            crop = (
-                slice(row0 - ext_row0, row0 - ext_row0 + height),
-                slice(col0 - ext_col0, col0 - ext_col0 + width),
-            )
-            inside = covered[crop]
-            if plan.region is not None:
-                inside = inside & region_mask(plan.region, grid, row0, col0, height, width)
-            # Only windows that touch an output pixel of this block are run.
-            todo = [
-                (r, c)
-                for r in rows
-                for c in cols
-                if inside[
-                    max(r - row0, 0) : r - row0 + layout.size,
-                    max(c - col0, 0) : c - col0 + layout.size,
-                ].any()
-            ]
-            classes = np.zeros((height, width), dtype=np.uint8)
-            probs = None
-            if todo:
-                blender = LogitBlender(
-                    layout, num_classes, row0, col0, height, width, device=device
-                )
-                block = Block(data, covered, ext_row0, ext_col0, row0, col0, height, width)
-                windows.run(block, todo, blender)
-                blended = blender.blended()[1:]  # code 0 (nodata) is never predicted
-                inside_t = torch.from_numpy(inside).to(device)
-                codes = (blended.argmax(dim=0) + 1).to(torch.uint8)
-                codes = torch.where(inside_t, codes, torch.zeros_like(codes))
-                classes = codes.cpu().numpy()
-                if prob is not None:
-                    p = (
-                        torch.softmax(blended, dim=0)
-                        .mul_(PROBABILITY_SCALE)
-                        .round_()
-                        .to(torch.uint8)
-                    )
-                    p = torch.where(inside_t, p, torch.full_like(p, PROBABILITY_NODATA))
-                    probs = p.cpu().numpy()
-            tally.class_pixels += np.bincount(classes.ravel(), minlength=num_classes)[:num_classes]
-            window = Window(col0, row0, width, height)
-            dst.write(classes, 1, window=window)
-            if prob is not None:
-                if probs is None:
-                    probs = np.full((num_classes - 1, height, width), PROBABILITY_NODATA, np.uint8)
-                prob.write(probs, window=window)
-    tally.windows = windows.windows_run
-    return tally
+        predictor = BlockPredictor(
+            windows, meta.num_classes, device=device, probabilities=prob is not None
+        )
+        writer = BlockWriter(dst, prob, meta.num_classes)
+
+        def predict(prepared: PreparedBlock) -> PredictedBlock:
+            bar.update(prepared.owned_windows)
+            return predictor(prepared)
+
+        # The pipeline's threads have stopped when it returns or raises: the files and the
+        # reader are closed after them.
+        run_pipeline(
+            blocks(grid, config.block_px) if block_rects is None else block_rects,
+            partial(prepare_block, plan, layout, reader),
+            predict,
+            writer,
+            threaded=config.pipeline,
+        )
+    return _Tally(writer.class_pixels, windows.windows_run)

@@ -1,7 +1,9 @@
-"""Inputs of the prediction tests: tiny GeoTIFFs with a fixed seed and tiny model files."""
+"""Inputs of the prediction tests: tiny GeoTIFFs with a fixed seed and tiny model files; and
+the pipeline threads a test expects to be gone."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +109,8 @@ def read(path: Path) -> tuple[npt.NDArray[Any], Any]:
 
 def utm_region(minx: float, miny: float, maxx: float, maxy: float) -> Region:
     return parse_bbox(f"{minx},{miny},{maxx},{maxy}", crs=UTM18)
+
+
+def pipeline_threads() -> list[str]:
+    """Names of the prediction pipeline's reader and writer threads still alive."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("predict-")]

@@ -23,10 +23,17 @@ from rio_cogeo.cogeo import cog_validate
 from landcover import cli
 from landcover.errors import ModelFileError, OutputExistsError, PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
+from landcover.prediction.blockstages import BlockWriter, PredictedBlock
 from landcover.prediction.outgrid import plan_output_grid
 from landcover.prediction.runner import PredictConfig, predict_region
 from landcover.prediction.setup import check_model, open_images
-from tests.landcover.prediction.inputs import pixels, utm_region, write_image, write_model
+from tests.landcover.prediction.inputs import (
+    pipeline_threads,
+    pixels,
+    utm_region,
+    write_image,
+    write_model,
+)
 from tiling.classes import identity_class_map
 
 NOT_A_MODEL = "is not a landcover model file (model.pt from `landcover train`)"
@@ -196,6 +203,32 @@ def test_truncated_image_fails_naming_the_file(constant_model: Path, tmp_path: P
     assert "the file is truncated or corrupt; re-download it or leave it out" in result.output
     assert result.output.count("\n") == 1
     assert list(out_dir.iterdir()) == []  # no half-written map, no temp files
+    assert pipeline_threads() == []  # the reader thread that failed is gone
+
+
+def test_error_while_writing_a_block_is_one_line_and_leaves_nothing(
+    constant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer thread fails on the third block (a full disk, say): the error comes up here,
+    # once, and the reader and writer threads are gone.
+    image = write_image(tmp_path / "image.tif", pixels(120, 150, seed=9))
+    written: list[tuple[int, int, int, int]] = []
+
+    def write(self: BlockWriter, predicted: PredictedBlock) -> None:
+        if len(written) == 2:
+            raise PredictionError(f"{out_dir}: no space left on the device")
+        written.append(predicted.rect)
+
+    monkeypatch.setattr(BlockWriter, "__call__", write)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = run_cli(
+        str(constant_model), str(image), "--out", str(out_dir / "o.tif"), "--block-size", "32"
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: {out_dir}: no space left on the device\n"
+    assert list(out_dir.iterdir()) == []
+    assert pipeline_threads() == []
 
 
 @pytest.mark.parametrize("kind", ["text", "geotiff"])

@@ -26,6 +26,7 @@ from landcover.errors import RegionError
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, to_cog
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, plan_output_grid
+from landcover.prediction.region import Region
 from landcover.prediction.runner import PredictConfig, predict_region
 from landcover.prediction.setup import open_images
 from tests.landcover.prediction.inputs import (
@@ -452,3 +453,38 @@ def test_output_does_not_depend_on_the_block_size(
     assert np.abs(small_p.astype(int) - big_p.astype(int)).max() <= 1  # float sum order
     assert big_runs == 3 * 4  # windows of 32 px, overlap 8, over 75 x 90 px
     assert big_runs < small_runs
+
+
+def test_pipelined_run_writes_the_same_bytes_as_one_thread(
+    random_model: Path, tmp_path: Path
+) -> None:
+    # 20 blocks of 32 px under a triangle: blocks cut through windows both ways (carried
+    # logits, windows run again for the next block row), corner blocks lie outside the region
+    # (never written) and edge blocks are cut short.
+    image = write_image(tmp_path / "big.tif", pixels(130, 170, seed=3))
+    triangle = shapely.Polygon(
+        [(500_002.0, 3_999_999.0), (500_168.0, 3_999_990.0), (500_020.0, 3_999_872.0)]
+    )
+    region = Region(triangle, CRS.from_user_input(UTM18))
+    outputs, results = [], []
+    for pipeline in (False, True):
+        folder = tmp_path / ("pipelined" if pipeline else "one-thread")
+        result = predict_region(
+            PredictConfig(
+                str(random_model),
+                (str(image),),
+                str(folder / "lc.tif"),
+                region=region,
+                probabilities=str(folder / "p.tif"),
+                block_px=32,
+                batch_size=3,
+                device="cpu",
+                pipeline=pipeline,
+            )
+        )
+        outputs.append(((folder / "lc.tif").read_bytes(), (folder / "p.tif").read_bytes()))
+        results.append((result.windows, result.valid_pixels, result.class_pixels))
+    assert outputs[0] == outputs[1]
+    assert results[0] == results[1]
+    classes = read(tmp_path / "pipelined" / "lc.tif")[0]
+    assert len(np.unique(classes)) > 2 and (classes == 0).sum() > 1000
