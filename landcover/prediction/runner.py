@@ -64,9 +64,9 @@ from landcover.prediction.pipeline import run_pipeline
 from landcover.prediction.region import Region, parse_crs
 from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
+    FreedMemory,
     check_model,
     check_sources_fit,
-    keep_large_buffers_off_the_heap,
     open_images,
     resolve_device,
     warnings_to_log,
@@ -136,7 +136,7 @@ def predict_region(config: PredictConfig) -> PredictResult:
             raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
         tta_ops(config.tta)  # refuse a bad mode before the model loads
         device = resolve_device(config.device)
-        keep_large_buffers_off_the_heap()
+        FreedMemory().reuse()  # before the model loads (see FreedMemory)
         with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
             grid, plan, tally = _predict_and_write(config, outputs, device)
     result = PredictResult(
@@ -264,9 +264,14 @@ def _predict_into(
         )
         writer = BlockWriter(dst, prob, meta.num_classes)
 
+        memory = FreedMemory()
+
         def predict(prepared: PreparedBlock) -> PredictedBlock:
             bar.update(prepared.owned_windows)
-            return predictor(prepared)
+            predicted = predictor(prepared)
+            if prepared.todo:
+                memory.release()  # the block's logits and activations are free by now
+            return predicted
 
         # The pipeline's threads have stopped when it returns or raises: the files and the
         # reader are closed after them.

@@ -1,0 +1,67 @@
+"""What a prediction sets up in the process (landcover.prediction.setup): freed memory kept
+for the next batch, and handed back between blocks. The checks of inputs are tested through
+the runs in test_failures.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# Runs in a child: malloc settings are process-wide. Allocates and frees 64 MiB tensors (the
+# size of one activation of small_unet at batch 16) five times, as batches do; then a block that holds
+# two of them at once.
+_CHILD = r"""
+import json, resource, sys
+import torch
+from landcover.prediction.setup import FreedMemory
+
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+memory = FreedMemory()
+if sys.argv[1] == "reuse":
+    memory.reuse()
+before = faults()
+for _ in range(5):
+    batch = torch.ones(64 * 2**20, dtype=torch.uint8)
+    del batch
+faults_5_batches = faults() - before
+memory.release()  # the first block: sets the limit, keeps the pages
+kept = rss_mib()
+two = [torch.ones(64 * 2**20, dtype=torch.uint8) for _ in range(2)]
+del two
+grown = rss_mib()
+memory.release()  # over the limit: hands the free pages back
+print(json.dumps({"faults": faults_5_batches, "kept_mib": kept, "grown_mib": grown,
+                  "released_mib": rss_mib()}))
+"""
+
+
+def run_child(mode: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, check=True
+    )
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc only")
+def test_freed_buffers_are_reused_and_released_once_rss_grows() -> None:
+    default, reuse = run_child("default"), run_child("reuse")
+    pages = 64 * 2**20 // 4096
+    # By default each 64 MiB buffer is a fresh mmap: every page faults in every batch.
+    assert default["faults"] > 4.5 * pages
+    # Reused: the pages fault once (twice: torch's aligned allocation), and stay for the next
+    # block.
+    assert reuse["faults"] < 2.5 * pages
+    assert reuse["kept_mib"] > 64
+    # A block that needed more leaves RSS above the limit: the free pages go back.
+    assert reuse["grown_mib"] - reuse["kept_mib"] > 48
+    assert reuse["grown_mib"] - reuse["released_mib"] > 96
