@@ -11,8 +11,8 @@ import sys
 import pytest
 
 # Runs in a child: malloc settings are process-wide. Allocates and frees 64 MiB tensors (the
-# size of one activation of small_unet at batch 16) five times, as batches do; then a block that holds
-# two of them at once.
+# size of one activation of small_unet at batch 16) five times, as batches do; then a block
+# that holds two of them at once.
 _CHILD = r"""
 import json, resource, sys
 import torch
