@@ -282,8 +282,8 @@ def _cut_window(
         raise SourceFormatError(
             f"{image.path}: cannot read pixels ({first}); re-download it or leave it out"
         ) from None
-    if codes is not None:
-        codes[~valid] = 0  # no label where the image has no data
+    if codes is not None and not valid.all():
+        np.multiply(codes, valid, out=codes)  # no label where the image has no data
     c = plan.params.chip_size
     min_valid_px = plan.params.min_valid * c * c
     num_classes = plan.class_map.num_classes if plan.class_map else 0
@@ -299,21 +299,17 @@ def _cut_window(
     for i, j in window.chips:
         row, col = source.grid.chip_origin(i, j)
         r, k = row - window.row_px, col - window.col_px
-        chip_valid = valid[r : r + c, k : k + c]
-        n_valid = int(np.count_nonzero(chip_valid))
+        n_valid = int(np.count_nonzero(valid[r : r + c, k : k + c]))
         if n_valid < min_valid_px:
             continue
         if codes is not None:
-            chip_codes = codes[r : r + c, k : k + c]
+            chip_codes = np.ascontiguousarray(codes[r : r + c, k : k + c])
             if np.count_nonzero(chip_codes) < min_valid_px:
                 continue
-            class_counts += np.bincount(chip_codes.ravel(), minlength=num_classes)[:num_classes]
+            class_counts += _class_counts(chip_codes, num_classes)
             labels.append(encoder.encode(chip_codes))
-        chip = pixels[:, r : r + c, k : k + c]
-        values = chip.reshape(NUM_BANDS, -1) if n_valid == c * c else chip[:, chip_valid]
-        wide = values.astype(np.uint32)  # 255² fits; sums are taken in uint64
-        sums += wide.sum(axis=1, dtype=np.uint64)
-        sums_sq += np.square(wide).sum(axis=1, dtype=np.uint64)
+        chip = np.ascontiguousarray(pixels[:, r : r + c, k : k + c])
+        _add_band_sums(chip, sums, sums_sq)
         valid_px += n_valid
         images.append(encoder.encode(chip))
         split = source.split_of(i, j)
@@ -331,3 +327,37 @@ def _cut_window(
         val=len(rows) - train,
         candidates=len(window.chips),
     )
+
+
+def _add_band_sums(
+    chip: npt.NDArray[np.uint8], sums: npt.NDArray[np.uint64], sums_sq: npt.NDArray[np.uint64]
+) -> None:
+    """Add the chip's per-band sums and sums of squares over its valid pixels, exactly.
+
+    Over all its pixels: the reader returns invalid pixels as 0 in every band, which add
+    nothing, so no gather of the valid ones. Squares in uint16 (255² fits), summed in uint32
+    where a band's sum of squares fits (chips up to 257 px), else in uint64: a quarter of the
+    memory traffic of squares in uint32 summed in uint64.
+    """
+    wide = chip.reshape(NUM_BANDS, -1).astype(np.uint16)
+    total = np.uint32 if wide.shape[1] * 255 * 255 <= np.iinfo(np.uint32).max else np.uint64
+    sums += wide.sum(axis=1, dtype=total)
+    np.multiply(wide, wide, out=wide)
+    sums_sq += wide.sum(axis=1, dtype=total)
+
+
+# Up to this many classes, counting each code (a compare and a count per class) is cheaper
+# than np.bincount, which first widens every uint8 code to int64.
+_MAX_CLASSES_COUNTED_BY_COMPARE = 16
+
+
+def _class_counts(codes: npt.NDArray[np.uint8], num_classes: int) -> npt.NDArray[np.int64]:
+    """Pixels of each class code 0..num_classes-1 in `codes`."""
+    if num_classes > _MAX_CLASSES_COUNTED_BY_COMPARE:
+        return np.bincount(codes.ravel(), minlength=num_classes)[:num_classes]
+    counts = np.empty(num_classes, dtype=np.int64)
+    if num_classes:
+        counts[0] = codes.size - np.count_nonzero(codes)
+    for code in range(1, num_classes):
+        counts[code] = np.count_nonzero(codes == code)
+    return counts
