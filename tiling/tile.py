@@ -340,7 +340,7 @@ def _add_band_sums(
     memory traffic of squares in uint32 summed in uint64.
     """
     wide = chip.reshape(NUM_BANDS, -1).astype(np.uint16)
-    total = np.uint32 if wide.shape[1] * 255 * 255 <= np.iinfo(np.uint32).max else np.uint64
+    total = np.uint32 if wide.shape[1] * 255 * 255 < 2**32 else np.uint64
     sums += wide.sum(axis=1, dtype=total)
     np.multiply(wide, wide, out=wide)
     sums_sq += wide.sum(axis=1, dtype=total)
