@@ -267,12 +267,13 @@ def one_worker_vs_limit(image: Path, labels: Path, work: Path, repeat: int) -> N
         "CPU, with these parts timed; the worker thread cuts windows while the writer "
         "writes earlier ones):"
     )
+    cut = [totals[label] for label, _, _ in TIMED_PARTS[3:7]]  # _cut_window and its parts
+    rows = list(totals.items())
+    rows.insert(7, ("  rest: masks, counts, statistics, chip loop",
+                    [cut[0][k] - sum(part[k] for part in cut[1:]) for k in (0, 1)]))  # fmt: skip
     print(f"  {'part':<46} {'wall s':>7} {'CPU s':>7}")
-    for label, (part_wall, part_cpu) in totals.items():
+    for label, (part_wall, part_cpu) in rows:
         print(f"  {label:<46} {part_wall:7.2f} {part_cpu:7.2f}")
-    cut = [totals[label] for label, _, _ in TIMED_PARTS[3:7]]
-    rest = [cut[0][k] - sum(part[k] for part in cut[1:]) for k in (0, 1)]
-    print(f"  {'  rest: masks, counts, statistics, chip loop':<46} {rest[0]:7.2f} {rest[1]:7.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
