@@ -1,0 +1,241 @@
+"""Distributed prediction benchmark: one region predicted by 1 rank and by 2 ranks.
+
+Each rank is a subprocess with ONE torch thread (OMP/MKL threads 1), so what a rank has is
+the same in both runs and the speed-up is the scale-out alone. The ranks import and wait for
+a start signal first, so interpreter start-up is not timed. Printed per model (small_unet,
+unet_resnet18; CPU):
+
+- wall time and km²/min (at 1 m) for 1 and 2 ranks, km²/min per rank, the speed-up (goal
+  >= 1.8x on 2 cores) and the output step's share (1 rank: the COG; 2 ranks: rank 0's
+  assembly, i.e. VRT over the parts + COG + removing the parts);
+- an estimate, from the measured per-rank rate, of the wall time to predict a state (4,000
+  NAIP quarter-quads of ~44 km² at 1 m: 176,000 km²) on 16 and 64 nodes of 16 ranks each
+  (one per core, as measured here), using the library's own row split of a state-shaped
+  region: a rank runs whole block rows, so ranks beyond the block rows with work idle.
+
+Usage: python benchmarks/bench_predict_ranks.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import shapely
+import shapely.affinity
+import torch
+from affine import Affine
+from rasterio.crs import CRS
+
+from landcover.models.modelfile import ModelMeta, save_model_file
+from landcover.models.registry import build_model
+from landcover.prediction.outgrid import GridPlan, OutputGrid
+from landcover.prediction.ranks import row_costs, split_rows
+from landcover.prediction.runner import PredictConfig
+from tiling.classes import get_class_map
+from tiling.synth import SynthConfig, synthesize_scenes
+
+CHIP = 256
+CLASS_MAP = get_class_map("chesapeake7to5")
+STATE_FILES = 4000
+FILE_KM2 = 44.0
+RANKS_PER_NODE = 16
+
+# A rank: imports, then waits for "go" on stdin; times predict_region and its output step.
+_RANK = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+import landcover.prediction.distributed as distributed
+import landcover.prediction.runner as runner
+spent = [0.0]
+def timed(step):
+    def run(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - started
+    return run
+distributed.assemble = timed(distributed.assemble)  # n ranks: rank 0's assembly
+runner.write_cogs = timed(runner.write_cogs)  # 1 rank: the COG (inside assemble for n ranks)
+values = json.loads(sys.argv[1])
+config = runner.PredictConfig(**{**values, "images": tuple(values["images"])})
+rank, world = int(sys.argv[2]), int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.perf_counter()
+runner.predict_region(config, rank=rank, world_size=world)
+print(json.dumps({"rank": rank, "seconds": time.perf_counter() - started, "output_s": spent[0]}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 512 px scene, one round")
+    args = parser.parse_args()
+    side, block, rounds = (512, 128, 1) if args.quick else (1536, 256, 3)
+    with tempfile.TemporaryDirectory(prefix="bench_predict_ranks_") as tmp:
+        work = Path(tmp)
+        scene = synthesize_scenes(SynthConfig(work / "scene", scenes=1, size_px=side, seed=5))
+        km2 = side * side / 1e6
+        print(f"# bench_predict_ranks ({'quick' if args.quick else 'full'}) — {_machine()}")
+        print()
+        print(
+            f"One {side} x {side} px scene at 1 m ({km2:.2f} km²), {block} px blocks "
+            f"({side // block} block rows), chip {CHIP}, default overlap; best of {rounds} "
+            "interleaved round(s); each rank one torch thread."
+        )
+        print()
+        print(
+            "| model | ranks | wall s | km²/min | km²/min per rank | speed-up | output step s "
+            "| output share |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        per_rank = {}
+        for name in ("small_unet", "unet_resnet18"):
+            model = work / f"{name}.pt"
+            meta = ModelMeta(name, CLASS_MAP, ("red", "green", "blue", "nir"), (110.0,) * 4,
+                             (60.0,) * 4, chip_size=CHIP, resolution_m=1.0)  # fmt: skip
+            save_model_file(model, build_model(name, num_classes=CLASS_MAP.num_classes), meta)
+            config = PredictConfig(
+                str(model),
+                (str(scene.image_paths[0]),),
+                str(work / f"{name}.tif"),
+                block_px=block,
+                device="cpu",
+                overwrite=True,
+                progress=False,
+            )
+            best: dict[int, tuple[float, float]] = {}
+            for _ in range(rounds):
+                for ranks in (1, 2):
+                    wall, output_s = _run(config, ranks)
+                    if ranks not in best or wall < best[ranks][0]:
+                        best[ranks] = (wall, output_s)
+            for ranks, (wall, output_s) in sorted(best.items()):
+                rate = km2 / (wall / 60)
+                speedup = best[1][0] / wall
+                print(
+                    f"| {name} | {ranks} | {wall:.1f} | {rate:.2f} | {rate / ranks:.2f} | "
+                    f"{speedup:.2f}x | {output_s:.2f} | {output_s / wall:.0%} |"
+                )
+            per_rank[name] = km2 / (best[2][0] / 60) / 2
+        print()
+        print(
+            "Output step: 1 rank = the COG from the tiled file; 2 ranks = rank 0's assembly "
+            "(VRT over the parts, the same COG, removing the parts), after every part is in."
+        )
+        print()
+        state(per_rank)
+
+
+def _run(config: PredictConfig, ranks: int) -> tuple[float, float]:
+    """Wall seconds of a job of `ranks` ranks (until rank 0 returns) and its output step."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    values = {k: v for k, v in asdict(config).items() if k not in ("region", "storage_options")}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, json.dumps(values), str(rank), str(ranks)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(ranks)
+    ]
+    for child in children:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    reports = []
+    for child in children:
+        out, _ = child.communicate(timeout=3600)
+        if child.returncode != 0:
+            raise SystemExit(f"rank failed with exit code {child.returncode}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    main_rank = next(r for r in reports if r["rank"] == 0)
+    return float(main_rank["seconds"]), float(main_rank["output_s"])
+
+
+def state(per_rank_km2_min: dict[str, float]) -> None:
+    """The wall time for a state from the per-rank rates and the library's row split."""
+    total_km2 = STATE_FILES * FILE_KM2
+    print(
+        f"## Estimate: a state ({STATE_FILES:,} quarter-quads x {FILE_KM2:g} km² = "
+        f"{total_km2:,.0f} km² at 1 m), {RANKS_PER_NODE} ranks per node"
+    )
+    print()
+    print(
+        "CPU rates measured above (one torch thread per rank, so a 16-core node runs 16 "
+        "ranks). The region is a Virginia-like shape of that area (wide south, narrow north); "
+        "its block rows are split by `landcover.prediction.ranks.split_rows`, and the time "
+        "is that of the rank with the most work. Assembly (one COG on rank 0) not included."
+    )
+    print()
+    print("| model | nodes | ranks | block px | block rows with work | busiest rank km² | hours |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, rate in per_rank_km2_min.items():
+        for nodes in (16, 64):
+            for block in (2048, 512):
+                ranks = nodes * RANKS_PER_NODE
+                busiest, rows = _busiest_share_km2(total_km2, block, ranks)
+                print(
+                    f"| {name} | {nodes} | {ranks} | {block} | {rows} | {busiest:,.0f} | "
+                    f"{busiest / rate / 60:.1f} |"
+                )
+    print()
+    print(
+        "A rank runs whole block rows (that keeps the COG identical to one process), so "
+        "ranks beyond the block rows with work idle: use a smaller --block-size (or GPUs, "
+        "faster per rank) to use 64 nodes."
+    )
+
+
+def _busiest_share_km2(total_km2: float, block_px: int, ranks: int) -> tuple[float, int]:
+    """(km² of the busiest rank's rows, block rows with work) for a state-shaped region."""
+    # Wide in the south, a narrow tip in the north (km); scaled to the state's area. At 1 m
+    # a state is ~10^11 px: the grid is only arithmetic here (row_costs reads no image).
+    outline = shapely.Polygon([(0, 0), (800, 0), (760, 120), (420, 330), (200, 250), (60, 90)])
+    scale = (total_km2 / outline.area) ** 0.5 * 1000.0  # km of the outline -> metres
+    shape = shapely.affinity.scale(outline, scale, scale, origin=(0, 0))
+    minx, miny, maxx, maxy = shape.bounds
+    grid = OutputGrid(
+        CRS.from_epsg(26918),
+        Affine(1.0, 0.0, minx, 0.0, -1.0, maxy),
+        width=int(maxx - minx) + 1,
+        height=int(maxy - miny) + 1,
+    )
+    plan = GridPlan(grid, (), (), shape, shape)
+    costs = row_costs(plan, block_px)
+    shares = split_rows(plan, block_px, ranks)
+    busiest = max(sum(costs[s.row0 // block_px : -(-s.row1 // block_px)]) for s in shares)
+    return busiest / 1e6, sum(1 for c in costs if c > 0)
+
+
+def _machine() -> str:
+    cpu = "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, load average {load:.1f} "
+        "at start (a shared machine)"
+    )
+
+
+if __name__ == "__main__":
+    main()
