@@ -26,7 +26,7 @@ import rasterio.shutil
 from landcover.errors import PredictionError
 from landcover.prediction.outfiles import OutputPaths, TempOutputs, write_cogs
 from landcover.prediction.outgrid import OutputGrid
-from landcover.prediction.parts import CLASSES, PROBABILITIES, PartRecord, Staging
+from landcover.prediction.parts import CLASSES, PROBABILITIES, RECORD, PartRecord, Staging
 from landcover.prediction.ranks import RankShare
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def wait_for_parts(
     while True:
         present = staging.names()
         for rank, key in sorted(pending.items()):
-            if staging.name(rank, world_size, key, "record") not in present:
+            if staging.name(rank, world_size, key, RECORD) not in present:
                 continue
             record = staging.read_record(rank, world_size, key)
             if record is not None:

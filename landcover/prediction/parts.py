@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 PART_FORMAT = "landcover-predict-part"
 PART_VERSION = 1
 KEY_HEX = 24  # 96 bits of the key's SHA-256 in names: no collision between runs
-CLASSES, PROBABILITIES = "classes", "probabilities"
+CLASSES, PROBABILITIES, RECORD = "classes", "probabilities", "record"
 _SUFFIX = {CLASSES: "tif", PROBABILITIES: "prob.tif"}
 
 
@@ -89,8 +89,16 @@ class PartRecord:
             row1=int(obj["row1"]),
             windows=int(obj["windows"]),
             class_pixels=tuple(int(v) for v in obj["class_pixels"]),
-            file_bytes={str(k): int(v) for k, v in dict(obj["file_bytes"]).items()},
+            file_bytes=_file_bytes(obj["file_bytes"]),
         )
+
+
+def _file_bytes(obj: Mapping[str, Any]) -> dict[str, int]:
+    sizes = {str(k): int(v) for k, v in dict(obj).items()}
+    unknown = sorted(set(sizes) - set(_SUFFIX))
+    if unknown:
+        raise ValueError(f"unknown part file kind {unknown[0]!r}")
+    return sizes
 
 
 def part_key(
@@ -126,7 +134,7 @@ class Staging:
 
     def name(self, rank: int, world_size: int, key: str, kind: str) -> str:
         stem = f"part-{rank:05d}-of-{world_size:05d}.{key}"
-        return f"{stem}.json" if kind == "record" else f"{stem}.{_SUFFIX[kind]}"
+        return f"{stem}.json" if kind == RECORD else f"{stem}.{_SUFFIX[kind]}"
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -155,7 +163,7 @@ class Staging:
 
     def write_record(self, record: PartRecord) -> None:
         """Commit a part: its record, written atomically after its files."""
-        name = self.name(record.rank, record.world_size, record.key, "record")
+        name = self.name(record.rank, record.world_size, record.key, RECORD)
         text = json.dumps(record.to_json(), indent=1)
         if self.local:
             write_text_atomic(self.path(name), text)
@@ -178,7 +186,7 @@ class Staging:
     def read_record(self, rank: int, world_size: int, key: str) -> PartRecord | None:
         """The committed record of rank's part with this key, or None: not there (yet), or
         not to be trusted (unreadable, another rank's or key's, files of other sizes)."""
-        path = self.path(self.name(rank, world_size, key, "record"))
+        path = self.path(self.name(rank, world_size, key, RECORD))
         try:
             with storage_errors(self.url):
                 if not self.local:

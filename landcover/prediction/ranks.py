@@ -7,7 +7,8 @@ that runs whole rows writes exactly what one process would. Each rank gets one c
 range of rows (one part file, and neighbouring rows read the same images, so each image is
 read by one or two ranks rather than by all). The ranges are balanced by the work each row
 holds, estimated as the area of the row's strip inside the region (rows outside it cost
-nothing): a state-shaped region gives its wide rows to more ranks than its narrow tips.
+nothing), so that the busiest rank has as little as possible: a state-shaped region gives
+fewer of its wide rows to a rank than of its narrow tips.
 
 The split is a pure function of the plan, so every rank computes the same one without
 talking to the others. It cannot use more ranks than the grid has block rows with work in
@@ -16,7 +17,6 @@ them; the others get empty shares (a smaller --block-size gives more rows).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -97,22 +97,30 @@ def row_costs(plan: GridPlan, block_px: int) -> list[int]:
 
 
 def balanced_bounds(costs: Sequence[int], parts: int) -> list[int]:
-    """`parts + 1` monotone cut indices into `costs` whose ranges have sums as equal as
-    contiguous ranges allow (each cut at the prefix sum nearest its share of the total)."""
-    total = sum(costs)
-    if total <= 0:
-        costs, total = [1] * len(costs), len(costs)
-    prefix = [0]
-    for cost in costs:
-        prefix.append(prefix[-1] + cost)
-    scaled = [p * parts for p in prefix]  # integers: cut `part` aims at total * part / parts
-    cuts = [0]
-    for part in range(1, parts):
-        target = total * part
-        i = bisect.bisect_left(scaled, target)  # the first prefix at or past the target
-        if i > 0 and target - scaled[i - 1] < scaled[i] - target:
-            i -= 1  # the prefix before it is nearer
-        cuts.append(min(max(i, cuts[-1]), len(costs)))
+    """`parts + 1` monotone cut indices into `costs`: contiguous ranges whose largest sum is
+    as small as contiguous ranges allow (the busiest rank sets the wall time). Ranges are
+    filled in order up to that sum, so spare parts at the end get nothing."""
+    if sum(costs) <= 0:  # nothing to do anywhere: share the rows by count
+        costs = [1] * len(costs)
+    low, high = max(costs, default=0), sum(costs)
+    while low < high:  # the smallest bound that `parts` ranges can keep to
+        middle = (low + high) // 2
+        if len(_filled_up_to(costs, middle)) - 1 <= parts:
+            high = middle
+        else:
+            low = middle + 1
+    cuts = _filled_up_to(costs, low)
+    return cuts + [len(costs)] * (parts + 1 - len(cuts))
+
+
+def _filled_up_to(costs: Sequence[int], bound: int) -> list[int]:
+    """Cut indices of ranges filled in order, each to at most `bound` (or one cost)."""
+    cuts, total = [0], 0
+    for i, cost in enumerate(costs):
+        if total + cost > bound and i > cuts[-1]:
+            cuts.append(i)
+            total = 0
+        total += cost
     cuts.append(len(costs))
     return cuts
 

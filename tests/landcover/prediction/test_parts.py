@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from landcover.prediction.parts import CLASSES, PartRecord, PartWriter, Staging, part_key
+from landcover.prediction.parts import CLASSES, RECORD, PartRecord, PartWriter, Staging, part_key
 from landcover.prediction.ranks import RankShare
 from tiling.fingerprint import Fingerprint
 
@@ -55,7 +55,11 @@ def test_a_committed_part_reads_back(tmp_path: Path) -> None:
     staging = Staging(str(tmp_path / "lc.tif"))
     record = write_part(staging)
     assert staging.read_record(1, 2, key()) == record
-    assert (record.windows, record.class_pixels, dict(record.file_bytes)) == (3, (5, 6, 7), {CLASSES: 4})
+    assert (record.windows, record.class_pixels, dict(record.file_bytes)) == (
+        3,
+        (5, 6, 7),
+        {CLASSES: 4},
+    )
     assert staging.url == f"{tmp_path / 'lc.tif'}.parts"
     stem = f"part-00001-of-00002.{key()}"
     assert staging.names() == {f"{stem}.tif", f"{stem}.json"}  # no temporary file left
@@ -69,23 +73,28 @@ def test_a_part_without_its_record_or_of_another_key_is_not_read(tmp_path: Path)
     assert staging.read_record(0, 2, key()) is None
 
 
-@pytest.mark.parametrize("damage", ["cut part", "missing part", "garbage record", "renamed record"])
+@pytest.mark.parametrize(
+    "damage", ["cut part", "missing part", "garbage record", "renamed record", "unknown file"]
+)
 def test_a_damaged_part_is_not_trusted(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     staging = Staging(str(tmp_path / "lc.tif"))
     write_part(staging)
     part = Path(staging.path(staging.name(1, 2, key(), CLASSES)))
-    record = Path(staging.path(staging.name(1, 2, key(), "record")))
+    record = Path(staging.path(staging.name(1, 2, key(), RECORD)))
     if damage == "cut part":
         part.write_bytes(b"ti")
     elif damage == "missing part":
         part.unlink()
     elif damage == "garbage record":
         record.write_text("{not json")
-    else:  # another part's record copied under this name
+    elif damage == "renamed record":  # another part's record copied under this name
         other = json.loads(record.read_text())
         record.write_text(json.dumps({**other, "rank": 0}))
+    else:  # a record naming a file kind this version does not write
+        other = json.loads(record.read_text())
+        record.write_text(json.dumps({**other, "file_bytes": {"mask": 4}}))
     assert staging.read_record(1, 2, key()) is None
     assert f"ignoring {record}" in caplog.text
 
@@ -96,12 +105,15 @@ def test_a_share_without_rows_commits_a_record_only(tmp_path: Path) -> None:
     with PartWriter(staging, empty, 2, key(share=empty), probabilities=True) as part:
         record = part.commit(0, [0, 0, 0])
     assert dict(record.file_bytes) == {}
-    assert staging.names() == {staging.name(1, 2, key(share=empty), "record")}
+    assert staging.names() == {staging.name(1, 2, key(share=empty), RECORD)}
 
 
 def test_a_failed_part_leaves_nothing_and_remove_clears_the_area(tmp_path: Path) -> None:
     staging = Staging(str(tmp_path / "lc.tif"))
-    with pytest.raises(RuntimeError), PartWriter(staging, SHARE, 2, key(), probabilities=True) as part:
+    with (
+        pytest.raises(RuntimeError),
+        PartWriter(staging, SHARE, 2, key(), probabilities=True) as part,
+    ):
         Path(part.tiles_out).write_bytes(b"half")
         raise RuntimeError("killed")
     assert staging.names() == set()

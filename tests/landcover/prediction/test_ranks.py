@@ -40,12 +40,12 @@ def plan_over(area: BaseGeometry) -> GridPlan:
 
 def grid_box(col0: float, row0: float, col1: float, row1: float) -> BaseGeometry:
     """A rectangle of the grid by pixel columns and rows."""
-    (x0, y0), (x1, y1) = GRID.transform * (col0, row0), GRID.transform * (col1, row1)
+    (x0, y0), (x1, y1) = GRID.transform @ (col0, row0), GRID.transform @ (col1, row1)
     return box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
 
 
 STATE = shapely.Polygon(  # wide in the south, a narrow tip in the north, like Virginia's
-    [GRID.transform * xy for xy in [(50, 580), (990, 560), (600, 200), (300, 10), (250, 300)]]
+    [GRID.transform @ xy for xy in [(50, 580), (990, 560), (600, 200), (300, 10), (250, 300)]]
 )
 
 
@@ -57,15 +57,19 @@ def test_shares_are_whole_block_rows_covering_the_grid_once(world_size: int, blo
     assert shares[0].row0 == 0 and shares[-1].row1 == GRID.height
     for before, after in itertools.pairwise(shares):
         assert before.row1 == after.row0  # contiguous, in rank order
-    for share in shares:
-        assert share.row0 % block_px == 0 and (share.row1 % block_px == 0 or share.row1 == 600)
+    for share in shares:  # block row boundaries (or the grid's end)
+        assert {share.row0 % block_px, share.row1 % block_px} <= {0, GRID.height % block_px}
     every = [b for s in shares for b in s.blocks(GRID, block_px)]
     assert every == list(blocks(GRID, block_px))  # each block once, in one-process order
 
 
 def test_more_ranks_than_block_rows_leaves_some_empty() -> None:
-    shares = split_rows(plan_over(STATE), 100, 9)  # 6 block rows
-    assert sum(not s.is_empty for s in shares) == 6
+    plan = plan_over(STATE)
+    shares = split_rows(plan, 100, 9)  # 6 block rows
+    costs = row_costs(plan, 100)
+    work = [sum(costs[s.row0 // 100 : -(-s.row1 // 100)]) for s in shares]
+    assert max(work) == max(costs)  # no rank holds more than the largest row
+    assert 3 <= sum(not s.is_empty for s in shares) <= 6
     assert all(s.blocks(GRID, 100) == [] for s in shares if s.is_empty)
 
 
@@ -93,10 +97,12 @@ def test_rows_outside_the_region_cost_nothing() -> None:
     ("costs", "parts", "cuts"),
     [
         ([0, 0, 5, 5], 2, [0, 3, 4]),
-        ([1] * 10, 3, [0, 3, 7, 10]),
+        ([1] * 10, 3, [0, 4, 8, 10]),
         ([9, 1, 1, 1], 2, [0, 1, 4]),
         ([0, 0, 0], 2, [0, 2, 3]),  # nothing to do anywhere: rows shared by count
-        ([4], 3, [0, 0, 1, 1]),
+        ([4], 3, [0, 1, 1, 1]),
+        ([3, 3, 4], 2, [0, 2, 3]),
+        ([0, 6, 0, 0, 6], 2, [0, 4, 5]),  # rows without work go with the rows before
     ],
 )
 def test_balanced_bounds(costs: list[int], parts: int, cuts: list[int]) -> None:
