@@ -219,8 +219,8 @@ def predict_command(
     result = predict_region(config, rank=dist.rank, world_size=dist.world_size)
     if not dist.is_main:
         return  # rank 0 speaks for the job
-    grid, images = result.grid, len(result.sources)
-    click.echo(_summary_line(result.out, grid, result.valid_pixels, images, result.elapsed_s))
+    grid, read = result.grid, len(result.sources)
+    click.echo(_summary_line(result.out, grid, result.valid_pixels, read, result.elapsed_s))
     if result.probabilities:
         click.echo(f"wrote {result.probabilities}")
     if stac_item is not None:

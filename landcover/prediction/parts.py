@@ -36,6 +36,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from landcover.atomic import write_text_atomic
 from landcover.prediction.ranks import RankShare
 from tiling.fingerprint import Fingerprint
@@ -269,7 +272,9 @@ class PartWriter:
         if not self.staging.local:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
-    def commit(self, windows: int, class_pixels: Sequence[int]) -> PartRecord:
+    def commit(
+        self, windows: int, class_pixels: Sequence[int] | npt.NDArray[np.int64]
+    ) -> PartRecord:
         """Publish the part's files (none for a share without rows), then its record."""
         sizes: dict[str, int] = {}
         if not self.share.is_empty:
