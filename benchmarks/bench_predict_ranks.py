@@ -6,12 +6,16 @@ a start signal first, so interpreter start-up is not timed. Printed per model (s
 unet_resnet18; CPU):
 
 - wall time and km²/min (at 1 m) for 1 and 2 ranks, km²/min per rank, the speed-up (goal
-  >= 1.8x on 2 cores) and the output step's share (1 rank: the COG; 2 ranks: rank 0's
+  >= 1.8x on 2 cores), the CPU seconds of all ranks together (equal for 1 and 2 ranks when
+  the split adds no work: a speed-up short of 2x with equal CPU means busy cores), rank 0's
+  wait for the other part, and the output step's share (1 rank: the COG; 2 ranks: rank 0's
   assembly, i.e. VRT over the parts + COG + removing the parts);
 - an estimate, from the measured per-rank rate, of the wall time to predict a state (4,000
   NAIP quarter-quads of ~44 km² at 1 m: 176,000 km²) on 16 and 64 nodes of 16 ranks each
   (one per core, as measured here), using the library's own row split of a state-shaped
-  region: a rank runs whole block rows, so ranks beyond the block rows with work idle.
+  region: a rank runs whole block rows, so ranks beyond the block rows with work idle. The
+  rate is carried over to other block sizes by the windows each runs (windows on the
+  boundary between two block rows run once for each row: 1 + chip / block of the windows).
 
 Usage: python benchmarks/bench_predict_ranks.py [--quick]
 """
@@ -24,7 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import shapely
@@ -35,6 +39,7 @@ from rasterio.crs import CRS
 
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
+from landcover.prediction.blend import WindowLayout
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 from landcover.prediction.ranks import row_costs, split_rows
 from landcover.prediction.runner import PredictConfig
@@ -54,33 +59,38 @@ import torch
 torch.set_num_threads(1)
 import landcover.prediction.distributed as distributed
 import landcover.prediction.runner as runner
-spent = [0.0]
-def timed(step):
+spent = {"output": 0.0, "wait": 0.0}
+def timed(step, what):
     def run(*args, **kwargs):
         started = time.perf_counter()
         try:
             return step(*args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - started
+            spent[what] += time.perf_counter() - started
     return run
-distributed.assemble = timed(distributed.assemble)  # n ranks: rank 0's assembly
-runner.write_cogs = timed(runner.write_cogs)  # 1 rank: the COG (inside assemble for n ranks)
+distributed.assemble = timed(distributed.assemble, "output")  # n ranks: rank 0's assembly
+distributed.wait_for_parts = timed(distributed.wait_for_parts, "wait")
+runner.write_cogs = timed(runner.write_cogs, "output")  # 1 rank: the COG
 values = json.loads(sys.argv[1])
 config = runner.PredictConfig(**{**values, "images": tuple(values["images"])})
 rank, world = int(sys.argv[2]), int(sys.argv[3])
 print("ready", flush=True)
 sys.stdin.readline()
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 runner.predict_region(config, rank=rank, world_size=world)
-print(json.dumps({"rank": rank, "seconds": time.perf_counter() - started, "output_s": spent[0]}))
+print(json.dumps({"rank": rank, "seconds": time.perf_counter() - started,
+                  "cpu_s": time.process_time() - cpu, "output_s": spent["output"],
+                  "wait_s": spent["wait"]}))
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 512 px scene, one round")
+    parser.add_argument("--quick", action="store_true", help="a 1024 px scene, one round")
     args = parser.parse_args()
-    side, block, rounds = (512, 128, 1) if args.quick else (1536, 256, 3)
+    # Two block rows of equal work: one per rank with 2 ranks.
+    side, rounds = (1024, 1) if args.quick else (2048, 3)
+    block = side // 2
     with tempfile.TemporaryDirectory(prefix="bench_predict_ranks_") as tmp:
         work = Path(tmp)
         scene = synthesize_scenes(SynthConfig(work / "scene", scenes=1, size_px=side, seed=5))
@@ -94,10 +104,10 @@ def main() -> None:
         )
         print()
         print(
-            "| model | ranks | wall s | km²/min | km²/min per rank | speed-up | output step s "
-            "| output share |"
+            "| model | ranks | wall s | km²/min | km²/min per rank | speed-up | CPU s, all ranks "
+            "| rank 0 waited s | output step s | output share |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         per_rank = {}
         for name in ("small_unet", "unet_resnet18"):
             model = work / f"{name}.pt"
@@ -113,20 +123,21 @@ def main() -> None:
                 overwrite=True,
                 progress=False,
             )
-            best: dict[int, tuple[float, float]] = {}
+            best: dict[int, Timing] = {}
             for _ in range(rounds):
                 for ranks in (1, 2):
-                    wall, output_s = _run(config, ranks)
-                    if ranks not in best or wall < best[ranks][0]:
-                        best[ranks] = (wall, output_s)
-            for ranks, (wall, output_s) in sorted(best.items()):
-                rate = km2 / (wall / 60)
-                speedup = best[1][0] / wall
+                    timing = _run(config, ranks)
+                    if ranks not in best or timing.wall_s < best[ranks].wall_s:
+                        best[ranks] = timing
+            for ranks, t in sorted(best.items()):
+                rate = km2 / (t.wall_s / 60)
                 print(
-                    f"| {name} | {ranks} | {wall:.1f} | {rate:.2f} | {rate / ranks:.2f} | "
-                    f"{speedup:.2f}x | {output_s:.2f} | {output_s / wall:.0%} |"
+                    f"| {name} | {ranks} | {t.wall_s:.1f} | {rate:.2f} | {rate / ranks:.2f} | "
+                    f"{best[1].wall_s / t.wall_s:.2f}x | {t.cpu_s:.1f} | {t.wait_s:.2f} | "
+                    f"{t.output_s:.2f} | {t.output_s / t.wall_s:.0%} |"
                 )
-            per_rank[name] = km2 / (best[2][0] / 60) / 2
+            # Per rank, in windows' terms: as if no window ran twice (block rows' boundaries).
+            per_rank[name] = km2 / (best[2].wall_s / 60) / 2 * row_overhead(block)
         print()
         print(
             "Output step: 1 rank = the COG from the tiled file; 2 ranks = rank 0's assembly "
@@ -136,8 +147,27 @@ def main() -> None:
         state(per_rank)
 
 
-def _run(config: PredictConfig, ranks: int) -> tuple[float, float]:
-    """Wall seconds of a job of `ranks` ranks (until rank 0 returns) and its output step."""
+@dataclass(frozen=True)
+class Timing:
+    wall_s: float  # until rank 0 returned (the job's end)
+    cpu_s: float  # of all ranks together
+    wait_s: float  # rank 0, for the other ranks' parts
+    output_s: float  # rank 0: the COG (1 rank) or the assembly (n ranks)
+
+
+def row_overhead(block_px: int, chip: int = CHIP) -> float:
+    """Windows run per window owned with `block_px` blocks: those between two block rows run
+    once for each (the runner's rule), counted on a tall column of the default layout."""
+    layout = WindowLayout.over(block_px * 64, chip, size=chip, overlap=chip // 4)
+    runs = sum(
+        len(layout.rows_touching(row0, row0 + block_px))
+        for row0 in range(0, layout.height, block_px)
+    )
+    return runs / len(layout.row_starts)
+
+
+def _run(config: PredictConfig, ranks: int) -> Timing:
+    """Timings of a job of `ranks` ranks."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     values = {k: v for k, v in asdict(config).items() if k not in ("region", "storage_options")}
     children = [
@@ -163,7 +193,12 @@ def _run(config: PredictConfig, ranks: int) -> tuple[float, float]:
             raise SystemExit(f"rank failed with exit code {child.returncode}")
         reports.append(json.loads(out.strip().splitlines()[-1]))
     main_rank = next(r for r in reports if r["rank"] == 0)
-    return float(main_rank["seconds"]), float(main_rank["output_s"])
+    return Timing(
+        wall_s=float(main_rank["seconds"]),
+        cpu_s=sum(float(r["cpu_s"]) for r in reports),
+        wait_s=float(main_rank["wait_s"]),
+        output_s=float(main_rank["output_s"]),
+    )
 
 
 def state(per_rank_km2_min: dict[str, float]) -> None:
@@ -175,22 +210,27 @@ def state(per_rank_km2_min: dict[str, float]) -> None:
     )
     print()
     print(
-        "CPU rates measured above (one torch thread per rank, so a 16-core node runs 16 "
-        "ranks). The region is a Virginia-like shape of that area (wide south, narrow north); "
-        "its block rows are split by `landcover.prediction.ranks.split_rows`, and the time "
-        "is that of the rank with the most work. Assembly (one COG on rank 0) not included."
+        "CPU rates measured above with 2 ranks (one torch thread per rank, so a 16-core node "
+        "runs 16 ranks), carried to each block size by its windows run twice. The region is a "
+        "Virginia-like shape of that area (wide south, narrow north); its block rows are "
+        "split by `landcover.prediction.ranks.split_rows`, and the time is that of the rank "
+        "with the most work. Assembly (one COG on rank 0) not included."
     )
     print()
-    print("| model | nodes | ranks | block px | block rows with work | busiest rank km² | hours |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| model | nodes | ranks | block px | windows run per window | block rows with work "
+        "| busiest rank km² | hours |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, rate in per_rank_km2_min.items():
         for nodes in (16, 64):
             for block in (2048, 512):
                 ranks = nodes * RANKS_PER_NODE
                 busiest, rows = _busiest_share_km2(total_km2, block, ranks)
+                overhead = row_overhead(block)
                 print(
-                    f"| {name} | {nodes} | {ranks} | {block} | {rows} | {busiest:,.0f} | "
-                    f"{busiest / rate / 60:.1f} |"
+                    f"| {name} | {nodes} | {ranks} | {block} | {overhead:.2f} | {rows} | "
+                    f"{busiest:,.0f} | {busiest * overhead / rate / 60:.1f} |"
                 )
     print()
     print(

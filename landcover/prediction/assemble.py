@@ -31,8 +31,11 @@ from landcover.prediction.ranks import RankShare
 
 logger = logging.getLogger(__name__)
 
-POLL_FIRST_S = 0.5
-POLL_MAX_S = 5.0  # a state's parts take hours; listing the staging area every 5 s is cheap
+# Polls start fast and slow down: rank 0 waits at most half again as long as the last part
+# took to arrive (0.1 s early on, 5 s once a state's hours-long parts are still running).
+POLL_FIRST_S = 0.1
+POLL_GROWTH = 1.5
+POLL_MAX_S = 5.0
 REPORT_EVERY_S = 60.0
 
 
@@ -65,7 +68,7 @@ def wait_for_parts(
             more = f" and {len(pending) - 10} more" if len(pending) > 10 else ""
             logger.info("waiting for the parts of rank(s) %s%s in %s", waiting, more, staging.url)
         time.sleep(delay)
-        delay = min(delay * 1.5, poll_max_s)
+        delay = min(delay * POLL_GROWTH, poll_max_s)
 
 
 def assemble(
