@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 @click.argument("model")
 @click.argument("images", nargs=-1)
 @stac_input_options(search_bbox=False)
-@click.option("--out", required=True, help="Output land-cover COG (local path).")
+@click.option("--out", required=True, help="Output land-cover COG: a local path or an az:// URL.")
 @click.option(
     "--region",
     default=None,
