@@ -107,15 +107,17 @@ def run_rank(run: RankRun, predict: PredictShare) -> tuple[int, npt.NDArray[np.i
     shares = split_rows(run.plan, run.options.block_px, run.world_size)
     share = shares[run.rank]
     staging = Staging(run.outputs.out, run.options.storage_options)
-    # Rank 0 checks every part against what it must hold, so it knows every key.
-    keys = _keys(run, shares if run.rank == 0 else [share])
-    record = staging.read_record(run.rank, run.world_size, keys[run.rank])
+    key = _keys(run, [share])[run.rank]
+    record = staging.read_record(run.rank, run.world_size, key)
     if record is not None:
         logger.info("rank %d: keeping its finished part in %s", run.rank, staging.url)
     else:
-        record = _write_part(run, staging, share, keys[run.rank], predict)
+        record = _write_part(run, staging, share, key, predict)
     if run.rank != 0:
         return record.windows, np.asarray(record.class_pixels, dtype=np.int64)
+    # Rank 0 accepts only the part each rank must write, so it needs every key: worked out
+    # now, while the others still predict (fingerprinting a state's images takes a while).
+    keys = _keys(run, shares)
     records = wait_for_parts(staging, [(s, keys[s.rank]) for s in shares], run.world_size)
     windows = sum(r.windows for r in records)
     class_pixels = np.sum([np.asarray(r.class_pixels, dtype=np.int64) for r in records], axis=0)
