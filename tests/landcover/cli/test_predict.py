@@ -136,9 +136,11 @@ def test_cluster_launch_predicts_across_two_slurm_nodes(
     inputs: tuple[Path, Path, Path],
     one_process: tuple[Path, str],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`landcover cluster launch slurm.json -- predict ...`: one rank on each SLURM node, the
     COG byte-identical to a one-process run."""
+    monkeypatch.chdir(tmp_path)  # the engine keeps the job's logs in ./slurm-logs
     cluster_json = tmp_path / "slurm.json"
     cluster_json.write_text(
         json.dumps(
