@@ -209,16 +209,17 @@ def encode_part(part: SourcePart) -> bytes:
 
 def decode_part(data: bytes, *, key: str) -> SourcePart:
     """A part's content; ValueError naming why when it is damaged or was made for other inputs."""
-    if len(data) < _HEAD.size + _TRAILER.size:
+    if len(data) < _HEAD.size + len(key) + _TRAILER.size:
         raise ValueError(f"{len(data)} bytes is shorter than a part's head")
-    body = memoryview(data)[: -_TRAILER.size]
-    (crc,) = _TRAILER.unpack(data[-_TRAILER.size :])
-    if crc != google_crc32c.value(bytes(body)):
+    end = len(data) - _TRAILER.size
+    (crc,) = _TRAILER.unpack(data[end:])
+    # google_crc32c takes arrays, not memoryviews: a view of the bytes, no copy
+    if crc != google_crc32c.value(np.frombuffer(data, dtype=np.uint8, count=end)):
         raise ValueError("checksum does not match (truncated or damaged)")
     magic, head_len = _HEAD.unpack(data[: _HEAD.size])
     if magic != _MAGIC:
         raise ValueError("not a staged part")
-    if not data[: -_TRAILER.size].endswith(key.encode()):
+    if data[end - len(key) : end] != key.encode():
         raise ValueError("made for other inputs or options (key differs)")
     pos = _HEAD.size
     header = json.loads(data[pos : pos + head_len])
@@ -237,7 +238,7 @@ def decode_part(data: bytes, *, key: str) -> SourcePart:
             else:
                 out.append(data[pos : pos + size])
                 pos += size
-    if pos + len(key) != len(body) or len(images) != chips:
+    if pos + len(key) != end or len(images) != chips:
         raise ValueError("sizes do not add up to the object")
     totals = SourceTotals(
         num_classes=int(header["num_classes"]),

@@ -170,9 +170,11 @@ def tile(
             done_ids = writer.done_source_ids
             todo = [s for s in plan.sources if s.id not in done_ids]
             chips_before = writer.num_chips
-            stats, staged = CommitStats(), 0
+            stats, staged, used_staging = CommitStats(), 0, True
             if world_size == 1:
-                _write_sources(writer, plan, todo, pool, reader, workers, staging, progress, prints)
+                used_staging = _write_sources(
+                    writer, plan, todo, pool, reader, workers, staging, progress, prints
+                )
             else:
                 stats, staged = commit_ranks(
                     writer, plan, todo, owners, staging, cut, prints, progress=progress
@@ -180,7 +182,8 @@ def tile(
     finally:
         reader.close()
     summary = writer.finish()
-    staging.remove()  # after the commit point: a crash between the two leaves only garbage
+    if used_staging:
+        staging.remove()  # after the commit point: a crash between the two leaves only garbage
     elapsed = time.perf_counter() - start
     logger.info(
         "%s: %d chips from %d sources in %.1f s",
@@ -256,10 +259,11 @@ def _write_sources(
     staging: PartStaging,
     progress: Callable[[int], None] | None,
     prints: dict[str, Fingerprint],
-) -> None:
+) -> bool:
     """The single writer of a one-process run: append each source's windows in order, then
     commit the source; a source an interrupted distributed run staged is appended from its
-    part instead (cut here after all if the part does not check out)."""
+    part instead (cut here after all if the part does not check out). True if parts were
+    staged (their folder is removed once the store is complete)."""
     num_classes = plan.num_classes
     staged = staging.names()  # one listing; empty when no distributed run left parts
     keys = {s.id: part_key(plan.params, s, prints) for s in todo} if staged else {}
@@ -295,6 +299,7 @@ def _write_sources(
             logger.debug("%s: %d chips (%d val)", source.image.path, committed.chips, totals.val)
     finally:
         results.close()  # on failure: cancel the windows not started yet
+    return bool(staged)
 
 
 def _cut_windows(
