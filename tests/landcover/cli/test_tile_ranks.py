@@ -69,16 +69,18 @@ def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
 ) -> None:
     """`--rank-from-env` as an engine runs it (here one rank after the other, in process)."""
     out = tmp_path / "env.zarr"
-    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LANDCOVER_ERROR_DIR": str(tmp_path)}
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500", "LANDCOVER_ERROR_DIR": str(tmp_path)}  # fmt: skip
     second = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "1"})
     assert second.exit_code == 0, second.output
-    assert second.output == ""  # quiet: rank 0 speaks for the job
+    assert second.output == ""  # quiet, its log included: rank 0 speaks for the job
     assert len(list(Path(f"{out}.parts").iterdir())) == 2
     first = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "0"})
     assert first.exit_code == 0, first.output
-    assert first.output.startswith(f"wrote {out}: ")
-    assert "from 4 sources in " in first.output
-    assert "with 2 ranks x 1 workers" in first.output
+    assert first.stdout.startswith(f"wrote {out}: ")
+    assert "from 4 sources in " in first.stdout
+    assert first.stdout.rstrip().endswith("with 2 ranks x 1 workers")
+    assert "committed 4 parts" in first.stderr  # its log, at INFO
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
 
 
@@ -91,6 +93,9 @@ def test_nproc_2_writes_the_bytes_of_one_process(
     assert result.exit_code == 0, result.output
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert not Path(f"{out}.parts").exists()
+    logs = sorted((tmp_path / "slurm-logs" / "landcover").glob("job-*-rank-*.log"))
+    assert len(logs) == 2  # one rank per node
+    assert "with 2 ranks x 1 workers" in logs[0].read_text()  # rank 0 speaks for the job
     summary_lines = [line for line in result.output.splitlines() if line.startswith("wrote ")]
     assert summary_lines[-1].startswith(f"wrote {out}: ")
     assert summary_lines[-1].endswith("with 2 ranks x 1 workers")
@@ -119,10 +124,15 @@ def test_a_rank_killed_midway_then_a_rerun_equals_the_uninterrupted_store(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cluster_launch_tiles_across_two_slurm_nodes(
-    slurm_testbed: SlurmTestbed, images: Path, one_process: Path, tmp_path: Path
+    slurm_testbed: SlurmTestbed,
+    images: Path,
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`landcover cluster launch slurm.json -- tile ...`: one rank on each SLURM node, the
     store byte-identical to a one-process run."""
+    monkeypatch.chdir(tmp_path)  # the job's slurm-logs/ go there, not into the checkout
     cluster_json = tmp_path / "slurm.json"
     cluster_json.write_text(
         json.dumps(
@@ -143,3 +153,6 @@ def test_cluster_launch_tiles_across_two_slurm_nodes(
     assert result.exit_code == 0, result.output
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert not Path(f"{out}.parts").exists()
+    logs = sorted((tmp_path / "slurm-logs" / "landcover").glob("job-*-rank-*.log"))
+    assert len(logs) == 2  # one rank per node
+    assert "with 2 ranks x 1 workers" in logs[0].read_text()  # rank 0 speaks for the job
