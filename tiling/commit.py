@@ -131,16 +131,19 @@ def commit_in_order(
     *,
     progress: Callable[[int], None] | None = None,
     check: Callable[[], None] = lambda: None,
+    in_memory: Callable[[int], SourcePart | None] = lambda source_id: None,
 ) -> CommitStats:
     """Commit `pending` in order, waiting for each part to be staged and complete.
 
     `check()` is called while waiting and raises to abandon the wait (rank 0's own cutting
-    failed). A part under the expected name that fails its checks is left for its owner to
-    redo: the wait goes on, it is never appended.
+    failed). `in_memory(source_id)` gives a part this process cut and staged itself, if it
+    still holds it, to save reading it back. A part under the expected name that fails its
+    checks is left for its owner to redo: the wait goes on, it is never appended.
     """
     stats = CommitStats()
     for item in pending:
-        part, read_s = _wait_for_part(staging, item, check)
+        held = in_memory(item.record.id)
+        part, read_s = (held, 0.0) if held is not None else _wait_for_part(staging, item, check)
         start = time.perf_counter()
         commit_part(writer, item.record, part)
         stats = CommitStats(

@@ -16,13 +16,16 @@ from dataclasses import dataclass
 
 from tiling.commit import CommitStats, PendingSource, commit_in_order
 from tiling.fingerprint import Fingerprint
-from tiling.parts import CutWindow, PartStaging, build_part, part_key
+from tiling.parts import CutWindow, PartStaging, SourcePart, build_part, part_key
 from tiling.plan import SourcePlan, TilePlan
 from tiling.writer import ChipStoreWriter
 
 logger = logging.getLogger(__name__)
 
 CutSource = Callable[[SourcePlan], Iterator[CutWindow]]
+# Rank 0 keeps at most this many of its own staged parts in memory for the commit (a NAIP
+# quarter-quad's part is ~100-150 MB); the others are read back from the staging folder.
+MAX_HELD_PARTS = 2
 
 
 class _StopCuttingError(Exception):
@@ -46,12 +49,14 @@ def stage_sources(
     done: Callable[[], int] = lambda: 0,
     stop: Callable[[], bool] = lambda: False,
     progress: Callable[[int], None] | None = None,
+    staged: Callable[[SourcePart], None] = lambda part: None,
 ) -> int:
     """Stage a part for each of `items` that is neither committed nor staged; parts written.
 
     `done()` is the committed input-order prefix (asked before each source, so a rank that
     starts late does not cut what rank 0 has already committed from staged parts). A part
     already staged under the expected name is reused only when it checks out whole.
+    `staged(part)` is told of each part this call wrote.
     """
     written = 0
     for item in items:
@@ -73,6 +78,7 @@ def stage_sources(
 
         part = build_part(source.id, item.key, num_classes, windows(), progress)
         staging.put(part)
+        staged(part)
         written += 1
         logger.debug("%s: staged %d chips", source.image.path, part.num_chips)
     return written
@@ -97,11 +103,24 @@ def stage_and_commit(
     failure: list[BaseException] = []
     written: list[int] = []
     stopping = threading.Event()
+    held: dict[int, SourcePart] = {}  # own parts not committed yet, kept to skip a re-read
+    lock = threading.Lock()
+
+    def hold(part: SourcePart) -> None:
+        with lock:
+            if len(held) < MAX_HELD_PARTS:
+                held[part.source_id] = part
+
+    def take(source_id: int) -> SourcePart | None:
+        with lock:
+            return held.pop(source_id, None)
 
     def cut_own() -> None:
         try:
             written.append(
-                stage_sources(own, staging, cut, num_classes=num_classes, stop=stopping.is_set)
+                stage_sources(
+                    own, staging, cut, num_classes=num_classes, stop=stopping.is_set, staged=hold
+                )
             )
         except _StopCuttingError:
             pass
@@ -115,7 +134,9 @@ def stage_and_commit(
     thread = threading.Thread(target=cut_own, name="tile-rank0-cut", daemon=True)
     thread.start()
     try:
-        stats = commit_in_order(writer, pending, staging, progress=progress, check=check)
+        stats = commit_in_order(
+            writer, pending, staging, progress=progress, check=check, in_memory=take
+        )
     finally:
         stopping.set()
         thread.join()
