@@ -1,5 +1,6 @@
-"""The commit of a distributed tile run: which rank cuts which source, and rank 0 appending
-the staged parts to the store in input order.
+"""Appending sources to the store in input order: which rank cuts which source, rank 0
+committing the staged parts of a distributed run, and the one-process writer loop (which
+appends parts an interrupted distributed run left instead of cutting those sources again).
 
 Ownership is a function of the plan alone (`assign_sources`), so every rank agrees on it
 without talking to the others, whatever state of the store each one saw when it started.
@@ -14,13 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tiling.errors import TilingError
+from tiling.fingerprint import Fingerprint
 from tiling.params import StoreParams, differences
-from tiling.parts import PartStaging, SourcePart
+from tiling.parts import CutWindow, PartStaging, SourcePart, SourceTotals, build_part, part_key
+from tiling.plan import SourcePlan, TilePlan
 from tiling.records import SourceRecord
 from tiling.store_format import ATTRS_KEY, FORMAT_NAME, done_prefix
 from tiling.urls import filesystem, is_local, local_path, storage_errors
@@ -180,3 +183,58 @@ def _wait_for_part(
             logged = now
         time.sleep(delay)
         delay = min(MAX_POLL_S, delay * 2)
+
+
+def reusable_parts(
+    staged: frozenset[str],
+    plan: TilePlan,
+    todo: Sequence[SourcePlan],
+    prints: Mapping[str, Fingerprint],
+) -> dict[int, str]:
+    """Source id → part key, for the sources of `todo` staged under their expected name."""
+    if not staged:
+        return {}
+    keys = {s.id: part_key(plan.params, s, prints) for s in todo}
+    return {i: key for i, key in keys.items() if PartStaging.name(i, key) in staged}
+
+
+def write_sources(
+    writer: ChipStoreWriter,
+    plan: TilePlan,
+    todo: Sequence[SourcePlan],
+    windows: Iterator[CutWindow],
+    cut: Callable[[SourcePlan], Iterator[CutWindow]],
+    staging: PartStaging,
+    reuse: Mapping[int, str],
+    prints: Mapping[str, Fingerprint],
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """The single writer of a one-process run: append each source's cut `windows` in order,
+    then commit the source. A source in `reuse` (id → key) is appended from its staged part
+    instead, or, if that part does not check out, cut here by `cut` after all."""
+    for source in todo:
+        record = source.record(prints.get(source.image.path))
+        if source.id in reuse:
+            key = reuse[source.id]
+            part = staging.get(source.id, key)
+            if part is None:
+                part = build_part(source.id, key, plan.num_classes, cut(source))
+            commit_part(writer, record, part)
+            if progress is not None:
+                progress(source.grid.num_chips)
+            continue
+        writer.begin_source(record)
+        totals = SourceTotals(plan.num_classes)
+        for _ in source.windows:
+            chips = next(windows)
+            writer.append_encoded(chips.images, chips.labels, chips.index)
+            totals.add(chips)
+            if progress is not None:
+                progress(chips.candidates)
+        committed = writer.commit_source(
+            band_stats=totals.band_stats,
+            class_counts=tuple(totals.class_counts),
+            train_chips=totals.train,
+            val_chips=totals.val,
+        )
+        logger.debug("%s: %d chips (%d val)", source.image.path, committed.chips, totals.val)

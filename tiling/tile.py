@@ -37,13 +37,14 @@ from tiling.commit import (
     CommitStats,
     assign_sources,
     check_rank,
-    commit_part,
+    reusable_parts,
     stored_done_count,
+    write_sources,
 )
 from tiling.errors import SourceFormatError, StoreError
 from tiling.fingerprint import Fingerprint, fingerprints
 from tiling.grid import ReadWindow
-from tiling.parts import PartStaging, SourcePart, SourceTotals, build_part, part_key
+from tiling.parts import PartStaging
 from tiling.plan import (
     MAX_WINDOW_WIDTH_PX,
     MIN_WINDOW_HEIGHT_PX,
@@ -172,9 +173,18 @@ def tile(
             chips_before = writer.num_chips
             stats, staged, used_staging = CommitStats(), 0, True
             if world_size == 1:
-                used_staging = _write_sources(
-                    writer, plan, todo, pool, reader, workers, staging, progress, prints
+                names = staging.names()  # one listing: parts an interrupted run of ranks left
+                used_staging = bool(names)
+                reuse = reusable_parts(names, plan, todo, prints)
+                windows = _cut_windows(
+                    pool, reader, plan, [s for s in todo if s.id not in reuse], workers
                 )
+                try:
+                    write_sources(
+                        writer, plan, todo, windows, cut, staging, reuse, prints, progress
+                    )
+                finally:
+                    windows.close()  # on failure: cancel the windows not started yet
             else:
                 stats, staged = commit_ranks(
                     writer, plan, todo, owners, staging, cut, prints, progress=progress
@@ -247,59 +257,6 @@ def _fingerprints(
 def _done_reader(config: TileConfig, plan: TilePlan) -> Callable[[], int]:
     """How many sources the store holds as committed, asked afresh each time."""
     return lambda: stored_done_count(config.out, plan.params, config.storage_options)
-
-
-def _write_sources(
-    writer: ChipStoreWriter,
-    plan: TilePlan,
-    todo: Sequence[SourcePlan],
-    pool: ThreadPoolExecutor,
-    reader: RasterReader,
-    workers: int,
-    staging: PartStaging,
-    progress: Callable[[int], None] | None,
-    prints: dict[str, Fingerprint],
-) -> bool:
-    """The single writer of a one-process run: append each source's windows in order, then
-    commit the source; a source an interrupted distributed run staged is appended from its
-    part instead (cut here after all if the part does not check out). True if parts were
-    staged (their folder is removed once the store is complete)."""
-    num_classes = plan.num_classes
-    staged = staging.names()  # one listing; empty when no distributed run left parts
-    keys = {s.id: part_key(plan.params, s, prints) for s in todo} if staged else {}
-    reuse = {s.id for s in todo if s.id in keys and staging.name(s.id, keys[s.id]) in staged}
-    cut = [s for s in todo if s.id not in reuse]
-    results = _cut_windows(pool, reader, plan, cut, workers)
-    try:
-        for source in todo:
-            record = source.record(prints.get(source.image.path))
-            if source.id in reuse:
-                part: SourcePart | None = staging.get(source.id, keys[source.id])
-                if part is None:
-                    windows = _cut_windows(pool, reader, plan, [source], workers)
-                    part = build_part(source.id, keys[source.id], num_classes, windows)
-                commit_part(writer, record, part)
-                if progress is not None:
-                    progress(source.grid.num_chips)
-                continue
-            writer.begin_source(record)
-            totals = SourceTotals(num_classes)
-            for _ in source.windows:
-                chips = next(results)
-                writer.append_encoded(chips.images, chips.labels, chips.index)
-                totals.add(chips)
-                if progress is not None:
-                    progress(chips.candidates)
-            committed = writer.commit_source(
-                band_stats=totals.band_stats,
-                class_counts=tuple(totals.class_counts),
-                train_chips=totals.train,
-                val_chips=totals.val,
-            )
-            logger.debug("%s: %d chips (%d val)", source.image.path, committed.chips, totals.val)
-    finally:
-        results.close()  # on failure: cancel the windows not started yet
-    return bool(staged)
 
 
 def _cut_windows(
