@@ -13,9 +13,12 @@ from click.testing import CliRunner, Result
 
 from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
+from tests.azurite import Azurite
 from tests.conftest import REPO_ROOT
+from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tests.tiling.rasters import Scenes, make_scenes
 from tests.tiling.test_store import snapshot
+from tiling.parts import PartStaging
 
 # Imported by every rank (PYTHONPATH): rank 1 is SIGKILLed right after staging its first part.
 KILL_RANK_1 = """
@@ -44,7 +47,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def tile_args(images: Path, out: Path, *extra: str) -> list[str]:
+def tile_args(images: Path, out: Path | str, *extra: str) -> list[str]:
     return [
         "tile", str(images / "*.tif"), "--labels", str(images.parent / "nlcd"),
         "--class-map", "nlcd", "--out", str(out), "--chip-size", "64", "--shard-size", "3",
@@ -119,6 +122,23 @@ def test_a_rank_killed_midway_then_a_rerun_equals_the_uninterrupted_store(
     assert done.exit_code == 0, done.output
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert not Path(f"{out}.parts").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.azurite
+def test_nproc_2_to_an_az_url_gives_the_ranks_the_storage_options(
+    images: Path,
+    tmp_path: Path,
+    azurite: Azurite,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The ranks get --storage-options by environment (never argv) and write to az://."""
+    options = azurite.storage_options
+    stores = [azurite.url(f"{name}-{tmp_path.name}.zarr") for name in ("one", "two")]
+    for store, extra in zip(stores, ([], ["--nproc", "2"]), strict=True):
+        result = run(*tile_args(images, store, "--storage-options", json.dumps(options), *extra))
+        assert result.exit_code == 0, result.output
+    assert snapshot(stores[1], options) == snapshot(stores[0], options)
+    assert PartStaging(stores[1], options).names() == frozenset()
 
 
 @pytest.mark.slow
