@@ -96,9 +96,6 @@ def test_nproc_2_writes_the_bytes_of_one_process(
     assert result.exit_code == 0, result.output
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert not Path(f"{out}.parts").exists()
-    logs = sorted((tmp_path / "slurm-logs" / "landcover").glob("job-*-rank-*.log"))
-    assert len(logs) == 2  # one rank per node
-    assert "with 2 ranks x 1 workers" in logs[0].read_text()  # rank 0 speaks for the job
     summary_lines = [line for line in result.output.splitlines() if line.startswith("wrote ")]
     assert summary_lines[-1].startswith(f"wrote {out}: ")
     assert summary_lines[-1].endswith("with 2 ranks x 1 workers")
