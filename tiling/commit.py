@@ -22,7 +22,15 @@ from typing import Any
 from tiling.errors import TilingError
 from tiling.fingerprint import Fingerprint
 from tiling.params import StoreParams, differences
-from tiling.parts import CutWindow, PartStaging, SourcePart, SourceTotals, build_part, part_key
+from tiling.parts import (
+    CutSource,
+    CutWindow,
+    PartStaging,
+    SourcePart,
+    SourceTotals,
+    build_part,
+    part_key,
+)
 from tiling.plan import SourcePlan, TilePlan
 from tiling.records import SourceRecord
 from tiling.store_format import ATTRS_KEY, FORMAT_NAME, done_prefix
@@ -203,7 +211,7 @@ def write_sources(
     plan: TilePlan,
     todo: Sequence[SourcePlan],
     windows: Iterator[CutWindow],
-    cut: Callable[[SourcePlan], Iterator[CutWindow]],
+    cut: CutSource,
     staging: PartStaging,
     reuse: Mapping[int, str],
     prints: Mapping[str, Fingerprint],

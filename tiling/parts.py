@@ -25,7 +25,7 @@ import json
 import logging
 import shutil
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -137,6 +137,9 @@ class SourcePart:
     def nbytes(self) -> int:
         """Bytes of the encoded chunks (what the commit moves)."""
         return sum(len(c) for c in (*self.images, *self.labels) if c)
+
+
+CutSource = Callable[[SourcePlan], Iterator[CutWindow]]  # a source's cut windows, in order
 
 
 def build_part(

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 from tiling.commit import CommitStats, PendingSource, commit_in_order
 from tiling.fingerprint import Fingerprint
-from tiling.parts import CutWindow, PartStaging, SourcePart, build_part, part_key
+from tiling.parts import CutSource, CutWindow, PartStaging, SourcePart, build_part, part_key
 from tiling.plan import SourcePlan, TilePlan
 from tiling.writer import ChipStoreWriter
 
 logger = logging.getLogger(__name__)
 
-CutSource = Callable[[SourcePlan], Iterator[CutWindow]]
 # Rank 0 keeps at most this many of its own staged parts in memory for the commit (a NAIP
 # quarter-quad's part is ~100-150 MB); the others are read back from the staging folder.
 MAX_HELD_PARTS = 2
