@@ -1,4 +1,4 @@
-"""`tile` and `predict` as ranks: the argv every rank runs, and `cluster plan|launch -- tile|predict`."""
+"""`tile` and `predict` as ranks: the argv each rank runs; `cluster plan -- tile|predict`."""
 
 from __future__ import annotations
 
@@ -65,7 +65,11 @@ def test_stage_job_gives_storage_options_by_environment_only() -> None:
 def test_cluster_plan_runs_the_stage_as_ranks_without_secrets(
     tmp_path: Path, document: dict[str, Any] | None, stage: str
 ) -> None:
-    spec = REPO_ROOT / "cluster.json" if document is None else write_json(tmp_path / "c.json", document)
+    spec = (
+        REPO_ROOT / "cluster.json"
+        if document is None
+        else write_json(tmp_path / "c.json", document)
+    )
     args = (
         ["naip/*.tif", "--labels", "lc/*.tif", "--out", "az://chips/va.zarr"]
         if stage == "tile"
@@ -90,9 +94,7 @@ def test_cluster_plan_runs_the_stage_as_ranks_without_secrets(
         (["predict", "model.pt", "a.tif"], "Missing option '--out'"),
     ],
 )
-def test_cluster_stage_args_are_checked_by_the_command_first(
-    args: list[str], message: str
-) -> None:
+def test_cluster_stage_args_are_checked_by_the_command_first(args: list[str], message: str) -> None:
     result = invoke("cluster", "plan", str(REPO_ROOT / "cluster.json"), "--", *args)
     assert result.exit_code == 2, result.output
     assert message in result.output
