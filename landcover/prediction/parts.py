@@ -42,6 +42,7 @@ import numpy.typing as npt
 from landcover.atomic import write_text_atomic
 from landcover.prediction.ranks import RankShare
 from tiling.fingerprint import Fingerprint
+from tiling.parts import staging_url
 from tiling.urls import filesystem, is_local, storage_errors
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class Staging:
     """`<out>.parts/` beside the output `out` (a local path or a URL)."""
 
     def __init__(self, out: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.url = out.rstrip("/") + ".parts"
+        self.url = staging_url(out)  # tiling's naming: every stage stages beside its output
         self.local = is_local(out)
         self.fs, self.root = filesystem(self.url, storage_options)
 
