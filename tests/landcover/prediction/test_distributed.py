@@ -1,6 +1,7 @@
 """Distributed prediction (landcover.prediction.distributed, parts, assemble): ranks started
 here as threads calling `predict_region(config, rank=r, world_size=n)` write the COG a
-one-process run writes, byte for byte; stale, half-written and finished parts; az:// outputs.
+one-process run writes, byte for byte; stale, half-written and finished parts; az:// outputs;
+each rank's GPU (setup.rank_device).
 
 The CLI's `predict --nproc` and a real SLURM launch are in tests/landcover/cli/test_predict.py.
 """
@@ -19,12 +20,14 @@ import numpy as np
 import pytest
 import rasterio
 import shapely
+import torch
 from rio_cogeo.cogeo import cog_validate
 
 from landcover.errors import OutputExistsError, PredictionError
 from landcover.prediction.parts import Staging
 from landcover.prediction.region import parse_region
 from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
+from landcover.prediction.setup import rank_device
 from tests.azurite import Azurite
 from tests.landcover.prediction.inputs import UTM18, read, write_model
 
@@ -197,3 +200,14 @@ def test_outputs_to_az_equal_local_ones_from_one_and_two_ranks(
             predict_region(remote)
     with rasterio.open(tmp_path / "lc.tif") as ds:
         assert ds.tags()  # class tags travel with the bytes compared above
+
+
+def test_each_rank_of_a_job_takes_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert [rank_device("auto", r) for r in (0, 1, 5)] == ["cuda:0", "cuda:1", "cuda:1"]
+    assert rank_device("cuda", 2) == "cuda:2"
+    assert rank_device("cuda:3", 1) == "cuda:3"  # a device the user named stays
+    assert rank_device("cpu", 1) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rank_device("auto", 1) == "auto"  # resolved to cpu as in one process
