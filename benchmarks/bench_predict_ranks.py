@@ -10,6 +10,7 @@ unet_resnet18; CPU):
   the split adds no work: a speed-up short of 2x with equal CPU means busy cores), rank 0's
   wait for the other part, and the output step's share (1 rank: the COG; 2 ranks: rank 0's
   assembly, i.e. VRT over the parts + COG + removing the parts);
+- rank 0's assembly rate (Mpx/s) on a larger two-part class map;
 - an estimate, from the measured per-rank rate, of the wall time to predict a state (4,000
   NAIP quarter-quads of ~44 km² at 1 m: 176,000 km²) on 16 and 64 nodes of 16 ranks each
   (one per core, as measured here), using the library's own row split of a state-shaped
@@ -28,21 +29,28 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+import rasterio
 import shapely
 import shapely.affinity
 import torch
 from affine import Affine
 from rasterio.crs import CRS
+from rasterio.windows import Window
 
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
+from landcover.prediction.assemble import assemble
 from landcover.prediction.blend import WindowLayout
+from landcover.prediction.outfiles import OutputPaths, class_profile, describe_class_raster
 from landcover.prediction.outgrid import GridPlan, OutputGrid
-from landcover.prediction.ranks import row_costs, split_rows
-from landcover.prediction.runner import PredictConfig
+from landcover.prediction.parts import PartWriter, Staging
+from landcover.prediction.ranks import RankShare, row_costs, split_rows
+from landcover.prediction.runner import GDAL_CACHE_BYTES, PredictConfig
 from tiling.classes import get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
 
@@ -144,7 +152,7 @@ def main() -> None:
             "(VRT over the parts, the same COG, removing the parts), after every part is in."
         )
         print()
-        state(per_rank)
+        state(per_rank, assembly_mpx_s(work, 4096 if args.quick else 8192))
 
 
 @dataclass(frozen=True)
@@ -201,7 +209,36 @@ def _run(config: PredictConfig, ranks: int) -> Timing:
     )
 
 
-def state(per_rank_km2_min: dict[str, float]) -> None:
+def assembly_mpx_s(work: Path, side: int) -> float:
+    """Megapixels per second of rank 0's assembly (VRT over two parts, the COG with mode
+    overviews, removing the parts) of a side x side class map in patches like land cover's."""
+    origin = Affine(1.0, 0.0, 500_000.0, 0.0, -1.0, 4_000_000.0)
+    grid = OutputGrid(CRS.from_epsg(26918), origin, side, side)
+    meta = ModelMeta("small_unet", CLASS_MAP, ("red", "green", "blue", "nir"), (110.0,) * 4,
+                     (60.0,) * 4, chip_size=CHIP, resolution_m=1.0)  # fmt: skip
+    staging = Staging(str(work / "assembly.tif"))
+    rng = np.random.default_rng(3)
+    records = []
+    for share in (RankShare(0, 0, side // 2), RankShare(1, side // 2, side)):
+        with PartWriter(staging, share, 2, "bench", probabilities=False) as part:
+            rows = share.grid(grid)
+            with rasterio.open(part.tiles_out, "w", **class_profile(rows)) as dst:
+                describe_class_raster(dst, meta)
+                for row0 in range(0, rows.height, 512):
+                    patches = rng.integers(1, CLASS_MAP.num_classes, (32, side // 16 + 1))
+                    block = np.repeat(np.repeat(patches, 16, 0), 16, 1)[:, :side]
+                    height = min(512, rows.height - row0)
+                    dst.write(
+                        block[:height].astype(np.uint8), 1, window=Window(0, row0, side, height)
+                    )
+            records.append(part.commit(0, np.zeros(CLASS_MAP.num_classes, dtype=np.int64)))
+    started = time.perf_counter()
+    with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
+        assemble(staging, records, grid, OutputPaths(str(work / "assembly.tif")))
+    return side * side / 1e6 / (time.perf_counter() - started)
+
+
+def state(per_rank_km2_min: dict[str, float], assembly_rate_mpx_s: float) -> None:
     """The wall time for a state from the per-rank rates and the library's row split."""
     total_km2 = STATE_FILES * FILE_KM2
     print(
@@ -232,6 +269,14 @@ def state(per_rank_km2_min: dict[str, float]) -> None:
                     f"| {name} | {nodes} | {ranks} | {block} | {overhead:.2f} | {rows} | "
                     f"{busiest:,.0f} | {busiest * overhead / rate / 60:.1f} |"
                 )
+    print()
+    assembly_h = total_km2 * 1e6 / (assembly_rate_mpx_s * 1e6) / 3600
+    print(
+        f"Assembly on rank 0 after the last part (serial, this machine's {os.cpu_count()} cores "
+        f"through GDAL_NUM_THREADS): {assembly_rate_mpx_s:.0f} Mpx/s measured on a 2-part "
+        f"class map, so about {assembly_h:.1f} h for the state's {total_km2 * 1e6:.2g} px "
+        "(rows outside the region are sparse and cost little); add it to the hours above."
+    )
     print()
     print(
         "A rank runs whole block rows (that keeps the COG identical to one process), so "
