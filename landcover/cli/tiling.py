@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,8 +14,11 @@ from typing import Any
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
+from landcover.cli.stagejob import enter_rank, launch_local_ranks, nproc_option, rank_option
+from landcover.distenv import DistEnv
 from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
+from tiling.commit import stored_done_count
 from tiling.errors import StoreCorruptError
 from tiling.store import StoreSummary, open_store
 from tiling.synth import SynthConfig, synthesize_scenes
@@ -130,6 +135,8 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     is_flag=True,
     help="Check the inputs, print chips, bytes and RAM per worker; write nothing.",
 )
+@nproc_option
+@rank_option
 @click.pass_context
 def tile_command(
     ctx: click.Context,
@@ -149,6 +156,8 @@ def tile_command(
     storage_options: Mapping[str, Any],
     overwrite: bool,
     dry_run: bool,
+    nproc: int,
+    rank_from_env: bool,
 ) -> None:
     """Cut IMAGES (paths, quoted globs, URLs or STAC JSON files) into a sharded Zarr v3 chip
     store at --out.
@@ -159,6 +168,10 @@ def tile_command(
     interrupted store; a complete store or one written with other options is refused unless
     --overwrite.
     """
+    dist = enter_rank(ctx) if rank_from_env else DistEnv()
+    if dist.is_distributed and workers is None:  # the ranks on a node share its cores
+        share = (os.cpu_count() or 1) // dist.local_world_size
+        workers = max(1, min(available_cores(), share))  # affinity may have shared them already
     inputs = stac_inputs.resolve(images, storage_options=storage_options)
     config = TileConfig(
         images=inputs.paths,
@@ -178,19 +191,60 @@ def tile_command(
     )
     plan = plan_tiling(config)
     if dry_run:
-        for line in describe_plan(plan):
-            click.echo(line)
+        if dist.is_main:
+            for line in describe_plan(plan):
+                click.echo(line)
+        return
+    if nproc > 1:
+        _tile_with_local_ranks(ctx, config, plan, nproc)
         return
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
-    with _progress_bar(plan.max_chips, enabled=not quiet) as progress:
-        result = tile(config, plan=plan, progress=progress)
-    s = result.summary
-    resumed = f", {result.sources_resumed} resumed" if result.sources_resumed else ""
-    skipped = _skipped_note(plan)
+    with _progress_bar(plan.max_chips, enabled=not quiet and dist.is_main) as progress:
+        result = tile(
+            config, plan=plan, progress=progress, rank=dist.rank, world_size=dist.world_size
+        )
+    if not dist.is_main:
+        return  # rank 0 speaks for the job
+    ranks = f"{dist.world_size} ranks x " if dist.is_distributed else ""
+    workers_text = f"{ranks}{result.workers} workers"
+    summary = result.summary
+    click.echo(_summary_line(plan, summary, result.sources_resumed, result.elapsed_s, workers_text))
+
+
+def _tile_with_local_ranks(
+    ctx: click.Context, config: TileConfig, plan: TilePlan, nproc: int
+) -> None:
+    """`--nproc N`: run this command as N ranks here, then print the one-process summary line,
+    read back from the finished store."""
+    start = time.perf_counter()
+    resumed = (
+        0
+        if config.overwrite
+        else stored_done_count(config.out, plan.params, config.storage_options)
+    )
+    launch_local_ranks(ctx, "tile", nproc)
+    summary = open_store(config.out, storage_options=config.storage_options).summary
+    workers = config.workers or max(1, available_cores() // nproc)
     click.echo(
-        f"wrote {out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) from "
-        f"{len(s.sources)} sources{resumed}{skipped} in {result.elapsed_s:.1f} s "
-        f"with {result.workers} workers"
+        _summary_line(
+            plan,
+            summary,
+            resumed,
+            time.perf_counter() - start,
+            f"{nproc} ranks x {workers} workers",
+        )
+    )
+
+
+def _summary_line(
+    plan: TilePlan, s: StoreSummary, resumed: int, elapsed_s: float, workers: str
+) -> str:
+    """The line `tile` ends with (one process, rank 0 of a job, or the --nproc parent)."""
+    resumed_note = f", {resumed} resumed" if resumed else ""
+    return (
+        f"wrote {plan.config.out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) "
+        f"from {len(s.sources)} sources{resumed_note}{_skipped_note(plan)} in {elapsed_s:.1f} s "
+        f"with {workers}"
     )
 
 
