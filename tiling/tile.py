@@ -33,6 +33,7 @@ import numpy.typing as npt
 import rasterio.errors
 import rasterio.windows
 
+from tiling.chipstats import add_band_sums, count_classes
 from tiling.commit import (
     CommitStats,
     assign_sources,
@@ -341,10 +342,10 @@ def _cut_window(
             chip_codes = np.ascontiguousarray(codes[r : r + c, k : k + c])
             if np.count_nonzero(chip_codes) < min_valid_px:
                 continue
-            class_counts += _class_counts(chip_codes, num_classes)
+            class_counts += count_classes(chip_codes, num_classes)
             labels.append(encoder.encode(chip_codes))
         chip = np.ascontiguousarray(pixels[:, r : r + c, k : k + c])
-        _add_band_sums(chip, sums, sums_sq)
+        add_band_sums(chip, sums, sums_sq)
         valid_px += n_valid
         images.append(encoder.encode(chip))
         split = source.split_of(i, j)
@@ -362,37 +363,3 @@ def _cut_window(
         val=len(rows) - train,
         candidates=len(window.chips),
     )
-
-
-def _add_band_sums(
-    chip: npt.NDArray[np.uint8], sums: npt.NDArray[np.uint64], sums_sq: npt.NDArray[np.uint64]
-) -> None:
-    """Add the chip's per-band sums and sums of squares over its valid pixels, exactly.
-
-    Over all its pixels: the reader returns invalid pixels as 0 in every band, which add
-    nothing, so no gather of the valid ones. Squares in uint16 (255² fits), summed in uint32
-    where a band's sum of squares fits (chips up to 257 px), else in uint64: a quarter of the
-    memory traffic of squares in uint32 summed in uint64.
-    """
-    wide = chip.reshape(NUM_BANDS, -1).astype(np.uint16)
-    total = np.uint32 if wide.shape[1] * 255 * 255 < 2**32 else np.uint64
-    sums += wide.sum(axis=1, dtype=total)
-    np.multiply(wide, wide, out=wide)
-    sums_sq += wide.sum(axis=1, dtype=total)
-
-
-# Up to this many classes, counting each code (a compare and a count per class) is cheaper
-# than np.bincount, which first widens every uint8 code to int64.
-_MAX_CLASSES_COUNTED_BY_COMPARE = 16
-
-
-def _class_counts(codes: npt.NDArray[np.uint8], num_classes: int) -> npt.NDArray[np.int64]:
-    """Pixels of each class code 0..num_classes-1 in `codes`."""
-    if num_classes > _MAX_CLASSES_COUNTED_BY_COMPARE:
-        return np.bincount(codes.ravel(), minlength=num_classes)[:num_classes]
-    counts = np.empty(num_classes, dtype=np.int64)
-    if num_classes:
-        counts[0] = codes.size - np.count_nonzero(codes)
-    for code in range(1, num_classes):
-        counts[code] = np.count_nonzero(codes == code)
-    return counts

@@ -1,12 +1,12 @@
-"""Cutting one read window into chips (tiling.tile's `_cut_window` helpers): statistics and
-class counts exact, whatever the pixel values and the chip size."""
+"""Per-chip statistics (tiling.chipstats): band sums and class counts exact, whatever the
+pixel values and the chip size."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tiling.tile import _add_band_sums, _class_counts
+from tiling.chipstats import add_band_sums, count_classes
 
 
 @pytest.mark.parametrize("fill", [None, 255])
@@ -22,7 +22,7 @@ def test_band_sums_of_a_chip_are_the_exact_sums_over_its_valid_pixels(
     chip[:, ~valid] = 0  # as the reader returns invalid pixels
     sums = np.array([1, 2, 3, 4], dtype=np.uint64)  # adds to what is there
     sums_sq = np.array([5, 6, 7, 8], dtype=np.uint64)
-    _add_band_sums(chip, sums, sums_sq)
+    add_band_sums(chip, sums, sums_sq)
     values = [[int(v) for v in band[valid]] for band in chip]
     assert sums.tolist() == [k + sum(band) for k, band in zip([1, 2, 3, 4], values, strict=True)]
     assert sums_sq.tolist() == [
@@ -36,9 +36,9 @@ def test_class_counts_are_those_of_bincount(num_classes: int) -> None:
     codes = rng.integers(0, num_classes, size=(64, 48), dtype=np.uint8)
     codes[:10] = 0
     expected = np.bincount(codes.ravel(), minlength=num_classes)
-    counts = _class_counts(codes, num_classes)
+    counts = count_classes(codes, num_classes)
     assert counts.dtype == np.int64 and counts.tolist() == expected.tolist()
     assert (
-        _class_counts(codes[5:20, 3:9], num_classes).tolist()
+        count_classes(codes[5:20, 3:9], num_classes).tolist()
         == np.bincount(codes[5:20, 3:9].ravel(), minlength=num_classes).tolist()
     )
