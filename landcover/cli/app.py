@@ -49,7 +49,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (TilingError, LandcoverError, Clu
 COMMANDS: dict[str, str] = {
     "synth": "landcover.cli.tiling:synth_command",
     "tile": "landcover.cli.tiling:tile_command",
-    "info": "landcover.cli.tiling:info_command",
+    "info": "landcover.cli.info:info_command",
     "train": "landcover.cli.train:train_command",
     "cluster": "landcover.cli.cluster:cluster_group",
     "scale": "landcover.cli.cluster:scale_command",
