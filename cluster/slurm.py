@@ -92,10 +92,12 @@ def submit(plan: SlurmPlan, options: LaunchOptions) -> LaunchResult:
     script = log_dir / SCRIPT_NAME
     write_text_atomic(script, plan.files()[SCRIPT_NAME], mode=0o755)
     started = time.monotonic()
+    submitted_at = time.time()
     done = _run(plan.submit_command(str(script)), env, options.cwd)
     if done.returncode != 0:
         raise LaunchError(f"sbatch refused the job: {_first_line(done.stderr or done.stdout)}")
     job_id = done.stdout.strip().split(";")[0]
+    _remove_stale_logs(plan, job_id, log_dir, older_than=submitted_at)
     logger.info("submitted SLURM job %s; logs in %s", job_id, log_dir)
     out = plan.job.output_dir
     result = LaunchResult(
@@ -122,6 +124,17 @@ def submit(plan: SlurmPlan, options: LaunchOptions) -> LaunchResult:
         log_location=str(log_dir),
         wall_time_s=wall_time_s,
     )
+
+
+def _remove_stale_logs(plan: SlurmPlan, job_id: str, log_dir: Path, *, older_than: float) -> None:
+    """Logs of an earlier job with the same id (a re-created cluster, such as the testbed,
+    numbers its jobs from 1 again) would be followed and reported as this job's: remove those
+    written before this job was submitted."""
+    stale = [log_dir / plan.batch_log(job_id).name, *log_dir.glob(plan.rank_log(job_id, "*").name)]
+    for path in stale:
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mtime < older_than:
+                path.unlink()
 
 
 def _run(

@@ -52,7 +52,7 @@ class SlurmPlan:
         """The script's own output (setup lines, srun's messages)."""
         return Path(self.log_dir) / f"slurm-{job_id}.out"
 
-    def rank_log(self, job_id: str, rank: int) -> Path:
+    def rank_log(self, job_id: str, rank: int | str) -> Path:
         return Path(self.log_dir) / f"job-{job_id}-rank-{rank}.log"
 
     def submit_command(self, script_path: str) -> list[str]:

@@ -44,18 +44,23 @@ __all__ = [
 
 
 def refuse_existing(
-    paths: Iterable[str | os.PathLike[str]], *, overwrite: bool, what: str = "it"
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    overwrite: bool,
+    what: str = "it",
+    exists: Callable[[str], bool] = os.path.exists,
 ) -> None:
     """Raise `OutputExistsError` naming the first of `paths` that exists, unless `overwrite`.
 
     The message is "<path> exists; pass --overwrite to replace <what>" (`what` names the
     files when there are several, e.g. "the plan files"). Call it before the work that
-    produces the outputs, so a refusal costs nothing.
+    produces the outputs, so a refusal costs nothing. `exists` tells whether a path exists
+    (a local file by default; pass the storage's own check for URLs).
     """
     if overwrite:
         return
     for path in paths:
-        if Path(path).exists():
+        if exists(os.fspath(path)):
             raise OutputExistsError(f"{path} exists; pass --overwrite to replace {what}")
 
 

@@ -18,6 +18,10 @@ class UnknownModelError(LandcoverError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class LaunchEnvError(LandcoverError):
+    """A launcher environment (RANK, WORLD_SIZE, SLURM_PROCID, ...) that names no valid rank."""
+
+
 class TrainingError(LandcoverError):
     """A training configuration that cannot run (memory, device, world size, store)."""
 

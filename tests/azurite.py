@@ -4,7 +4,8 @@
 the repo, else installs it with npm into .tools), starts the blob service on a free localhost
 port with its data in a temporary folder, waits until it answers, creates a container and
 yields adlfs storage options for it. Missing node/npm is a test failure with the fix, never a
-skip: the az:// path is part of the product.
+skip: the az:// path is part of the product. The session fixture `azurite` is defined here
+once; the conftests of the test packages that need it import it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.multiprocess import free_port
@@ -159,3 +162,13 @@ def azurite_server() -> Iterator[Azurite]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """A running Azurite with a fresh container (installed with npm if needed)."""
+    try:
+        with azurite_server() as server:
+            yield server
+    except AzuriteUnavailableError as exc:
+        pytest.fail(str(exc))

@@ -20,9 +20,10 @@ import numpy.typing as npt
 
 from tiling.classes import DEFAULT_CLASS_MAP, IDENTITY, ClassMap, get_class_map
 from tiling.errors import TilingError
+from tiling.fingerprint import Fingerprint
 from tiling.grid import ChipGrid, ReadWindow, chip_grid
 from tiling.params import StoreParams
-from tiling.records import NUM_BANDS
+from tiling.records import NUM_BANDS, STATE_WRITING, SourceRecord
 from tiling.sources import RasterInfo, expand_inputs, match_labels, open_image, open_label
 from tiling.split import SplitRule, block_edge_m, chip_blocks, choose_split
 from tiling.store import SPLIT_TRAIN, SPLIT_VAL
@@ -91,6 +92,27 @@ class SourcePlan:
     def split_of(self, i: int, j: int) -> int:
         return int(self.splits[i, j])
 
+    def record(self, fingerprint: Fingerprint | None) -> SourceRecord:
+        """The store's record of this source before its chips are appended."""
+        image = self.image
+        a, b, c, d, e, f = tuple(image.transform)[:6]
+        nodata = image.nodata
+        return SourceRecord(
+            id=self.id,
+            path=image.path,
+            crs=image.crs.to_wkt(),
+            transform=(a, b, c, d, e, f),
+            shape=(image.height, image.width),
+            start=0,
+            chips=0,
+            state=STATE_WRITING,
+            resolution_m=image.resolution_m,
+            nodata=int(nodata) if nodata is not None and float(nodata).is_integer() else None,
+            label_paths=tuple(lab.path for lab in self.labels),
+            mask_kind=image.mask_kind,
+            fingerprint=fingerprint,
+        )
+
     def planned_counts(self) -> tuple[int, int]:
         """(train, val) chips before the --min-valid filter."""
         val = int(np.count_nonzero(self.splits == SPLIT_VAL))
@@ -109,6 +131,11 @@ class TilePlan:
     max_val: int
     split: SplitRule
     skipped: tuple[str, ...] = ()  # images smaller than one chip
+
+    @property
+    def num_classes(self) -> int:
+        """Classes of the store's class map (0 for an images-only store)."""
+        return self.class_map.num_classes if self.class_map else 0
 
     @property
     def max_chips(self) -> int:

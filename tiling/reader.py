@@ -124,16 +124,19 @@ class RasterReader:
             nodata = image.nodata
             if not (0 <= nodata <= 255 and float(nodata).is_integer()):
                 valid = np.ones(pixels.shape[1:], dtype=bool)
+            elif nodata == 0:
+                return pixels, _any_band_nonzero(pixels)  # invalid ones are 0 already
             else:
                 valid = _any_band_differs(pixels, np.uint8(nodata))
         elif internal is not None:
             valid = internal != 0
         elif image.mask_kind == "zero":
-            return pixels, _any_band_differs(pixels, np.uint8(0))  # invalid ones are 0 already
+            return pixels, _any_band_nonzero(pixels)  # invalid ones are 0 already
         else:
             valid = np.ones(pixels.shape[1:], dtype=bool)
         if not valid.all():
-            pixels[:, ~valid] = 0
+            # one pass per band; a boolean-index assignment costs several
+            np.multiply(pixels, valid, out=pixels)
         return pixels, valid
 
     def read_labels(
@@ -144,41 +147,56 @@ class RasterReader:
         class_map: ClassMap,
     ) -> npt.NDArray[np.uint8]:
         """Class codes (h, w) on the image's grid for `window`; 0 where no label covers it."""
-        height, width = int(window.height), int(window.width)
-        dst_transform = rasterio.windows.transform(window, image.transform)
-        out = np.zeros((height, width), dtype=np.uint8)
-        dst_bounds = rasterio.windows.bounds(window, image.transform)
-        for lab in labels:
+        out: npt.NDArray[np.uint8] | None = None
+        for k, lab in enumerate(labels):
             offset = grid_offset(image, lab)
             if offset is not None:
-                warped = self._aligned_codes(lab, window, offset, class_map)
-                np.copyto(out, warped, where=out == NODATA_CODE)
-                if not (out == NODATA_CODE).any():
-                    break
-                continue
-            codes = self._label_codes(lab, dst_bounds, image.crs, class_map)
-            if codes is None:
-                continue
-            codes_arr, src_transform = codes
-            warped = np.zeros((height, width), dtype=np.uint8)
-            rasterio.warp.reproject(
-                source=codes_arr,
-                destination=warped,
-                src_transform=src_transform,
-                src_crs=lab.crs,
-                src_nodata=NODATA_CODE,
-                dst_transform=dst_transform,
-                dst_crs=image.crs,
-                dst_nodata=NODATA_CODE,
-                resampling=Resampling.nearest,
-                # Exact transforms, no approximation: a pixel's label must not depend on
-                # which read window it falls in.
-                tolerance=0,
-            )
-            np.copyto(out, warped, where=out == NODATA_CODE)
-            if not (out == NODATA_CODE).any():
+                codes = self._aligned_codes(lab, window, offset, class_map)
+            else:
+                warped = self._warped_codes(lab, image, window, class_map)
+                if warped is None:
+                    continue
+                codes = warped
+            if out is None:
+                out = codes  # the first raster covering the window: nothing to merge into
+            else:
+                np.copyto(out, codes, where=out == NODATA_CODE)
+            if k + 1 == len(labels) or not (out == NODATA_CODE).any():
                 break
+        if out is None:
+            return np.zeros((int(window.height), int(window.width)), dtype=np.uint8)
         return out
+
+    def _warped_codes(
+        self,
+        lab: RasterInfo,
+        image: RasterInfo,
+        window: rasterio.windows.Window,
+        class_map: ClassMap,
+    ) -> npt.NDArray[np.uint8] | None:
+        """Codes of a label raster on another grid, warped (nearest) onto the image's window;
+        None if it does not reach the window."""
+        dst_bounds = rasterio.windows.bounds(window, image.transform)
+        codes = self._label_codes(lab, dst_bounds, image.crs, class_map)
+        if codes is None:
+            return None
+        codes_arr, src_transform = codes
+        warped = np.zeros((int(window.height), int(window.width)), dtype=np.uint8)
+        rasterio.warp.reproject(
+            source=codes_arr,
+            destination=warped,
+            src_transform=src_transform,
+            src_crs=lab.crs,
+            src_nodata=NODATA_CODE,
+            dst_transform=rasterio.windows.transform(window, image.transform),
+            dst_crs=image.crs,
+            dst_nodata=NODATA_CODE,
+            resampling=Resampling.nearest,
+            # Exact transforms, no approximation: a pixel's label must not depend on
+            # which read window it falls in.
+            tolerance=0,
+        )
+        return warped
 
     def _aligned_codes(
         self,
@@ -189,16 +207,19 @@ class RasterReader:
     ) -> npt.NDArray[np.uint8]:
         """Codes of a label raster on the very pixel grid of the image: a plain window read."""
         height, width = int(window.height), int(window.width)
-        out = np.zeros((height, width), dtype=np.uint8)
         row0 = int(window.row_off) + offset[0]
         col0 = int(window.col_off) + offset[1]
         r0, c0 = max(row0, 0), max(col0, 0)
         r1, c1 = min(row0 + height, lab.height), min(col0 + width, lab.width)
         if r1 <= r0 or c1 <= c0:
-            return out
+            return np.zeros((height, width), dtype=np.uint8)
         with self._dataset(lab.path) as ds:
             raw = ds.read(1, window=rasterio.windows.Window(c0, r0, c1 - c0, r1 - r0))
-        out[r0 - row0 : r1 - row0, c0 - col0 : c1 - col0] = label_codes(raw, lab, class_map)
+        codes = label_codes(raw, lab, class_map)
+        if codes.shape == (height, width):
+            return codes  # the window lies inside the label raster
+        out = np.zeros((height, width), dtype=np.uint8)
+        out[r0 - row0 : r1 - row0, c0 - col0 : c1 - col0] = codes
         return out
 
     def _label_codes(
@@ -239,4 +260,10 @@ def _any_band_differs(pixels: npt.NDArray[np.uint8], value: np.uint8) -> npt.NDA
     combined: npt.NDArray[np.uint8] = pixels[0] ^ value
     for band in pixels[1:]:
         combined |= band ^ value
+    return np.not_equal(combined, 0)
+
+
+def _any_band_nonzero(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+    """Pixels where some band is not 0: `_any_band_differs(pixels, 0)` in one OR reduction."""
+    combined: npt.NDArray[np.uint8] = np.bitwise_or.reduce(pixels, axis=0)
     return np.not_equal(combined, 0)

@@ -70,6 +70,16 @@ def open_writer(
     return writer
 
 
+def check_done_sources(writer: ChipStoreWriter, planned: Mapping[int, str]) -> None:
+    """A resumed store's done sources must be the planned sources (id → path) of the same ids."""
+    for record in writer.done_sources:
+        if planned.get(record.id) != record.path:
+            raise StoreError(
+                f"{writer.url}: source {record.id} was {record.path} when tiled but is now "
+                f"{planned.get(record.id, 'absent')}; pass --overwrite to rebuild the store"
+            )
+
+
 def _resume(
     url: str, group: zarr.Group, params: StoreParams, fingerprints: Mapping[str, Fingerprint]
 ) -> ChipStoreWriter | None:

@@ -38,7 +38,8 @@ class ChunkChecksumError(ValueError):
 
 def with_crc32c(data: bytes) -> bytes:
     """`data` followed by its crc32c, little-endian (zarr's `Crc32cCodec`)."""
-    return data + np.array([google_crc32c.value(data)], dtype="<u4").tobytes()
+    crc: int = google_crc32c.value(data)
+    return data + crc.to_bytes(CRC_BYTES, "little")
 
 
 def strip_crc32c(data: bytes) -> npt.NDArray[np.uint8]:

@@ -10,6 +10,12 @@ single writer and appends the windows' chips strictly in input order (sources in
 given, windows row-major), while zarr compresses shards on its own thread pool. The store
 is therefore byte-for-byte the same for any K. Threads rather than processes: nothing has
 to be pickled, and adlfs/zarr event loops do not survive a fork.
+
+Ranks (`world_size` > 1, one process each, possibly on many machines): every rank plans the
+same run, cuts the sources `tiling.commit.assign_sources` gives it and stages each as a part
+beside the store (`tiling.ranks`, `tiling.parts`); rank 0 alone writes the store, appending
+the parts in input order (`tiling.commit`). docs/CONTRACTS.md, "Distributed tiling", has
+the protocol. A one-process run reuses the parts an interrupted distributed run staged.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,9 +33,19 @@ import numpy.typing as npt
 import rasterio.errors
 import rasterio.windows
 
+from tiling.chipstats import add_band_sums, count_classes
+from tiling.commit import (
+    CommitStats,
+    assign_sources,
+    check_rank,
+    reusable_parts,
+    stored_done_count,
+    write_sources,
+)
 from tiling.errors import SourceFormatError, StoreError
 from tiling.fingerprint import Fingerprint, fingerprints
 from tiling.grid import ReadWindow
+from tiling.parts import PartStaging
 from tiling.plan import (
     MAX_WINDOW_WIDTH_PX,
     MIN_WINDOW_HEIGHT_PX,
@@ -39,14 +55,13 @@ from tiling.plan import (
     available_cores,
     plan_tiling,
 )
+from tiling.ranks import commit_ranks, stage_rank
 from tiling.reader import RasterReader
-from tiling.resume import open_writer
+from tiling.resume import check_done_sources, open_writer
 from tiling.shards import ChunkEncoder, EncodedChunk
 from tiling.store import (
     NUM_BANDS,
     SPLIT_TRAIN,
-    BandStats,
-    SourceRecord,
     StoreSummary,
 )
 from tiling.writer import ChipStoreWriter
@@ -69,12 +84,26 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class TileResult:
     url: str
-    summary: StoreSummary
-    sources_written: int
+    store_summary: StoreSummary | None  # None on ranks other than 0 (rank 0 writes the store)
+    sources_written: int  # cut by this process (rank 0 of several: committed)
     sources_resumed: int  # already done in the store and skipped
     chips_written: int
     elapsed_s: float
     workers: int
+    rank: int = 0
+    world_size: int = 1
+    parts_staged: int = 0  # parts this rank cut and staged (distributed runs)
+    commit: CommitStats = field(default_factory=CommitStats)  # rank 0 of several: its cost
+
+    @property
+    def summary(self) -> StoreSummary:
+        """The finished store's summary (rank 0, or a one-process run)."""
+        if self.store_summary is None:
+            raise StoreError(
+                f"{self.url}: rank {self.rank} of {self.world_size} staged its parts; "
+                "rank 0 holds the store's summary"
+            )
+        return self.store_summary
 
 
 @dataclass(slots=True)
@@ -98,58 +127,74 @@ def tile(
     *,
     plan: TilePlan | None = None,
     progress: Callable[[int], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> TileResult:
     """Write (or resume) the chip store described by `config`.
 
-    `progress(n)` is called after each read window with the number of candidate chips done.
+    `progress(n)` is called with numbers of candidate chips done: after each read window in a
+    one-process run and on ranks > 0; on rank 0 of several, after each committed source.
+    With `world_size` > 1 every rank calls this with the same config; rank 0 returns once the
+    store is complete, the others once their parts are staged (no summary).
     """
     start = time.perf_counter()
+    check_rank(rank, world_size)
     plan = plan or plan_tiling(config)
     workers = config.effective_workers
-    inputs = [s.image.path for s in plan.sources] + list(plan.params.labels)
-    prints = dict(
-        zip(
-            inputs,
-            fingerprints(inputs, config.storage_options, workers=workers),
-            strict=True,
-        )
-    )
-    writer = open_writer(
-        config.out,
-        plan.params,
-        storage_options=config.storage_options,
-        overwrite=config.overwrite,
-        fingerprints=prints,
-    )
-    _check_done_sources_match(writer, plan)
-    done = writer.done_source_ids
-    todo = [s for s in plan.sources if s.id not in done]
-    if done:
-        logger.info(
-            "resuming %s: %d of %d sources already done", config.out, len(done), len(plan.sources)
-        )
-    if progress is not None:
-        skipped = sum(s.grid.num_chips for s in plan.sources if s.id in done)
-        if skipped:
-            progress(skipped)
+    staging = PartStaging(config.out, config.storage_options)
+    owners = assign_sources([s.grid.num_chips for s in plan.sources], world_size)
+    mine = [s for s in plan.sources if owners[s.id] == rank]
+    labels = plan.params.labels if rank == 0 else [lab.path for s in mine for lab in s.labels]
+    prints = _fingerprints(config, plan.sources if rank == 0 else mine, labels, workers)
     reader = RasterReader(storage_options=config.storage_options)
-    tasks = [(source, window) for source in todo for window in source.windows]
-    chips_before = writer.num_chips
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tile") as pool:
-            results = _in_order(
-                pool,
-                tasks,
-                lambda task: _cut_window(reader, plan, task[0], task[1]),
-                lookahead=2 * workers,
-            )
-            try:
-                _write_sources(writer, plan, todo, results, progress, prints)
-            finally:
-                results.close()  # on failure: cancel the windows not started yet
+
+            def cut(source: SourcePlan) -> Iterator[_WindowChips]:
+                return _cut_windows(pool, reader, plan, [source], workers)
+
+            if rank > 0:
+                done = (lambda: 0) if config.overwrite else _done_reader(config, plan)
+                staged = stage_rank(plan, mine, staging, cut, prints, done=done, progress=progress)
+                return TileResult(
+                    url=config.out,
+                    store_summary=None,
+                    sources_written=staged,
+                    sources_resumed=len(mine) - staged,
+                    chips_written=0,
+                    elapsed_s=time.perf_counter() - start,
+                    workers=workers,
+                    rank=rank,
+                    world_size=world_size,
+                    parts_staged=staged,
+                )
+            writer = _open_writer(config, plan, prints, progress)
+            done_ids = writer.done_source_ids
+            todo = [s for s in plan.sources if s.id not in done_ids]
+            chips_before = writer.num_chips
+            stats, staged, used_staging = CommitStats(), 0, True
+            if world_size == 1:
+                names = staging.names()  # one listing: parts an interrupted run of ranks left
+                used_staging = bool(names)
+                reuse = reusable_parts(names, plan, todo, prints)
+                windows = _cut_windows(
+                    pool, reader, plan, [s for s in todo if s.id not in reuse], workers
+                )
+                try:
+                    write_sources(
+                        writer, plan, todo, windows, cut, staging, reuse, prints, progress
+                    )
+                finally:
+                    windows.close()  # on failure: cancel the windows not started yet
+            else:
+                stats, staged = commit_ranks(
+                    writer, plan, todo, owners, staging, cut, prints, progress=progress
+                )
     finally:
         reader.close()
     summary = writer.finish()
+    if used_staging:
+        staging.remove()  # after the commit point: a crash between the two leaves only garbage
     elapsed = time.perf_counter() - start
     logger.info(
         "%s: %d chips from %d sources in %.1f s",
@@ -160,81 +205,72 @@ def tile(
     )
     return TileResult(
         url=config.out,
-        summary=summary,
+        store_summary=summary,
         sources_written=len(todo),
-        sources_resumed=len(done),
+        sources_resumed=len(done_ids),
         chips_written=summary.num_chips - chips_before,
         elapsed_s=elapsed,
         workers=workers,
+        rank=rank,
+        world_size=world_size,
+        parts_staged=staged,
+        commit=stats,
     )
 
 
-def _write_sources(
-    writer: ChipStoreWriter,
+def _open_writer(
+    config: TileConfig,
     plan: TilePlan,
-    todo: Sequence[SourcePlan],
-    results: Iterator[_WindowChips],
-    progress: Callable[[int], None] | None,
     prints: dict[str, Fingerprint],
-) -> None:
-    """The single writer: append each source's windows in order, then commit the source."""
-    num_classes = plan.class_map.num_classes if plan.class_map else 0
-    for source in todo:
-        writer.begin_source(_source_record(source, prints.get(source.image.path)))
-        sums = [0] * NUM_BANDS
-        sums_sq = [0] * NUM_BANDS
-        valid_px = 0
-        class_counts = np.zeros(num_classes, dtype=np.int64)
-        train = val = 0
-        for _ in source.windows:
-            chips = next(results)
-            writer.append_encoded(chips.images, chips.labels, chips.index)
-            sums = [a + int(b) for a, b in zip(sums, chips.sums, strict=True)]
-            sums_sq = [a + int(b) for a, b in zip(sums_sq, chips.sums_sq, strict=True)]
-            valid_px += chips.valid_px
-            class_counts += chips.class_counts
-            train += chips.train
-            val += chips.val
-            if progress is not None:
-                progress(chips.candidates)
-        record = writer.commit_source(
-            band_stats=BandStats(sums=tuple(sums), sums_sq=tuple(sums_sq), count=valid_px),
-            class_counts=tuple(int(n) for n in class_counts),
-            train_chips=train,
-            val_chips=val,
+    progress: Callable[[int], None] | None,
+) -> ChipStoreWriter:
+    """Create or resume the store; count its done sources as progress."""
+    writer = open_writer(
+        config.out,
+        plan.params,
+        storage_options=config.storage_options,
+        overwrite=config.overwrite,
+        fingerprints=prints,
+    )
+    check_done_sources(writer, {s.id: s.image.path for s in plan.sources})
+    done = writer.done_source_ids
+    if done:
+        logger.info(
+            "resuming %s: %d of %d sources already done", config.out, len(done), len(plan.sources)
         )
-        logger.debug("%s: %d chips (%d val)", source.image.path, record.chips, val)
+    if progress is not None:
+        skipped = sum(s.grid.num_chips for s in plan.sources if s.id in done)
+        if skipped:
+            progress(skipped)
+    return writer
 
 
-def _check_done_sources_match(writer: ChipStoreWriter, plan: TilePlan) -> None:
-    """A resumed store's done sources must be the plan's sources of the same ids."""
-    planned = {s.id: s.image.path for s in plan.sources}
-    for record in writer.done_sources:
-        if planned.get(record.id) != record.path:
-            raise StoreError(
-                f"{writer.url}: source {record.id} was {record.path} when tiled but is now "
-                f"{planned.get(record.id, 'absent')}; pass --overwrite to rebuild the store"
-            )
+def _fingerprints(
+    config: TileConfig, sources: Sequence[SourcePlan], labels: Sequence[str], workers: int
+) -> dict[str, Fingerprint]:
+    """Fingerprints of the images of `sources` and of `labels`, by path."""
+    inputs = [s.image.path for s in sources] + list(dict.fromkeys(labels))
+    return dict(
+        zip(inputs, fingerprints(inputs, config.storage_options, workers=workers), strict=True)
+    )
 
 
-def _source_record(source: SourcePlan, fingerprint: Fingerprint | None) -> SourceRecord:
-    image = source.image
-    a, b, c, d, e, f = tuple(image.transform)[:6]
-    nodata = image.nodata
-    return SourceRecord(
-        id=source.id,
-        path=image.path,
-        crs=image.crs.to_wkt(),
-        transform=(a, b, c, d, e, f),
-        shape=(image.height, image.width),
-        start=0,
-        chips=0,
-        state="writing",
-        resolution_m=image.resolution_m,
-        nodata=int(nodata) if nodata is not None and float(nodata).is_integer() else None,
-        label_paths=tuple(lab.path for lab in source.labels),
-        mask_kind=image.mask_kind,
-        fingerprint=fingerprint,
+def _done_reader(config: TileConfig, plan: TilePlan) -> Callable[[], int]:
+    """How many sources the store holds as committed, asked afresh each time."""
+    return lambda: stored_done_count(config.out, plan.params, config.storage_options)
+
+
+def _cut_windows(
+    pool: ThreadPoolExecutor,
+    reader: RasterReader,
+    plan: TilePlan,
+    sources: Sequence[SourcePlan],
+    workers: int,
+) -> Generator[_WindowChips, None, None]:
+    """The cut windows of `sources`, in order, `2 * workers` windows in flight."""
+    tasks = [(source, window) for source in sources for window in source.windows]
+    return _in_order(
+        pool, tasks, lambda task: _cut_window(reader, plan, task[0], task[1]), lookahead=2 * workers
     )
 
 
@@ -282,8 +318,8 @@ def _cut_window(
         raise SourceFormatError(
             f"{image.path}: cannot read pixels ({first}); re-download it or leave it out"
         ) from None
-    if codes is not None:
-        codes[~valid] = 0  # no label where the image has no data
+    if codes is not None and not valid.all():
+        np.multiply(codes, valid, out=codes)  # no label where the image has no data
     c = plan.params.chip_size
     min_valid_px = plan.params.min_valid * c * c
     num_classes = plan.class_map.num_classes if plan.class_map else 0
@@ -299,21 +335,17 @@ def _cut_window(
     for i, j in window.chips:
         row, col = source.grid.chip_origin(i, j)
         r, k = row - window.row_px, col - window.col_px
-        chip_valid = valid[r : r + c, k : k + c]
-        n_valid = int(np.count_nonzero(chip_valid))
+        n_valid = int(np.count_nonzero(valid[r : r + c, k : k + c]))
         if n_valid < min_valid_px:
             continue
         if codes is not None:
-            chip_codes = codes[r : r + c, k : k + c]
+            chip_codes = np.ascontiguousarray(codes[r : r + c, k : k + c])
             if np.count_nonzero(chip_codes) < min_valid_px:
                 continue
-            class_counts += np.bincount(chip_codes.ravel(), minlength=num_classes)[:num_classes]
+            class_counts += count_classes(chip_codes, num_classes)
             labels.append(encoder.encode(chip_codes))
-        chip = pixels[:, r : r + c, k : k + c]
-        values = chip.reshape(NUM_BANDS, -1) if n_valid == c * c else chip[:, chip_valid]
-        wide = values.astype(np.uint32)  # 255² fits; sums are taken in uint64
-        sums += wide.sum(axis=1, dtype=np.uint64)
-        sums_sq += np.square(wide).sum(axis=1, dtype=np.uint64)
+        chip = np.ascontiguousarray(pixels[:, r : r + c, k : k + c])
+        add_band_sums(chip, sums, sums_sq)
         valid_px += n_valid
         images.append(encoder.encode(chip))
         split = source.split_of(i, j)

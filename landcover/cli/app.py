@@ -32,9 +32,16 @@ from typing import Any
 import click
 
 from cluster.errors import ClusterError
+from cluster.failures import record_worker_error
+from cluster.redact import Redactor
 from landcover.errors import LandcoverError
 from landcover.warnlog import WarningLogger
 from tiling.errors import TilingError
+
+# ctx.meta keys (shared by every context of one command line; see landcover.cli.stagejob)
+SUBCOMMAND_ARGS = "landcover.subcommand_args"  # the subcommand's raw arguments
+RANK_KEY = "landcover.rank"  # this process's rank, once it runs as one rank of a job
+RANK_SECRETS_KEY = "landcover.rank_secrets"  # values its error line must not show
 
 USER_ERRORS: tuple[type[BaseException], ...] = (TilingError, LandcoverError, ClusterError)
 
@@ -42,7 +49,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (TilingError, LandcoverError, Clu
 COMMANDS: dict[str, str] = {
     "synth": "landcover.cli.tiling:synth_command",
     "tile": "landcover.cli.tiling:tile_command",
-    "info": "landcover.cli.tiling:info_command",
+    "info": "landcover.cli.info:info_command",
     "train": "landcover.cli.train:train_command",
     "cluster": "landcover.cli.cluster:cluster_group",
     "scale": "landcover.cli.cluster:scale_command",
@@ -147,6 +154,14 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        # kept for `--nproc`, whose ranks rerun the command (landcover.cli.stagejob)
+        ctx.meta[SUBCOMMAND_ARGS] = list(rest)
+        return name, command, rest
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SHORT_HELP.get(name, "")) for name in COMMANDS]
         with formatter.section("Commands"):
@@ -156,6 +171,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except USER_ERRORS as exc:
+            _leave_rank_error(ctx, str(exc))
             raise UserFacingError(str(exc), exit_code=2) from exc
         except KeyboardInterrupt:
             raise UserFacingError("interrupted", exit_code=130) from None
@@ -167,12 +183,22 @@ class LazyGroup(click.Group):
             if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
                 _silence_stdout()
                 raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+            _leave_rank_error(ctx, f"internal error: {type(exc).__name__}: {exc}")
             if ctx.obj and ctx.obj.get("verbose", 0) > 0:
                 raise
             raise UserFacingError(
                 f"internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
                 exit_code=3,
             ) from exc
+
+
+def _leave_rank_error(ctx: click.Context, message: str) -> None:
+    """A rank of a tile/predict job leaves its one-line error for the launcher that started
+    it (`cluster.failures`), storage secrets scrubbed (an fsspec error may quote them)."""
+    if RANK_KEY not in ctx.meta:
+        return
+    secrets = ctx.meta.get(RANK_SECRETS_KEY) or set()
+    record_worker_error(Redactor(secrets).text(message), rank=ctx.meta[RANK_KEY])
 
 
 class UserFacingError(click.ClickException):

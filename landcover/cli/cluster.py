@@ -8,6 +8,9 @@ knows nothing of landcover's options), so a bad one is refused before anything i
 started, and the job is built from the configuration (`landcover.training.launch`), the storage
 options going to the workers' environment. On the local engine the parent also checks the store
 and the run dir once (`landcover.training.preflight`) before starting any worker.
+
+`-- tile ARGS` and `-- predict ARGS` run those commands instead, one rank per worker
+(`landcover.cli.stagejob`), after their own parser has checked the arguments.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from cluster.clusterjson import load_cluster_spec
 from cluster.engine import Job, LaunchOptions, launch_plan, plan_job, write_plan_files
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
+from landcover.cli.stagejob import STAGES, StageError, logging_args_of, stage_job
 from landcover.errors import TrainingError
 from landcover.options import cluster_json_option, out_dir_option, overwrite_option
 from landcover.scaling.sweep import (
@@ -84,6 +88,33 @@ def train_argv(args: Sequence[str], *, default_store: str | None = None) -> list
     return tokens
 
 
+def cluster_stage(ctx: click.Context, stage_args: Sequence[str]) -> tuple[Job, str] | None:
+    """For `-- tile ARGS` or `-- predict ARGS`: the job whose every worker runs that command as
+    one rank, and the output it writes; None for training. The arguments are checked by the
+    command's own parser first, so a bad one is refused before anything is planned."""
+    if not stage_args or stage_args[0] not in STAGES:
+        return None
+    stage, args = stage_args[0], list(stage_args[1:])
+    if any(t == "--nproc" or t.startswith("--nproc=") for t in args):
+        raise StageError(
+            f"--nproc is for `landcover {stage}` on one machine; on a cluster set "
+            "processesPerNode (and targetNodeCount) in cluster.json instead"
+        )
+    command = ctx.find_root().command
+    assert isinstance(command, click.Group)
+    stage_command = command.get_command(ctx, stage)
+    assert stage_command is not None
+    with stage_command.make_context(stage, list(args), parent=ctx) as parsed:
+        params = dict(parsed.params)
+    job = stage_job(
+        stage,
+        args,
+        storage_options=params.get("storage_options") or {},
+        logging_args=logging_args_of(ctx),
+    )
+    return job, str(params["out"])
+
+
 def cluster_training(
     train_args: Sequence[str], spec: ClusterSpec, entry_module: str
 ) -> tuple[Job, TrainConfig]:
@@ -98,11 +129,15 @@ def cluster_training(
 
 @click.group("cluster")
 def cluster_group() -> None:
-    """Plan or launch training on the cluster described by cluster.json.
+    """Plan or launch training, tiling or prediction on the cluster described by cluster.json.
 
     \b
     landcover cluster plan cluster.json [--out DIR] -- train STORE --out RUN [options]
     landcover cluster launch cluster.json -- train STORE --out RUN [options]
+    landcover cluster launch cluster.json -- tile 'naip/*.tif' --labels ... --out STORE
+    landcover cluster launch cluster.json -- predict model.pt 'naip/*.tif' --out lc.tif
+
+    Tile and predict run as one rank per worker, sharing the sources or the output's rows.
     """
 
 
@@ -124,7 +159,8 @@ def plan_command(
 ) -> None:
     """Print exactly what `launch` would do (secrets redacted)."""
     spec = load_cluster_spec(cluster_json)
-    job, _ = cluster_training(train_args, spec, entry_module)
+    staged = cluster_stage(click.get_current_context(), train_args)
+    job = staged[0] if staged else cluster_training(train_args, spec, entry_module)[0]
     plan = plan_job(spec, job)
     click.echo(plan.describe())
     if out_dir is not None:
@@ -159,8 +195,13 @@ def launch_command(
     entry_module: str,
     train_args: tuple[str, ...],
 ) -> None:
-    """Run the training on the engine of cluster.json (local: stream the workers' output)."""
+    """Run the training (or tile, or predict) on the engine of cluster.json (local: stream
+    the workers' output)."""
     spec = load_cluster_spec(cluster_json)
+    staged = cluster_stage(ctx, train_args)
+    if staged is not None:
+        _launch_stage(ctx, spec, *staged, wait=wait, timeout_s=timeout_s)
+        return
     job, config = cluster_training(train_args, spec, entry_module)
     if entry_module == WORKER_MODULE and spec.engine == "local":
         from landcover.training.preflight import check_local_training  # imports torch
@@ -182,6 +223,33 @@ def launch_command(
         click.echo(
             f"done: {result.engine} job {result.job_id} in {result.wall_time_s:.1f} s; "
             f"run dir {result.run_dir or config.out_dir}; logs {result.log_location}{where}"
+        )
+
+
+def _launch_stage(
+    ctx: click.Context,
+    spec: ClusterSpec,
+    job: Job,
+    out: str,
+    *,
+    wait: bool,
+    timeout_s: float | None,
+) -> None:
+    plan = plan_job(spec, job)
+    quiet = _quiet(ctx)
+    if not quiet:
+        click.echo(plan.describe(), err=True)
+    options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
+    result = launch_plan(plan, options)
+    where = f"; {result.url}" if result.url else ""
+    if result.status == "submitted":
+        click.echo(f"submitted {result.engine} job {result.job_id}{where}")
+        if result.log_location and not result.url:
+            click.echo(f"logs: {result.log_location}")
+    else:
+        click.echo(
+            f"done: {result.engine} job {result.job_id} in {result.wall_time_s:.1f} s; "
+            f"output {out}; logs {result.log_location}{where}"
         )
 
 

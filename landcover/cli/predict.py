@@ -1,18 +1,30 @@
-"""`landcover predict` and `landcover evaluate`: thin wrappers that build a config."""
+"""`landcover predict` and `landcover evaluate`: thin wrappers that build a config.
+
+`predict --nproc N` runs the command as N local ranks, and an engine runs it as a job's ranks
+(`landcover cluster launch cluster.json -- predict ...`, landcover.cli.stagejob): each rank
+predicts its block rows, rank 0 writes the COG and alone prints the summary.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
+from landcover.cli.stagejob import enter_rank, launch_local_ranks, nproc_option, rank_option
+from landcover.distenv import DistEnv
 from landcover.errors import RegionError
 from landcover.options import overwrite_option, storage_options_option
 from landcover.prediction.choices import RUNTIMES, TTA_MODES
 from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
+
+if TYPE_CHECKING:
+    from landcover.prediction.outgrid import OutputGrid
+    from landcover.prediction.runner import PredictConfig
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +33,7 @@ logger = logging.getLogger(__name__)
 @click.argument("model")
 @click.argument("images", nargs=-1)
 @stac_input_options(search_bbox=False)
-@click.option("--out", required=True, help="Output land-cover COG (local path).")
+@click.option("--out", required=True, help="Output land-cover COG: a local path or an az:// URL.")
 @click.option(
     "--region",
     default=None,
@@ -108,7 +120,11 @@ logger = logging.getLogger(__name__)
 )
 @overwrite_option
 @storage_options_option
+@nproc_option
+@rank_option
+@click.pass_context
 def predict_command(
+    ctx: click.Context,
     model: str,
     images: tuple[str, ...],
     stac_inputs: StacInputArgs,
@@ -130,6 +146,8 @@ def predict_command(
     zero_is_nodata: bool,
     overwrite: bool,
     storage_options: dict[str, Any],
+    nproc: int,
+    rank_from_env: bool,
 ) -> None:
     """Predict a land-cover map of a region from MODEL and IMAGES (paths, globs, az:// URLs,
     STAC JSON files).
@@ -138,6 +156,7 @@ def predict_command(
     item per place; --stac-api searches the --region / --bbox. Hrefs are opened as they are
     (signing them, where a host needs it, is up to you).
     """
+    from landcover.prediction.outfiles import check_outputs
     from landcover.prediction.region import (
         DEFAULT_REGION_CRS,
         parse_bbox,
@@ -145,8 +164,11 @@ def predict_command(
         parse_region,
     )
     from landcover.prediction.runner import PredictConfig, predict_region
+    from landcover.prediction.setup import rank_device
     from landcover.prediction.stacitem import check_stac_item_target, write_stac_item
 
+    started = time.perf_counter()
+    dist = enter_rank(ctx) if rank_from_env else DistEnv()
     if region is not None and bbox is not None:
         raise RegionError("give either --region or --bbox, not both")
     parsed = None
@@ -175,7 +197,7 @@ def predict_command(
         resolution=resolution,
         overlap_px=overlap,
         batch_size=batch_size,
-        device=device,
+        device=rank_device(device, dist.local_rank) if dist.is_distributed else device,
         runtime=runtime,
         tta=tta,
         probabilities=probabilities,
@@ -185,15 +207,20 @@ def predict_command(
         max_pixels=max_pixels,
         zero_is_nodata=zero_is_nodata,
     )
-    result = predict_region(config)  # SIGTERM: cli.main's handler lets cleanup run
-    grid = result.grid
-    epsg = grid.crs.to_epsg()
-    crs_name = f"EPSG:{epsg}" if epsg else grid.crs.to_string()
-    click.echo(
-        f"wrote {result.out}: {grid.width} x {grid.height} px at {grid.resolution:g} "
-        f"({crs_name}), {result.valid_pixels:,} px predicted from {len(result.sources)} "
-        f"image(s) in {result.elapsed_s:.1f} s"
-    )
+    if nproc > 1:
+        # Refused here in a second, not by every rank after it loaded the model.
+        check_outputs(out, probabilities, overwrite=overwrite, storage_options=storage_options)
+        launch_local_ranks(ctx, "predict", nproc)  # rank 0 writes the STAC item too
+        click.echo(_read_back_summary(config, time.perf_counter() - started))
+        if config.probabilities:
+            click.echo(f"wrote {config.probabilities}")
+        return
+    # SIGTERM: cli.main's handler lets cleanup run
+    result = predict_region(config, rank=dist.rank, world_size=dist.world_size)
+    if not dist.is_main:
+        return  # rank 0 speaks for the job
+    grid, read = result.grid, len(result.sources)
+    click.echo(_summary_line(result.out, grid, result.valid_pixels, read, result.elapsed_s))
     if result.probabilities:
         click.echo(f"wrote {result.probabilities}")
     if stac_item is not None:
@@ -201,6 +228,38 @@ def predict_command(
         sources = [s for s in inputs.stac_items if s.href in used]
         write_stac_item(stac_item, result.out, sources=sources, overwrite=overwrite)
         click.echo(f"wrote {stac_item}")
+
+
+def _summary_line(
+    out: str, grid: OutputGrid, valid_pixels: int, images: int, elapsed_s: float
+) -> str:
+    """The line `predict` ends with (one process, rank 0 of a job, or the --nproc parent)."""
+    epsg = grid.crs.to_epsg()
+    crs_name = f"EPSG:{epsg}" if epsg else grid.crs.to_string()
+    return (
+        f"wrote {out}: {grid.width} x {grid.height} px at {grid.resolution:g} ({crs_name}), "
+        f"{valid_pixels:,} px predicted from {images} image(s) in {elapsed_s:.1f} s"
+    )
+
+
+def _read_back_summary(config: PredictConfig, elapsed_s: float) -> str:
+    """The --nproc parent's summary line, read back from the finished COG (grid, pixels with
+    a class) and the images' headers (those the region touches, as the ranks planned)."""
+    from landcover.prediction.outfiles import read_back
+    from landcover.prediction.outgrid import plan_output_grid
+    from landcover.prediction.setup import open_images
+
+    grid, valid_pixels = read_back(config.out, config.storage_options)
+    sources = open_images(config.images, storage_options=config.storage_options)
+    plan = plan_output_grid(
+        sources,
+        config.region,
+        resolution_m=grid.resolution,
+        crs=grid.crs,
+        resolution=grid.resolution,
+        max_pixels=None,
+    )
+    return _summary_line(config.out, grid, valid_pixels, len(plan.sources), elapsed_s)
 
 
 @click.command("evaluate")

@@ -1,9 +1,10 @@
-"""`landcover synth`, `landcover tile` and `landcover info`: thin wrappers over `tiling`."""
+"""`landcover synth` and `landcover tile`: thin wrappers over `tiling` (info: cli/info.py)."""
 
 from __future__ import annotations
 
-import json
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,18 +13,19 @@ from typing import Any
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
+from landcover.cli.stagejob import enter_rank, launch_local_ranks, nproc_option, rank_option
+from landcover.distenv import DistEnv
 from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
-from tiling.errors import StoreCorruptError
+from tiling.commit import stored_done_count
 from tiling.store import StoreSummary, open_store
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, TilePlan, available_cores, plan_tiling, tile
-from tiling.urls import check_storage_options
 
 DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
 
 
-def _mb(n_bytes: int) -> str:
+def mb(n_bytes: int) -> str:
     if n_bytes >= 10**9:
         return f"{n_bytes / 1e9:.2f} GB"
     return f"{n_bytes / 1e6:.1f} MB"
@@ -130,6 +132,8 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     is_flag=True,
     help="Check the inputs, print chips, bytes and RAM per worker; write nothing.",
 )
+@nproc_option
+@rank_option
 @click.pass_context
 def tile_command(
     ctx: click.Context,
@@ -149,6 +153,8 @@ def tile_command(
     storage_options: Mapping[str, Any],
     overwrite: bool,
     dry_run: bool,
+    nproc: int,
+    rank_from_env: bool,
 ) -> None:
     """Cut IMAGES (paths, quoted globs, URLs or STAC JSON files) into a sharded Zarr v3 chip
     store at --out.
@@ -159,6 +165,10 @@ def tile_command(
     interrupted store; a complete store or one written with other options is refused unless
     --overwrite.
     """
+    dist = enter_rank(ctx) if rank_from_env else DistEnv()
+    if dist.is_distributed and workers is None:  # the ranks on a node share its cores
+        share = (os.cpu_count() or 1) // dist.local_world_size
+        workers = max(1, min(available_cores(), share))  # affinity may have shared them already
     inputs = stac_inputs.resolve(images, storage_options=storage_options)
     config = TileConfig(
         images=inputs.paths,
@@ -178,19 +188,60 @@ def tile_command(
     )
     plan = plan_tiling(config)
     if dry_run:
-        for line in describe_plan(plan):
-            click.echo(line)
+        if dist.is_main:
+            for line in describe_plan(plan):
+                click.echo(line)
+        return
+    if nproc > 1:
+        _tile_with_local_ranks(ctx, config, plan, nproc)
         return
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
-    with _progress_bar(plan.max_chips, enabled=not quiet) as progress:
-        result = tile(config, plan=plan, progress=progress)
-    s = result.summary
-    resumed = f", {result.sources_resumed} resumed" if result.sources_resumed else ""
-    skipped = _skipped_note(plan)
+    with _progress_bar(plan.max_chips, enabled=not quiet and dist.is_main) as progress:
+        result = tile(
+            config, plan=plan, progress=progress, rank=dist.rank, world_size=dist.world_size
+        )
+    if not dist.is_main:
+        return  # rank 0 speaks for the job
+    ranks = f"{dist.world_size} ranks x " if dist.is_distributed else ""
+    workers_text = f"{ranks}{result.workers} workers"
+    summary = result.summary
+    click.echo(_summary_line(plan, summary, result.sources_resumed, result.elapsed_s, workers_text))
+
+
+def _tile_with_local_ranks(
+    ctx: click.Context, config: TileConfig, plan: TilePlan, nproc: int
+) -> None:
+    """`--nproc N`: run this command as N ranks here, then print the one-process summary line,
+    read back from the finished store."""
+    start = time.perf_counter()
+    resumed = (
+        0
+        if config.overwrite
+        else stored_done_count(config.out, plan.params, config.storage_options)
+    )
+    launch_local_ranks(ctx, "tile", nproc)
+    summary = open_store(config.out, storage_options=config.storage_options).summary
+    workers = config.workers or max(1, available_cores() // nproc)
     click.echo(
-        f"wrote {out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) from "
-        f"{len(s.sources)} sources{resumed}{skipped} in {result.elapsed_s:.1f} s "
-        f"with {result.workers} workers"
+        _summary_line(
+            plan,
+            summary,
+            resumed,
+            time.perf_counter() - start,
+            f"{nproc} ranks x {workers} workers",
+        )
+    )
+
+
+def _summary_line(
+    plan: TilePlan, s: StoreSummary, resumed: int, elapsed_s: float, workers: str
+) -> str:
+    """The line `tile` ends with (one process, rank 0 of a job, or the --nproc parent)."""
+    resumed_note = f", {resumed} resumed" if resumed else ""
+    return (
+        f"wrote {plan.config.out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) "
+        f"from {len(s.sources)} sources{resumed_note}{_skipped_note(plan)} in {elapsed_s:.1f} s "
+        f"with {workers}"
     )
 
 
@@ -213,150 +264,10 @@ def describe_plan(plan: TilePlan) -> list[str]:
         f"{p.min_valid} drops some",
         f"split: {val_blocks} of {blocks} ground blocks of {plan.split.edge_m:g} m "
         f"({plan.split.crs}) are val",
-        f"bytes: up to {_mb(plan.raw_bytes)} uncompressed (images + labels), "
+        f"bytes: up to {mb(plan.raw_bytes)} uncompressed (images + labels), "
         f"{plan.chip_bytes} bytes per chip",
         "RAM per training worker (train split in memory):",
     ]
     for n in DRY_RUN_WORLD_SIZES:
-        lines.append(f"  {n} worker{'s' if n > 1 else ' '}: {_mb(plan.ram_per_worker_bytes(n))}")
-    return lines
-
-
-@click.command("info")
-@click.argument("store")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option(
-    "--verify",
-    is_flag=True,
-    help="Also read every chip and check every checksum (reads the whole store). Without "
-    "it, info lists the store's objects to find missing ones.",
-)
-@storage_options_option
-def info_command(
-    store: str, as_json: bool, verify: bool, storage_options: Mapping[str, Any]
-) -> None:
-    """Describe the chip store at STORE (chips, splits, classes, band stats, sources).
-
-    Exits with status 2 when the store is damaged (shard objects missing, or with --verify
-    any checksum failing), after describing it.
-    """
-    check_storage_options([store], storage_options)
-    chip_store = open_store(store, storage_options=dict(storage_options))
-    summary = chip_store.summary
-    stored = chip_store.stored_bytes()
-    damage = chip_store.missing_objects()
-    corrupt: StoreCorruptError | None = None
-    if verify and not damage:
-        try:
-            chip_store.verify()
-        except StoreCorruptError as exc:
-            corrupt = exc
-            damage = [str(exc).split(": ", 1)[1].split(";", 1)[0]]
-    if as_json:
-        click.echo(json.dumps(summary_json(store, summary, stored, damage=damage), indent=2))
-    else:
-        for line in describe_summary(store, summary, stored, damage=damage):
-            click.echo(line)
-    if corrupt is not None:
-        raise corrupt
-    if damage:
-        raise StoreCorruptError(
-            f"{store}: {len(damage)} shard object{'s' if len(damage) > 1 else ''} missing "
-            f"({damage[0]}{', ...' if len(damage) > 1 else ''}); the store is damaged, "
-            f"re-tile with: landcover tile <the same inputs and options> --out {store} "
-            "--overwrite"
-        )
-
-
-def _state(s: StoreSummary, damage: list[str]) -> str:
-    if damage:
-        return "DAMAGED"
-    state = "complete" if s.complete else "incomplete (rerun the tile command to resume)"
-    if not s.integrity_checked:
-        state += "; integrity not checkable (older format: re-tile with --overwrite)"
-    return state
-
-
-def summary_json(
-    url: str, s: StoreSummary, stored_bytes: int, *, damage: list[str] | None = None
-) -> dict[str, Any]:
-    return {
-        "url": url,
-        "format_version": s.format_version,
-        "complete": s.complete,
-        "damaged": list(damage or []),
-        "integrity_checked": s.integrity_checked,
-        "split_block_m": s.split_block_m,
-        "chip_size": s.chip_size,
-        "stride": s.stride,
-        "shard_size": s.shard_size,
-        "bands": list(s.bands),
-        "chips": s.num_chips,
-        "train": s.num_train,
-        "val": s.num_val,
-        "val_fraction": s.val_fraction,
-        "has_labels": s.has_labels,
-        "class_map": s.class_map.name if s.class_map else None,
-        "classes": (
-            [
-                {"code": c.code, "name": c.name, "pixels": s.class_counts[c.code]}
-                for c in s.class_map.classes
-            ]
-            if s.class_map
-            else []
-        ),
-        "band_mean": list(s.band_mean),
-        "band_std": list(s.band_std),
-        "resolution_m": s.resolution_m,
-        "bytes_on_disk": stored_bytes,
-        "sources": [
-            {
-                "id": r.id,
-                "path": r.path,
-                "shape": list(r.shape),
-                "chips": r.chips,
-                "train": r.train_chips,
-                "val": r.val_chips,
-                "resolution_m": r.resolution_m,
-            }
-            for r in s.sources
-        ],
-    }
-
-
-def describe_summary(
-    url: str, s: StoreSummary, stored_bytes: int, *, damage: list[str] | None = None
-) -> list[str]:
-    damage = list(damage or [])
-    lines = [
-        f"store: {url} (format version {s.format_version}, {_state(s, damage)})",
-        f"chips: {s.num_chips} of {s.chip_size} x {s.chip_size} px "
-        f"(train {s.num_train}, val {s.num_val}), stride {s.stride}, {s.shard_size} per shard",
-        f"bytes on disk: {_mb(stored_bytes)} ({_mb(s.num_chips * s.chip_bytes)} uncompressed)",
-        "bands:  " + "  ".join(f"{b:>7}" for b in s.bands),
-        "  mean: " + "  ".join(f"{m:7.2f}" for m in s.band_mean),
-        "  std:  " + "  ".join(f"{d:7.2f}" for d in s.band_std),
-    ]
-    if s.class_map:
-        total = sum(s.class_counts) or 1
-        lines.append(f"classes ({s.class_map.name}):")
-        for c in s.class_map.classes:
-            n = s.class_counts[c.code]
-            lines.append(f"  {c.code:3d} {c.name:<22} {n:>14,d} px {100 * n / total:6.2f} %")
-    else:
-        lines.append("labels: none (images-only store)")
-    if damage:
-        lines.append(f"damaged: {len(damage)} shard objects missing or corrupt:")
-        lines.extend(f"  {d}" for d in damage[:10])
-        if len(damage) > 10:
-            lines.append(f"  ... and {len(damage) - 10} more")
-    if s.split_block_m:
-        lines.append(
-            f"split: ground blocks of {s.split_block_m:g} m, val fraction {s.val_fraction}"
-        )
-    lines.append(f"sources: {len(s.sources)}")
-    for r in s.sources[:20]:
-        lines.append(f"  {r.id:4d} {r.path}  {r.shape[0]} x {r.shape[1]} px, {r.chips} chips")
-    if len(s.sources) > 20:
-        lines.append(f"  ... and {len(s.sources) - 20} more (--json lists all)")
+        lines.append(f"  {n} worker{'s' if n > 1 else ' '}: {mb(plan.ram_per_worker_bytes(n))}")
     return lines

@@ -1,5 +1,6 @@
 """The block schedule of a prediction: the output grid cut into square blocks, the windows a
-block owns (for the progress bar), and which pixels of a block the region covers.
+block owns (for the progress bar), which pixels of a block the region covers, and the check
+that a finished prediction found data in it.
 
 A pixel is inside the region when its centre is; these functions only rasterize the region,
 they read no pixel of the images.
@@ -15,6 +16,7 @@ from rasterio.features import rasterize
 from shapely.geometry import box
 from shapely.geometry.base import BaseGeometry
 
+from landcover.errors import RegionError
 from landcover.prediction.blend import WindowLayout
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 
@@ -66,3 +68,12 @@ def region_has_pixels(plan: GridPlan, block_px: int) -> bool:
         if region_mask(plan.area, plan.grid, row0, col0, height, width).any():
             return True
     return False
+
+
+def require_predicted_pixels(class_pixels: npt.NDArray[np.int64]) -> None:
+    """Raise `RegionError` when the tally per class code has no pixel but nodata (code 0)."""
+    if class_pixels[1:].sum() == 0:
+        raise RegionError(
+            "no image pixel with data inside the region (all nodata after masking); "
+            "check the region and the images' nodata"
+        )

@@ -1,5 +1,10 @@
-"""The files a prediction writes: checked before the run, written beside the output under
-temporary names, turned into COGs and renamed into place only when everything succeeded.
+"""The files a prediction writes: checked before the run, written under temporary names,
+turned into COGs and put into place only when everything succeeded.
+
+Outputs are local paths (or file:// URLs) or fsspec URLs such as az://container/lc.tif. A
+local output's temporary files sit beside it and are renamed into place; a remote output's
+sit in a local temporary directory (GDAL writes files) and are uploaded whole at the end (a
+blob is committed by its last request, so a reader never sees half of one).
 
 `check_outputs` runs before the model is loaded: an output that cannot be written fails in a
 second, not after an hour of inference. `TempOutputs` is a context manager: its temporary
@@ -12,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +34,8 @@ from landcover.classes import NODATA_CODE, colormap
 from landcover.errors import LandcoverError, PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, TAG_MODEL, OutputGrid
+from tiling.sources import open_raster
+from tiling.urls import filesystem, is_local, storage_errors
 
 # Probabilities are stored as round(p * 254); 255 marks pixels outside the region.
 PROBABILITY_SCALE = 254
@@ -36,39 +45,56 @@ COG_BLOCK_PX = 512
 
 @dataclass(frozen=True, slots=True)
 class OutputPaths:
-    """The class map and, optionally, the probabilities raster (local paths)."""
+    """The class map and, optionally, the probabilities raster (local paths or URLs)."""
 
     out: str
     probabilities: str | None = None
 
 
-def check_outputs(out: str, probabilities: str | None, *, overwrite: bool) -> OutputPaths:
-    """Fail now if an output cannot be written: remote, a directory, existing without
-    `overwrite`, or where no file can be created (missing directories are fine: they are
-    created when writing starts)."""
-    out = _local(out, "--out")
-    probabilities = None if not probabilities else _local(probabilities, "--probabilities")
+def check_outputs(
+    out: str,
+    probabilities: str | None,
+    *,
+    overwrite: bool,
+    storage_options: Mapping[str, Any] | None = None,
+) -> OutputPaths:
+    """Fail now if an output cannot be written: a directory, existing without `overwrite`,
+    where no file can be created (missing directories are fine: they are created when
+    writing starts), or on storage that does not answer."""
+    out = out.removeprefix("file://")
+    probabilities = probabilities.removeprefix("file://") if probabilities else None
     paths = [("--out", out)] + ([("--probabilities", probabilities)] if probabilities else [])
     for option, path in paths:
+        if not is_local(path):
+            _check_remote(option, path, storage_options, overwrite=overwrite)
+            continue
         if Path(path).is_dir():
             raise PredictionError(
                 f"{option} {path} is a directory; give a file name like {Path(path) / 'lc.tif'}"
             )
         refuse_existing([path], overwrite=overwrite)
         _check_directory_writable(option, path)
-    if probabilities and Path(probabilities).resolve() == Path(out).resolve():
+    if probabilities and _same_target(probabilities, out):
         raise PredictionError("--probabilities must name a different file than --out")
     return OutputPaths(out, probabilities)
 
 
-def _local(path: str, option: str) -> str:
-    if path.startswith("file://"):
-        return path.removeprefix("file://")
-    if "://" in path:
-        raise PredictionError(
-            f"{option} {path}: outputs are written to a local path; write locally, then upload"
-        )
-    return path
+def _same_target(a: str, b: str) -> bool:
+    if is_local(a) and is_local(b):
+        return Path(a).resolve() == Path(b).resolve()
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def _check_remote(
+    option: str, url: str, storage_options: Mapping[str, Any] | None, *, overwrite: bool
+) -> None:
+    fs, path = filesystem(url, storage_options)  # an unreachable account fails here
+    with storage_errors(url):
+        if fs.isdir(path):
+            raise PredictionError(
+                f"{option} {url} is a directory; give a file name like {url.rstrip('/')}/lc.tif"
+            )
+        refuse_existing([url], overwrite=overwrite, exists=lambda _: bool(fs.exists(path)))
 
 
 def _check_directory_writable(option: str, path: str) -> None:
@@ -92,21 +118,27 @@ def _check_directory_writable(option: str, path: str) -> None:
 
 
 class TempOutputs:
-    """Temporary names beside each output: the tiled GeoTIFFs written block by block, then
+    """Temporary local names for each output: the tiled GeoTIFFs written block by block, then
     their COGs. Use as a context manager; leaving it removes whatever was not committed."""
 
-    def __init__(self, outputs: OutputPaths) -> None:
+    def __init__(
+        self, outputs: OutputPaths, storage_options: Mapping[str, Any] | None = None
+    ) -> None:
         token = uuid.uuid4().hex[:8]
         out, prob = outputs.out, outputs.probabilities
         self.out, self.prob = out, prob
-        self.tiles_out = _temp_name(out, token, "tiles")
-        self.cog_out = _temp_name(out, token, "cog")
-        self.tiles_prob = None if prob is None else _temp_name(prob, token, "tiles")
-        self.cog_prob = None if prob is None else _temp_name(prob, token, "cog")
+        self.storage_options = dict(storage_options or {})
+        remote = [p for p in (out, prob) if p is not None and not is_local(p)]
+        # GDAL writes local files: a remote output's are made here and uploaded at the end.
+        self.scratch = tempfile.mkdtemp(prefix="landcover-predict-") if remote else None
+        self.tiles_out = self._temp_name(out, token, "tiles")
+        self.cog_out = self._temp_name(out, token, "cog")
+        self.tiles_prob = None if prob is None else self._temp_name(prob, token, "tiles")
+        self.cog_prob = None if prob is None else self._temp_name(prob, token, "cog")
 
     def __enter__(self) -> TempOutputs:
         for path in (self.out, self.prob):
-            if path is not None:
+            if path is not None and is_local(path):
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -119,11 +151,11 @@ class TempOutputs:
         self.remove_all()
 
     def commit(self) -> None:
-        """Rename the COGs into place."""
+        """Put the COGs in place: rename (local) or upload (remote)."""
         # The probabilities first: the class map appearing is the sign that the run finished.
         if self.prob is not None and self.cog_prob is not None:
-            os.replace(self.cog_prob, self.prob)
-        os.replace(self.cog_out, self.out)
+            self._put(self.cog_prob, self.prob)
+        self._put(self.cog_out, self.out)
 
     def remove_all(self) -> None:
         """Delete every temporary file (and GDAL's .aux.xml side files) that exists."""
@@ -131,11 +163,24 @@ class TempOutputs:
             if path is not None:
                 Path(path).unlink(missing_ok=True)
                 Path(path + ".aux.xml").unlink(missing_ok=True)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
+    def _temp_name(self, path: str, token: str, kind: str) -> str:
+        if is_local(path):
+            target = Path(path)
+            return str(target.parent / f".{target.name}.{token}.{kind}.part.tif")
+        assert self.scratch is not None  # made in __init__ for every remote output
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        return str(Path(self.scratch) / f"{name}.{token}.{kind}.part.tif")
 
-def _temp_name(path: str, token: str, kind: str) -> str:
-    target = Path(path)
-    return str(target.parent / f".{target.name}.{token}.{kind}.part.tif")
+    def _put(self, local: str, target: str) -> None:
+        if is_local(target):
+            os.replace(local, target)
+            return
+        fs, path = filesystem(target, self.storage_options)
+        with storage_errors(target):
+            fs.put_file(local, path)
 
 
 def class_profile(grid: OutputGrid) -> dict[str, Any]:
@@ -190,6 +235,15 @@ def _class_tags(meta: ModelMeta) -> dict[str, str]:
     }
 
 
+def write_cogs(temps: TempOutputs, classes: str, probabilities: str | None) -> None:
+    """The outputs' COGs at `temps`' COG names from the tiled (or VRT) `classes` and
+    `probabilities`: class overviews by mode (a class, never an average of codes),
+    probability overviews by average."""
+    to_cog(classes, temps.cog_out, resampling="MODE")
+    if probabilities is not None and temps.cog_prob is not None:
+        to_cog(probabilities, temps.cog_prob, resampling="AVERAGE")
+
+
 def to_cog(src: str, dst: str, *, resampling: str) -> None:
     """Copy a tiled GeoTIFF to a Cloud-Optimized GeoTIFF with overviews by `resampling`."""
     try:
@@ -206,3 +260,14 @@ def to_cog(src: str, dst: str, *, resampling: str) -> None:
         )
     except rasterio.errors.RasterioIOError as exc:
         raise LandcoverError(f"{dst}: could not write the COG ({exc})".splitlines()[0]) from None
+
+
+def read_back(out: str, storage_options: Mapping[str, Any] | None = None) -> tuple[OutputGrid, int]:
+    """The grid of a written class raster and how many of its pixels hold a class (not
+    nodata), read tile by tile (memory stays at one tile)."""
+    with open_raster(out, storage_options) as ds:
+        grid = OutputGrid(ds.crs, ds.transform, width=ds.width, height=ds.height)
+        valid = 0
+        for _, window in ds.block_windows(1):
+            valid += int((ds.read(1, window=window) != NODATA_CODE).sum())
+    return grid, valid

@@ -13,6 +13,10 @@ block rows are run once for each (about 12% more inference with 2048 px blocks a
 windows) rather than keeping a region-wide strip of logits. The tiled GeoTIFF then becomes a
 Cloud-Optimized GeoTIFF (GDAL's COG driver, overviews by mode) under a temporary name that is
 renamed into place at the end.
+
+A distributed run (`rank`, `world_size`) gives each rank whole block rows and writes parts
+that rank 0 assembles into the same COG (`landcover.prediction.distributed`); this module
+only picks the blocks a rank runs and where it writes them.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -35,15 +39,15 @@ from tqdm import tqdm
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import WindowLayout
-from landcover.prediction.blocks import blocks, region_has_pixels
+from landcover.prediction.blocks import region_has_pixels, require_predicted_pixels
 from landcover.prediction.blockstages import (
     BlockPredictor,
-    BlockRect,
     BlockWriter,
     PredictedBlock,
     PreparedBlock,
     prepare_block,
 )
+from landcover.prediction.distributed import RankRun, run_rank
 from landcover.prediction.outfiles import (
     OutputPaths,
     TempOutputs,
@@ -52,7 +56,7 @@ from landcover.prediction.outfiles import (
     describe_class_raster,
     describe_probability_raster,
     probability_profile,
-    to_cog,
+    write_cogs,
 )
 from landcover.prediction.outgrid import (
     DEFAULT_MAX_PIXELS,
@@ -61,6 +65,7 @@ from landcover.prediction.outgrid import (
     plan_output_grid,
 )
 from landcover.prediction.pipeline import run_pipeline
+from landcover.prediction.ranks import RankShare, whole_grid
 from landcover.prediction.region import Region, parse_crs
 from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
@@ -114,6 +119,9 @@ class PredictConfig:
 
 @dataclass(frozen=True, slots=True)
 class PredictResult:
+    """What a prediction wrote; on ranks other than 0 of a distributed run, the counts are
+    those of the rank's own share."""
+
     out: str
     probabilities: str | None
     grid: OutputGrid
@@ -124,12 +132,30 @@ class PredictResult:
     elapsed_s: float
 
 
-def predict_region(config: PredictConfig) -> PredictResult:
-    """Predict `config.region` (or the union of the images) and write `config.out` as a COG."""
+def predict_region(config: PredictConfig, *, rank: int = 0, world_size: int = 1) -> PredictResult:
+    """Predict `config.region` (or the union of the images) and write `config.out` as a COG.
+
+    With `world_size` > 1, each of the ranks 0..world_size-1 calls this with the same config:
+    each predicts its whole block rows into a part beside the output; rank 0 then waits for
+    every part and returns once the outputs are in place, identical to a one-process run's.
+    Only rank 0 shows a progress bar.
+    """
     started = time.perf_counter()
     with warnings_to_log():
-        outputs = check_outputs(config.out, config.probabilities, overwrite=config.overwrite)
-        check_storage_options([config.model, *config.images], config.storage_options)
+        if not 0 <= rank < world_size:
+            raise PredictionError(
+                f"rank {rank} of world size {world_size}: need 0 <= rank < world size"
+            )
+        outputs = check_outputs(
+            config.out,
+            config.probabilities,
+            overwrite=config.overwrite,
+            storage_options=config.storage_options,
+        )
+        urls = [config.model, *config.images, outputs.out, outputs.probabilities or ""]
+        check_storage_options([u for u in urls if u], config.storage_options)
+        if rank != 0:
+            config = replace(config, progress=False)
         if config.batch_size < 1:
             raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
         if config.block_px < 16:
@@ -138,7 +164,7 @@ def predict_region(config: PredictConfig) -> PredictResult:
         device = resolve_device(config.device)
         FreedMemory().reuse()  # before the model loads (see FreedMemory)
         with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
-            grid, plan, tally = _predict_and_write(config, outputs, device)
+            grid, plan, tally = _predict_and_write(config, outputs, device, rank, world_size)
     result = PredictResult(
         out=outputs.out,
         probabilities=outputs.probabilities,
@@ -149,18 +175,19 @@ def predict_region(config: PredictConfig) -> PredictResult:
         class_pixels=tuple(int(v) for v in tally.class_pixels),
         elapsed_s=time.perf_counter() - started,
     )
-    logger.info(
-        "wrote %s (%d valid px, %d windows, %.1f s)",
-        result.out,
-        result.valid_pixels,
-        result.windows,
-        result.elapsed_s,
-    )
+    if rank == 0:
+        logger.info(
+            "wrote %s (%d valid px, %d windows, %.1f s)",
+            result.out,
+            result.valid_pixels,
+            result.windows,
+            result.elapsed_s,
+        )
     return result
 
 
 def _predict_and_write(
-    config: PredictConfig, outputs: OutputPaths, device: torch.device
+    config: PredictConfig, outputs: OutputPaths, device: torch.device, rank: int, world_size: int
 ) -> tuple[OutputGrid, GridPlan, _Tally]:
     model, meta = load_window_model(
         config.model,
@@ -200,18 +227,24 @@ def _predict_and_write(
             f"region covers no pixel centre of the images at {grid.resolution:g} "
             "units/px after masking; give a larger region or a finer --resolution"
         )
-    with TempOutputs(outputs) as temps:
-        tally = _predict_into(
-            model, meta, plan, layout, config, device, temps.tiles_out, temps.tiles_prob
+    if world_size > 1:
+        run = RankRun(
+            config, plan, layout, meta.num_classes, device.type, outputs, rank, world_size
         )
-        if tally.class_pixels[1:].sum() == 0:
-            raise RegionError(
-                "no image pixel with data inside the region (all nodata after masking); "
-                "check the region and the images' nodata"
-            )
-        to_cog(temps.tiles_out, temps.cog_out, resampling="MODE")
-        if temps.tiles_prob is not None and temps.cog_prob is not None:
-            to_cog(temps.tiles_prob, temps.cog_prob, resampling="AVERAGE")
+        windows, class_pixels = run_rank(
+            run,
+            lambda share, tiles_out, tiles_prob: _predict_into(
+                model, meta, plan, layout, config, device, share, tiles_out, tiles_prob
+            ),
+        )
+        return grid, plan, _Tally(class_pixels, windows)
+    with TempOutputs(outputs, config.storage_options) as temps:
+        share = whole_grid(grid)
+        tally = _predict_into(
+            model, meta, plan, layout, config, device, share, temps.tiles_out, temps.tiles_prob
+        )
+        require_predicted_pixels(tally.class_pixels)
+        write_cogs(temps, temps.tiles_out, temps.tiles_prob)
         temps.commit()
     return grid, plan, tally
 
@@ -229,12 +262,12 @@ def _predict_into(
     layout: WindowLayout,
     config: PredictConfig,
     device: torch.device,
+    share: RankShare,
     tiles_out: str,
     tiles_prob: str | None,
-    block_rects: Iterable[BlockRect] | None = None,
 ) -> _Tally:
-    """Predict the blocks `block_rects` (default: every block of the grid, row by row) into
-    the tiled GeoTIFFs; reading, inference and writing overlap (`pipeline`)."""
+    """Predict the blocks of `share` (whole block rows) into tiled GeoTIFFs of its rows;
+    reading, inference and writing overlap (`landcover.prediction.pipeline`)."""
     grid = plan.grid
     windows = WindowRunner(
         model,
@@ -247,23 +280,28 @@ def _predict_into(
     )
     show = config.progress if config.progress is not None else sys.stderr.isatty()
     with ExitStack() as stack:
-        dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(grid)))
+        target = share.grid(grid)
+        dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(target)))
         describe_class_raster(dst, meta)
         prob = None
         if tiles_prob is not None:
-            profile = probability_profile(grid, meta)
+            profile = probability_profile(target, meta)
             prob = stack.enter_context(rasterio.open(tiles_prob, "w", **profile))
             describe_probability_raster(prob, meta)
         bar = stack.enter_context(
-            tqdm(total=layout.num_windows, unit="window", disable=not show, desc="predict")
+            tqdm(
+                total=share.windows(grid, layout, config.block_px),
+                unit="window",
+                disable=not show,
+                desc="predict",
+            )
         )
         reader = RasterReader(storage_options=config.storage_options)
         stack.callback(reader.close)
         predictor = BlockPredictor(
             windows, meta.num_classes, device=device, probabilities=prob is not None
         )
-        writer = BlockWriter(dst, prob, meta.num_classes)
-
+        writer = BlockWriter(dst, prob, meta.num_classes, first_row=share.row0)
         memory = FreedMemory()
 
         def predict(prepared: PreparedBlock) -> PredictedBlock:
@@ -276,7 +314,7 @@ def _predict_into(
         # The pipeline's threads have stopped when it returns or raises: the files and the
         # reader are closed after them.
         run_pipeline(
-            blocks(grid, config.block_px) if block_rects is None else block_rects,
+            share.blocks(grid, config.block_px),
             partial(prepare_block, plan, layout, reader),
             predict,
             writer,

@@ -137,6 +137,14 @@ def resolve_device(text: str) -> torch.device:
     return device
 
 
+def rank_device(text: str, local_rank: int) -> str:
+    """The --device of one rank of a job: `auto` or `cuda` become the rank's own GPU
+    (`cuda:<local rank mod GPUs>`) when there are GPUs; anything else stays as given."""
+    if text in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{local_rank % torch.cuda.device_count()}"
+    return text
+
+
 def window_overlap(overlap_px: int | None, chip_size: int) -> int:
     """The overlap of neighbouring windows in px: `overlap_px`, or a quarter of the chip."""
     overlap = chip_size // 4 if overlap_px is None else overlap_px

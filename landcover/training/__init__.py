@@ -11,7 +11,6 @@ from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from landcover.training.config import TrainConfig
-    from landcover.training.distenv import DistEnv, read_dist_env
     from landcover.training.distributed import Collectives, cpu_model_name
     from landcover.training.losses import (
         Scores,
@@ -39,7 +38,6 @@ __all__ = [
     "Checkpoint",
     "Collectives",
     "DdpSync",
-    "DistEnv",
     "EpochRecord",
     "LrSchedule",
     "RunInfo",
@@ -57,7 +55,6 @@ __all__ = [
     "cpu_model_name",
     "lr_scale",
     "open_training_store",
-    "read_dist_env",
     "read_metrics",
     "scores_from_confusion",
     "segmentation_loss",
@@ -94,9 +91,7 @@ __getattr__, __dir__ = lazy_exports(
         "scores_from_confusion": "losses",
         "segmentation_loss": "losses",
         "Collectives": "distributed",
-        "DistEnv": "distenv",
         "cpu_model_name": "distributed",
-        "read_dist_env": "distenv",
         "read_metrics": "rundir",
         "check_local_training": "preflight",
         "open_training_store": "preflight",

@@ -2,7 +2,7 @@
 trainer needs.
 
 Where the process sits (`DistEnv`) is read from the launcher's environment in one place,
-`landcover.training.distenv.read_dist_env` (re-exported here); everything else receives a
+`landcover.distenv.read_dist_env` (re-exported here); everything else receives a
 `DistEnv`.
 
 The LOCAL_WORLD_SIZE workers of a node share it: each gets its own GPU (`resolve_device`), its
@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch import nn
 
 from cluster.machine import local_cpu_count
+from landcover.distenv import DistEnv as DistEnv
+from landcover.distenv import read_dist_env as read_dist_env
 from landcover.errors import TrainingError
-from landcover.training.distenv import DistEnv as DistEnv
-from landcover.training.distenv import read_dist_env as read_dist_env
 
 logger = logging.getLogger(__name__)
 

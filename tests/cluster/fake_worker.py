@@ -7,7 +7,7 @@ Each epoch every rank all-reduces `rank + 1`; rank 0 adds the sum to a running t
 metrics.jsonl line and checkpoints (epoch, total) atomically. An uninterrupted run of E epochs on
 W workers ends with total = E * W * (W + 1) / 2, so a lost or repeated epoch changes the total.
 Started by srun (no RANK/WORLD_SIZE), it takes its rank from SLURM's variables as the real
-worker does (`landcover.training.distenv`). `--die-at-epoch K` makes rank R SIGKILL itself once
+worker does (`landcover.distenv`). `--die-at-epoch K` makes rank R SIGKILL itself once
 (a marker file remembers) right after epoch K's checkpoint; `--resume` continues from the
 checkpoint (fresh when there is none), as the real trainer does. Every start appends a line to
 RUN_DIR/starts.jsonl with its argv, restart count, the epoch it resumed from and where each rank

@@ -142,6 +142,23 @@ def test_launch_follows_the_job_and_streams_rank_0(fake_slurm: FakeSlurm) -> Non
     assert fake_slurm.calls("scancel") == []
 
 
+def test_logs_of_an_earlier_job_with_the_same_id_are_not_followed(
+    fake_slurm: FakeSlurm,
+) -> None:
+    """A re-created cluster (the testbed) numbers its jobs from 1 again: job 42's logs from
+    before this submission are not this job's."""
+    fake_slurm.log_dir.mkdir(parents=True, exist_ok=True)
+    stale = [fake_slurm.plan.rank_log("42", r) for r in (0, 1)] + [fake_slurm.plan.batch_log("42")]
+    for path in stale:
+        Path(path).write_text("epoch 9 done (an old job)\n")
+        os.utime(path, (time.time() - 60, time.time() - 60))
+    fake_slurm.states("RUNNING 0:0|epoch 1 done", "COMPLETED 0:0")
+    lines, _ = fake_slurm.launch()
+    assert "epoch 9 done (an old job)" not in lines
+    assert "epoch 1 done" in lines
+    assert not Path(stale[1]).exists()
+
+
 def test_without_wait_the_job_is_only_submitted(fake_slurm: FakeSlurm) -> None:
     fake_slurm.states("RUNNING 0:0")
     lines, result = fake_slurm.launch(wait=False)

@@ -22,7 +22,7 @@ from tests.tiling.rasters import (
 )
 from tiling.classes import get_class_map
 from tiling.errors import LabelError
-from tiling.reader import RasterReader
+from tiling.reader import RasterReader, _any_band_differs, _any_band_nonzero
 from tiling.sources import open_image, open_label
 
 NO_NODATA_TAG = "m_4112001_sw_10_060_20220716.tif"
@@ -94,6 +94,16 @@ def test_invalid_pixels_read_as_zero_in_every_band(scenes: Scenes, tmp_path: Pat
     assert not valid[:30, :50].any() and valid[30:].all()
     assert (pixels[:, ~valid] == 0).all()
     assert np.array_equal(pixels[:, valid], data[:, valid])
+
+
+def test_the_zero_mask_is_any_band_differing_from_zero() -> None:
+    pixels = np.random.default_rng(4).integers(0, 2, size=(4, 30, 41), dtype=np.uint8)
+    pixels[:, :5] = 0  # every band 0
+    pixels[3, 5:7] = 9  # NIR alone set
+    mask = _any_band_nonzero(pixels)
+    assert mask.dtype == np.bool_ and not mask[:5].any() and mask[5:7].all()
+    assert np.array_equal(mask, _any_band_differs(pixels, np.uint8(0)))
+    assert np.array_equal(mask, pixels.any(axis=0))
 
 
 # --- labels -----------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from landcover.distenv import DistEnv
 from landcover.errors import TrainingError
-from landcover.training.distenv import DistEnv
 from landcover.training.distributed import (
     Collectives,
     check_shard_fits,

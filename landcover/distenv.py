@@ -8,6 +8,9 @@ SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE or the node count, SLURM_STEP_N
 SLURM_JOB_NUM_NODES), read when RANK and WORLD_SIZE are both absent; MASTER_ADDR/MASTER_PORT
 then come from the sbatch script (`cluster.slurmplan` sets them). No torch here: the
 environment is checked before anything heavy is imported.
+
+Every stage reads it here: the training worker, and `landcover tile|predict --rank-from-env`
+(the ranks of a distributed tile or predict job).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from landcover.errors import TrainingError
+from landcover.errors import LaunchEnvError
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +63,9 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         try:
             value = int(text)
         except ValueError:
-            raise TrainingError(f"{name}={text!r} is not an integer; fix the launcher") from None
+            raise LaunchEnvError(f"{name}={text!r} is not an integer; fix the launcher") from None
         if value < minimum:
-            raise TrainingError(f"{name}={value} must be >= {minimum}; fix the launcher")
+            raise LaunchEnvError(f"{name}={value} must be >= {minimum}; fix the launcher")
         return value
 
     world_size = integer("WORLD_SIZE", 1, minimum=1)
@@ -73,16 +76,16 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     node_name = "NODE_RANK" if env.get("NODE_RANK", "").strip() else "GROUP_RANK"
     node_rank = integer(node_name, rank // local_world_size, minimum=0)
     if rank >= world_size:
-        raise TrainingError(f"RANK={rank} must be < WORLD_SIZE={world_size}; fix the launcher")
+        raise LaunchEnvError(f"RANK={rank} must be < WORLD_SIZE={world_size}; fix the launcher")
     if local_rank >= local_world_size:
-        raise TrainingError(
+        raise LaunchEnvError(
             f"LOCAL_RANK={local_rank} must be < LOCAL_WORLD_SIZE={local_world_size}; "
             "fix the launcher"
         )
     master_addr = env.get("MASTER_ADDR", "").strip() or None
     master_port = integer("MASTER_PORT", 0, minimum=0) or None
     if world_size > 1 and (master_addr is None or master_port is None):
-        raise TrainingError(
+        raise LaunchEnvError(
             f"WORLD_SIZE={world_size} but MASTER_ADDR/MASTER_PORT are not set; launch with "
             "torchrun (python -m torch.distributed.run) or an sbatch script of "
             "`landcover cluster plan`, or set them"
@@ -116,7 +119,7 @@ def _from_slurm(env: Mapping[str, str]) -> dict[str, str]:
     missing = [name for name in _SLURM_TASK if name not in given]
     if missing:
         beside = f" beside {', '.join(given)}" if given else ""
-        raise TrainingError(
+        raise LaunchEnvError(
             f"{', '.join(missing)} not set{beside} in an srun step: start the workers with "
             "srun (one task per worker), or set RANK and WORLD_SIZE"
         )
@@ -128,9 +131,11 @@ def _from_slurm(env: Mapping[str, str]) -> dict[str, str]:
         try:
             value = int(text)
         except ValueError:
-            raise TrainingError(f"{name}={text!r} is not an integer; fix the srun launch") from None
+            raise LaunchEnvError(
+                f"{name}={text!r} is not an integer; fix the srun launch"
+            ) from None
         if value < minimum:
-            raise TrainingError(f"{name}={value} must be >= {minimum}; fix the srun launch")
+            raise LaunchEnvError(f"{name}={value} must be >= {minimum}; fix the srun launch")
         return value
 
     rank, tasks, local_rank, node = (integer(n, least) or 0 for n, least in _SLURM_TASK.items())
@@ -142,7 +147,7 @@ def _from_slurm(env: Mapping[str, str]) -> dict[str, str]:
     if per_node is None and nodes is not None and tasks % nodes == 0:
         per_node = tasks // nodes
     if (step_layout and not uniform) or per_node is None or (nodes and per_node * nodes != tasks):
-        raise TrainingError(
+        raise LaunchEnvError(
             f"SLURM_NTASKS={tasks} tasks are not the same number on each of "
             f"{nodes or '(unknown)'} node(s) (tasks per node: "
             f"{step_layout or per_node or '(unset)'}): submit with --ntasks-per-node, as the "
@@ -155,7 +160,7 @@ def _from_slurm(env: Mapping[str, str]) -> dict[str, str]:
     )
     for name, value, bound_name, bound in checks:
         if value >= bound:
-            raise TrainingError(f"{name}={value} must be < {bound_name} {bound}; fix the launch")
+            raise LaunchEnvError(f"{name}={value} must be < {bound_name} {bound}; fix the launch")
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(tasks),

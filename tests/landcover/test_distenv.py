@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from landcover.errors import TrainingError
-from landcover.training.distenv import DistEnv, read_dist_env
+from landcover.distenv import DistEnv, read_dist_env
+from landcover.errors import LaunchEnvError
 
 TORCHRUN_ENV = {
     "RANK": "5",
@@ -52,7 +52,7 @@ def test_node_rank_defaults_from_rank() -> None:
     ],
 )
 def test_bad_launcher_values_are_named(override: dict[str, str], message: str) -> None:
-    with pytest.raises(TrainingError, match=message):
+    with pytest.raises(LaunchEnvError, match=message):
         read_dist_env({**TORCHRUN_ENV, **override})
 
 
@@ -132,7 +132,7 @@ def test_torchrun_variables_win_over_slurm() -> None:
     ],
 )
 def test_bad_slurm_values_are_one_line(override: dict[str, str], message: str) -> None:
-    with pytest.raises(TrainingError) as info:
+    with pytest.raises(LaunchEnvError) as info:
         read_dist_env({**SLURM_ENV, **override})
     assert message in str(info.value)
     assert "\n" not in str(info.value)

@@ -1,0 +1,162 @@
+"""Distributed tiling: `landcover tile --workers 1` as one process and as `--nproc 2` ranks.
+
+The same synthetic NAIP-like scenes and labels (`tiling.synth`, written once to a temporary
+folder) are cut into 256 px chips by `landcover tile` run as a subprocess, the way a user
+runs it: once as one process, once as 2 ranks on the local engine (`--nproc 2`, one reader
+thread per rank). Prints chips/s per rank count, the speed-up (goal >= 1.8x on 2 cores), the
+commit's share of rank 0's time (its log line: parts, MB, seconds), whether the two stores
+are byte-identical, and an estimate for a state (4,000 NAIP quarter-quads, ~2.7 M chips) on
+16 and 64 nodes from the measured per-rank rate and the measured commit rate. Best of
+`--repeat`; never asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiling.store import open_store
+from tiling.synth import SynthConfig, synthesize_scenes
+
+CHIP = 256
+STATE_FILES = 4_000
+STATE_CHIPS = 2_700_000
+NODES = (16, 64)
+COMMIT_LINE = re.compile(r"committed (\d+) parts, ([\d.]+) MB in ([\d.]+) s")
+RANK_LINE = re.compile(r"wrote .* in ([\d.]+) s with")
+
+
+@dataclass(frozen=True)
+class Run:
+    ranks: int
+    wall_s: float  # the command, launch included
+    inside_s: float  # rank 0's own time in tile() (its summary line)
+    chips: int
+    commit_mb: float = 0.0
+    commit_s: float = 0.0
+
+    @property
+    def chips_per_s(self) -> float:
+        return self.chips / self.wall_s
+
+
+def tile_once(images: Path, labels: Path, out: Path, ranks: int) -> Run:
+    shutil.rmtree(out, ignore_errors=True)
+    command = [
+        sys.executable, "-m", "landcover", "-v", "tile", str(images / "*.tif"),
+        "--labels", str(labels), "--out", str(out), "--chip-size", str(CHIP),
+        "--min-valid", "0", "--workers", "1",
+    ]  # fmt: skip
+    if ranks > 1:
+        command += ["--nproc", str(ranks)]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"tile with {ranks} rank(s) failed:\n{done.stderr[-3000:]}")
+    output = done.stdout + done.stderr
+    inside = [float(m.group(1)) for m in RANK_LINE.finditer(output)]
+    commit = COMMIT_LINE.search(output)
+    return Run(
+        ranks=ranks,
+        wall_s=wall,
+        inside_s=min(inside) if inside else wall,
+        chips=open_store(str(out)).summary.num_chips,
+        commit_mb=float(commit.group(2)) if commit else 0.0,
+        commit_s=float(commit.group(3)) if commit else 0.0,
+    )
+
+
+def best_of(repeat: int, images: Path, labels: Path, out: Path, ranks: int) -> Run:
+    runs = [tile_once(images, labels, out, ranks) for _ in range(repeat)]
+    return min(runs, key=lambda r: r.wall_s)
+
+
+def same_bytes(a: Path, b: Path) -> bool:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
+
+
+def store_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 scenes of 2048 px")
+    parser.add_argument("--scenes", type=int, default=None, help="[8; --quick: 4]")
+    parser.add_argument("--size", type=int, default=None, help="scene px [4096; --quick: 2048]")
+    parser.add_argument("--repeat", type=int, default=None, help="best of N [2; --quick: 1]")
+    parser.add_argument("--ranks-per-node", type=int, default=16,
+                        help="ranks per node assumed by the state estimate [16]")  # fmt: skip
+    parser.add_argument("--commit-gbps", type=float, default=1.0,
+                        help="GB/s rank 0 moves to/from blob storage [1.0]")  # fmt: skip
+    args = parser.parse_args(argv)
+    scenes = args.scenes or (4 if args.quick else 8)
+    size = args.size or (2048 if args.quick else 4096)
+    repeat = args.repeat or (1 if args.quick else 2)
+    with tempfile.TemporaryDirectory(prefix="bench_tile_ranks_") as tmp:
+        work = Path(tmp)
+        synth = synthesize_scenes(SynthConfig(out_dir=work / "s", scenes=scenes, size_px=size))
+        images, labels = synth.image_paths[0].parent, synth.label_paths[0].parent
+        print(f"{scenes} scenes of {size} x {size} px + labels, {CHIP} px chips, --workers 1 "
+              f"per rank; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}",
+              flush=True)  # fmt: skip
+        one = best_of(repeat, images, labels, work / "one.zarr", 1)
+        two = best_of(repeat, images, labels, work / "two.zarr", 2)
+        identical = same_bytes(work / "one.zarr", work / "two.zarr")
+        per_chip = store_bytes(work / "one.zarr") / one.chips
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
+    report(one, two, identical, per_chip, args.ranks_per_node, args.commit_gbps)
+
+
+def report(
+    one: Run, two: Run, identical: bool, per_chip_bytes: float, per_node: int, gbps: float
+) -> None:
+    print(f"\n{'ranks':>5}  {'wall s':>7}  {'in-rank s':>9}  {'chips':>6}  {'chips/s':>8}")
+    for r in (one, two):
+        print(f"{r.ranks:5d}  {r.wall_s:7.2f}  {r.inside_s:9.2f}  {r.chips:6d}  "
+              f"{r.chips_per_s:8.1f}")  # fmt: skip
+    speedup = one.wall_s / two.wall_s
+    inside = one.inside_s / two.inside_s
+    print(f"speed-up 2 ranks / 1: {speedup:.2f}x by wall time (launch included), "
+          f"{inside:.2f}x inside the ranks (goal >= 1.8x on 2 cores)")  # fmt: skip
+    commit_rate = two.commit_mb / two.commit_s if two.commit_s else float("nan")
+    share = two.commit_s / two.inside_s if two.inside_s else float("nan")
+    print(f"commit (rank 0, 2 ranks): {two.commit_mb:.1f} MB in {two.commit_s:.2f} s = "
+          f"{commit_rate:.0f} MB/s of parts appended, {100 * share:.1f} % of rank 0's "
+          "time")  # fmt: skip
+    print(f"stores byte-identical: {'yes' if identical else 'NO'}")
+    rate = one.chips / one.inside_s  # one rank, one reader thread
+    state_bytes = STATE_CHIPS * per_chip_bytes
+    print(f"\nstate estimate ({STATE_FILES} quarter-quads, {STATE_CHIPS / 1e6:.1f} M chips, "
+          f"{per_chip_bytes / 1e3:.0f} kB stored per chip as measured here = "
+          f"{state_bytes / 1e9:.0f} GB): {per_node} ranks per node at the measured "
+          f"{rate:.1f} chips/s per rank")  # fmt: skip
+    commit_here = 0.0 if math.isnan(commit_rate) else state_bytes / (commit_rate * 1e6)
+    commit_blob = 2 * state_bytes / (gbps * 1e9)  # read every part, write every shard
+    for nodes in NODES:
+        cut_s = STATE_CHIPS / (nodes * per_node * rate)
+        wall = max(cut_s, commit_blob)
+        print(f"  {nodes:3d} nodes: cutting {cut_s / 60:6.1f} min; commit bound "
+              f"{commit_blob / 60:.1f} min at {gbps:g} GB/s through rank 0 "
+              f"({commit_here / 60:.1f} min at this disk's rate); wall ~{wall / 60:.1f} min "
+              f"({'commit' if commit_blob > cut_s else 'cutting'}-bound)")  # fmt: skip
+    print(
+        "(cutting and committing overlap: the wall time is about the larger of the two; "
+        "numbers from a machine other work shares are optimistic for neither)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

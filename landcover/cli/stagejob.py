@@ -1,0 +1,162 @@
+"""`tile` and `predict` as N ranks: `--nproc N` on this machine, or any engine through
+`landcover cluster launch cluster.json -- tile|predict ARGS`.
+
+Every rank runs the very command the user gave, as `python -m landcover STAGE ARGS
+--rank-from-env`. With that (hidden) flag the command reads its place in the job from the
+launcher's environment (`landcover.distenv.read_dist_env`, the one reader of RANK/WORLD_SIZE
+or SLURM's variables) and does its share; the ranks coordinate through the output location
+alone (tiling's staged parts, prediction's parts), so any engine that starts N processes with
+those variables runs a stage. Storage options never travel on a command line, where any user
+of the machine could read them: they are taken out of the arguments and given to the ranks in
+their environment (`LANDCOVER_STORAGE_OPTIONS`).
+
+A rank logs with its rank in every line; rank 0 speaks for the job (INFO), the others report
+only problems. A rank that fails leaves its one-line error for the launcher
+(`cluster.failures`), which reports the first one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from cluster.engine import Job, LaunchOptions, LaunchResult, launch_job
+from cluster.redact import collect_secret_values
+from cluster.spec import local_spec
+from landcover.cli.app import RANK_KEY, RANK_SECRETS_KEY, SUBCOMMAND_ARGS
+from landcover.distenv import DistEnv, read_dist_env
+from landcover.errors import LandcoverError
+from landcover.options import storage_options_env
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STAGES = ("tile", "predict")
+STAGE_MODULE = "landcover"  # `python -m landcover STAGE ...`: the command itself
+RANK_FLAG = "--rank-from-env"
+
+# Options left out of a rank's arguments: --nproc (a rank is one process), the rank flag (added
+# once, at the end) and the storage options (they go by environment). Name → takes a value.
+_NOT_FOR_RANKS = {"--nproc": True, RANK_FLAG: False, "--storage-options": True}
+
+
+class StageError(LandcoverError):
+    """A tile or predict job that cannot be built as asked."""
+
+
+def nproc_option(f: F) -> F:
+    """`--nproc N`: run the command as N local processes (ranks) that share the work."""
+    return click.option(
+        "--nproc",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Local processes (ranks) that share the work, each with its share of the cores; "
+        "1 runs in this process. On a cluster: `landcover cluster launch cluster.json -- ...`.",
+    )(f)
+
+
+def rank_option(f: F) -> F:
+    """The hidden `--rank-from-env`: this process is one rank of a job an engine started."""
+    return click.option(
+        RANK_FLAG,
+        "rank_from_env",
+        is_flag=True,
+        hidden=True,
+        help="Run as one rank of a job: read RANK/WORLD_SIZE (or SLURM's) from the environment.",
+    )(f)
+
+
+def rank_argv(stage: str, args: Sequence[str], *, logging_args: Sequence[str] = ()) -> list[str]:
+    """What every rank runs after `python -m landcover`: the logging options, STAGE, the
+    user's arguments without --nproc and --storage-options, then --rank-from-env."""
+    if stage not in STAGES:
+        raise StageError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
+    kept: list[str] = []
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":  # everything after it is an argument, never an option
+            kept.append(token)
+            kept.extend(tokens)
+            break
+        name, eq, _ = token.partition("=")
+        takes_value = _NOT_FOR_RANKS.get(name)
+        if takes_value is None:
+            kept.append(token)
+        elif takes_value and not eq:
+            next(tokens, None)  # drop the option's value too
+    return [*logging_args, stage, *kept, RANK_FLAG]
+
+
+def stage_job(
+    stage: str,
+    args: Sequence[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    logging_args: Sequence[str] = (),
+) -> Job:
+    """The job whose every worker runs `landcover STAGE ARGS` as one rank. It declares no
+    inputs or outputs: the stage opens its paths and URLs itself (az:// included), so the
+    engines pass them unchanged, and keep their logs where they keep a job's without a run
+    dir (a temporary directory locally, `slurm-logs/` on SLURM)."""
+    return Job(
+        entry_module=STAGE_MODULE,
+        argv=tuple(rank_argv(stage, args, logging_args=logging_args)),
+        secret_env=storage_options_env(storage_options or {}),
+    )
+
+
+def logging_args_of(ctx: click.Context) -> list[str]:
+    """`landcover -v/-q` as the user gave them, for the ranks to log the same way."""
+    root = ctx.find_root().obj or {}
+    return ["-v"] * int(root.get("verbose", 0)) + (["-q"] if root.get("quiet") else [])
+
+
+def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> LaunchResult:
+    """Run this very command as `nproc` ranks on this machine (the local engine: torchrun
+    sets each one's RANK/WORLD_SIZE), streaming their output to stderr; a failed rank ends
+    it with that rank's one-line error."""
+    args = ctx.meta.get(SUBCOMMAND_ARGS)
+    if args is None:
+        raise StageError(
+            f"--nproc {nproc}: the ranks rerun the command line, and there is none here; "
+            f"run `landcover {stage} ... --nproc {nproc}` from the shell"
+        )
+    logging_args = logging_args_of(ctx)
+    job = stage_job(
+        stage,
+        args,
+        storage_options=ctx.params.get("storage_options") or {},
+        logging_args=logging_args,
+    )
+    quiet = "-q" in logging_args
+    return launch_job(local_spec(nproc), job, LaunchOptions(on_output=None if quiet else _stderr))
+
+
+def enter_rank(ctx: click.Context) -> DistEnv:
+    """This process as one rank: read where it sits, log with the rank in every line (rank 0
+    at the level asked, the others warnings only) and remember the rank, so that a failure is
+    left for the launcher (`landcover.cli.app`)."""
+    ctx.meta[RANK_SECRETS_KEY] = collect_secret_values(ctx.params.get("storage_options") or {})
+    ctx.meta[RANK_KEY] = None  # a rank, though not yet known which
+    env = read_dist_env()
+    ctx.meta[RANK_KEY] = env.rank
+    root = ctx.find_root().obj or {}
+    verbose, quiet = int(root.get("verbose", 0)), bool(root.get("quiet"))
+    level = logging.DEBUG if verbose > 1 else logging.INFO
+    if quiet or not env.is_main:
+        level = logging.WARNING
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s rank {env.rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    return env
+
+
+def _stderr(line: str) -> None:
+    click.echo(line, err=True)

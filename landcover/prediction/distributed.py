@@ -1,0 +1,163 @@
+"""One rank of a distributed prediction, start to end.
+
+Every rank of the job calls `run_rank` with the same plan: it takes its share of whole block
+rows (`landcover.prediction.ranks`), predicts them into its part in the staging area beside
+the output (`landcover.prediction.parts`; a part that an earlier run of the same job
+committed is kept), and returns. Rank 0 then waits for every rank's part, writes the outputs
+from them (`landcover.prediction.assemble`) and removes the staging area, so the job ends
+with the outputs complete. The ranks coordinate through those files alone, never through
+torch.distributed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from landcover import __version__
+from landcover.prediction.assemble import assemble, wait_for_parts
+from landcover.prediction.blend import WindowLayout
+from landcover.prediction.blocks import require_predicted_pixels
+from landcover.prediction.outfiles import OutputPaths
+from landcover.prediction.outgrid import GridPlan
+from landcover.prediction.parts import PartRecord, PartWriter, Staging, part_key
+from landcover.prediction.ranks import RankShare, sources_read, split_rows
+from tiling.fingerprint import fingerprint, fingerprints
+
+logger = logging.getLogger(__name__)
+
+
+class Counts(Protocol):
+    """What predicting a share counts: windows run and pixels per class code."""
+
+    windows: int
+    class_pixels: npt.NDArray[np.int64]
+
+
+# Predicts `share` into the tiled GeoTIFFs (classes, probabilities or None) of its rows.
+PredictShare = Callable[[RankShare, str, str | None], Counts]
+
+
+class RunOptions(Protocol):
+    """The options of a prediction (`PredictConfig`) that a distributed run reads."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def block_px(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def tta(self) -> str: ...
+    @property
+    def zero_is_nodata(self) -> bool: ...
+    @property
+    def probabilities(self) -> str | None: ...
+    @property
+    def storage_options(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RankRun:
+    """One rank's place in a distributed prediction and what its part depends on."""
+
+    options: RunOptions
+    plan: GridPlan
+    layout: WindowLayout
+    num_classes: int
+    device_type: str  # cpu, cuda, ...: the same model may round differently on another
+    outputs: OutputPaths
+    rank: int
+    world_size: int
+
+    def settings(self) -> dict[str, Any]:
+        """What a part's pixels depend on besides the model and the images (JSON values):
+        a part made with other values has another key and is never reused."""
+        grid, options = self.plan.grid, self.options
+        region = self.plan.region
+        return {
+            "landcover": __version__,
+            "crs": grid.crs.to_wkt(),
+            "transform": list(grid.transform)[:6],
+            "size": [grid.width, grid.height],
+            "region": None if region is None else hashlib.sha256(region.wkb).hexdigest(),
+            "window": [self.layout.size, self.layout.overlap],
+            "block_px": options.block_px,
+            "batch_size": options.batch_size,
+            "runtime": options.runtime,
+            "tta": options.tta,
+            "device": self.device_type,
+            "zero_is_nodata": options.zero_is_nodata,
+            "probabilities": options.probabilities is not None,
+        }
+
+
+def run_rank(run: RankRun, predict: PredictShare) -> tuple[int, npt.NDArray[np.int64]]:
+    """Predict this rank's share into its part; on rank 0 also wait for every part and write
+    the outputs. Returns (windows run, pixels per class code): the whole grid's on rank 0,
+    this rank's share's on the others."""
+    shares = split_rows(run.plan, run.options.block_px, run.world_size)
+    share = shares[run.rank]
+    staging = Staging(run.outputs.out, run.options.storage_options)
+    key = _keys(run, [share])[run.rank]
+    record = staging.read_record(run.rank, run.world_size, key)
+    if record is not None:
+        logger.info("rank %d: keeping its finished part in %s", run.rank, staging.url)
+    else:
+        record = _write_part(run, staging, share, key, predict)
+    if run.rank != 0:
+        return record.windows, np.asarray(record.class_pixels, dtype=np.int64)
+    # Rank 0 accepts only the part each rank must write, so it needs every key: worked out
+    # now, while the others still predict (fingerprinting a state's images takes a while).
+    keys = _keys(run, shares)
+    records = wait_for_parts(staging, [(s, keys[s.rank]) for s in shares], run.world_size)
+    windows = sum(r.windows for r in records)
+    class_pixels = np.sum([np.asarray(r.class_pixels, dtype=np.int64) for r in records], axis=0)
+    require_predicted_pixels(class_pixels)
+    assemble(staging, records, run.plan.grid, run.outputs, run.options.storage_options)
+    return windows, class_pixels
+
+
+def _write_part(
+    run: RankRun, staging: Staging, share: RankShare, key: str, predict: PredictShare
+) -> PartRecord:
+    probabilities = run.outputs.probabilities is not None
+    with PartWriter(staging, share, run.world_size, key, probabilities=probabilities) as part:
+        if share.is_empty:  # more ranks than block rows with work: nothing to write
+            return part.commit(0, np.zeros(run.num_classes, dtype=np.int64))
+        counts = predict(share, part.tiles_out, part.tiles_prob)
+        record = part.commit(counts.windows, counts.class_pixels)
+    logger.info(
+        "rank %d: wrote rows %d-%d (%d windows) to %s",
+        run.rank,
+        share.row0,
+        share.row1,
+        record.windows,
+        staging.url,
+    )
+    return record
+
+
+def _keys(run: RankRun, shares: Sequence[RankShare]) -> dict[int, str]:
+    """Each share's part key: fingerprints of the model and of the images the share reads
+    (rank 0 fingerprints them all, the others only their own)."""
+    storage_options = run.options.storage_options
+    model = fingerprint(run.options.model, storage_options)
+    reads = {s.rank: sources_read(run.plan, s, run.layout) for s in shares}
+    paths = list(dict.fromkeys(p for ranked in reads.values() for p in ranked))
+    prints = dict(zip(paths, fingerprints(paths, storage_options), strict=True))
+    settings = run.settings()
+    return {
+        s.rank: part_key(
+            settings, model, [(p, prints[p]) for p in reads[s.rank]], s, run.world_size
+        )
+        for s in shares
+    }

@@ -1,0 +1,175 @@
+"""`landcover tile` as ranks: `--nproc N` on the local engine and `cluster launch -- tile` on a
+real SLURM cluster, each store compared byte for byte with a one-process run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cluster.testbed import SlurmTestbed
+from landcover.cli.app import main
+from tests.azurite import Azurite
+from tests.conftest import REPO_ROOT
+from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
+from tests.tiling.rasters import Scenes, make_scenes
+from tests.tiling.test_store import snapshot
+from tiling.parts import PartStaging
+
+# Imported by every rank (PYTHONPATH): rank 1 is SIGKILLed right after staging its first part.
+KILL_RANK_1 = """
+import os
+from tiling.parts import PartStaging
+
+_put = PartStaging.put
+
+def put_then_die(self, part):
+    _put(self, part)
+    if os.environ.get("RANK") == "1":
+        os.kill(os.getpid(), 9)
+
+PartStaging.put = put_then_die
+"""
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four small scenes (two generated, two copies) in one folder."""
+    scenes: Scenes = make_scenes(tmp_path_factory.mktemp("rank-scenes"))
+    folder = scenes.root / "four"
+    folder.mkdir()
+    for name, src in zip("abcd", [*scenes.images, *scenes.images], strict=True):
+        shutil.copy(src, folder / f"{name}.tif")
+    return folder
+
+
+def tile_args(images: Path, out: Path | str, *extra: str) -> list[str]:
+    return [
+        "tile", str(images / "*.tif"), "--labels", str(images.parent / "nlcd"),
+        "--class-map", "nlcd", "--out", str(out), "--chip-size", "64", "--shard-size", "3",
+        "--min-valid", "0.3", "--val-fraction", "0.2", "--workers", "1", *extra,
+    ]  # fmt: skip
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner(env=env).invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def one_process(images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("one") / "one.zarr"
+    result = run(*tile_args(images, out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
+    images: Path, one_process: Path, tmp_path: Path
+) -> None:
+    """`--rank-from-env` as an engine runs it (here one rank after the other, in process)."""
+    out = tmp_path / "env.zarr"
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500", "LANDCOVER_ERROR_DIR": str(tmp_path)}  # fmt: skip
+    second = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "1"})
+    assert second.exit_code == 0, second.output
+    assert second.output == ""  # quiet, its log included: rank 0 speaks for the job
+    assert len(list(Path(f"{out}.parts").iterdir())) == 2
+    first = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "0"})
+    assert first.exit_code == 0, first.output
+    assert first.stdout.startswith(f"wrote {out}: ")
+    assert "from 4 sources in " in first.stdout
+    assert first.stdout.rstrip().endswith("with 2 ranks x 1 workers")
+    assert "committed 4 parts" in first.stderr  # its log, at INFO
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+
+
+@pytest.mark.slow
+def test_nproc_2_writes_the_bytes_of_one_process(
+    images: Path, one_process: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "two.zarr"
+    result = run(*tile_args(images, out, "--nproc", "2"))
+    assert result.exit_code == 0, result.output
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert not Path(f"{out}.parts").exists()
+    summary_lines = [line for line in result.output.splitlines() if line.startswith("wrote ")]
+    assert summary_lines[-1].startswith(f"wrote {out}: ")
+    assert summary_lines[-1].endswith("with 2 ranks x 1 workers")
+    assert "from 4 sources in" in summary_lines[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rerun", [["--nproc", "2"], []], ids=["two-ranks", "one-process"])
+def test_a_rank_killed_midway_then_a_rerun_equals_the_uninterrupted_store(
+    images: Path, one_process: Path, tmp_path: Path, rerun: list[str]
+) -> None:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_RANK_1)
+    out = tmp_path / "killed.zarr"
+    killed = run(*tile_args(images, out, "--nproc", "2"), env={"PYTHONPATH": f"{hook}:{REPO_ROOT}"})
+    assert killed.exit_code != 0, killed.output
+    staged = sorted(p.name.split(".")[0] for p in Path(f"{out}.parts").iterdir())
+    assert "000001" in staged  # rank 1's first part survived its death
+    done = run(*tile_args(images, out, *rerun))
+    assert done.exit_code == 0, done.output
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert not Path(f"{out}.parts").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.azurite
+def test_nproc_2_to_an_az_url_gives_the_ranks_the_storage_options(
+    images: Path,
+    tmp_path: Path,
+    azurite: Azurite,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The ranks get --storage-options by environment (never argv) and write to az://."""
+    options = azurite.storage_options
+    stores = [azurite.url(f"{name}-{tmp_path.name}.zarr") for name in ("one", "two")]
+    for store, extra in zip(stores, ([], ["--nproc", "2"]), strict=True):
+        result = run(*tile_args(images, store, "--storage-options", json.dumps(options), *extra))
+        assert result.exit_code == 0, result.output
+    assert snapshot(stores[1], options) == snapshot(stores[0], options)
+    assert PartStaging(stores[1], options).names() == frozenset()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cluster_launch_tiles_across_two_slurm_nodes(
+    slurm_testbed: SlurmTestbed,
+    images: Path,
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`landcover cluster launch slurm.json -- tile ...`: one rank on each SLURM node, the
+    store byte-identical to a one-process run."""
+    monkeypatch.chdir(tmp_path)  # the job's slurm-logs/ go there, not into the checkout
+    cluster_json = tmp_path / "slurm.json"
+    cluster_json.write_text(
+        json.dumps(
+            {
+                "engine": "slurm",
+                "targetNodeCount": 2,
+                "processesPerNode": 1,
+                "slurm": {"timeLimit": "00:08:00", "socketInterface": slurm_testbed.interface},
+            }
+        )
+    )
+    out = tmp_path / "slurm.zarr"
+    path = f"{Path(sys.executable).parent}:{slurm_testbed.env['PATH']}"
+    env = {**slurm_testbed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}
+    result = run(
+        "cluster", "launch", str(cluster_json), "--wait", "--", *tile_args(images, out), env=env
+    )
+    assert result.exit_code == 0, result.output
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert not Path(f"{out}.parts").exists()
+    logs = sorted((tmp_path / "slurm-logs" / "landcover").glob("job-*-rank-*.log"))
+    assert len(logs) == 2  # one rank per node
+    assert "with 2 ranks x 1 workers" in logs[0].read_text()  # rank 0 speaks for the job

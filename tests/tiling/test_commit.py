@@ -1,0 +1,219 @@
+"""Distributed tiling in the library: ranks stage parts, rank 0 commits them in input order.
+
+Ranks run here as threads calling `tile(config, rank=r, world_size=n)` (the CLI tests run
+them as processes); every store is compared object for object with a one-process run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tiling.commit
+import tiling.tile
+from tests.tiling.rasters import Scenes
+from tests.tiling.test_store import snapshot
+from tests.tiling.test_tile import config
+from tiling.commit import assign_sources, check_rank, stored_done_count
+from tiling.errors import StoreError, TilingError
+from tiling.parts import PartStaging
+from tiling.plan import TileConfig, plan_tiling
+from tiling.store import open_store
+from tiling.tile import TileResult, tile
+
+RANK_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def four_images(scenes: Scenes, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ...]:
+    """Four sources (copies of the two scenes), so ranks own several each."""
+    root = tmp_path_factory.mktemp("four")
+    paths = []
+    for name, src in zip("abcd", [*scenes.images, *scenes.images], strict=True):
+        paths.append(Path(shutil.copy(src, root / f"{name}.tif")))
+    return tuple(paths)
+
+
+def four_config(scenes: Scenes, images: tuple[Path, ...], out: Path | str, **kw: Any) -> TileConfig:
+    labelled = {"labels": (str(scenes.nlcd),), "class_map": "nlcd", "val_fraction": 0.2}
+    return config(images, out, shard_size=3, min_valid=0.3, **{**labelled, **kw})
+
+
+def run_ranks(cfg: TileConfig, world_size: int) -> list[TileResult]:
+    """Every rank of a run, each in a thread, as an engine would start them."""
+    results: dict[int, TileResult] = {}
+    errors: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        try:
+            results[rank] = tile(cfg, rank=rank, world_size=world_size)
+        except BaseException as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RANK_TIMEOUT_S)
+        assert not thread.is_alive(), "a rank hung"
+    if errors:
+        raise next(iter(errors.values()))
+    return [results[r] for r in range(world_size)]
+
+
+@pytest.fixture(scope="module")
+def one_process(scenes: Scenes, four_images: tuple[Path, ...], tmp_path_factory: Any) -> Path:
+    out = tmp_path_factory.mktemp("one") / "one.zarr"
+    tile(four_config(scenes, four_images, out))
+    return out
+
+
+def test_sources_are_dealt_by_planned_chips_in_input_order() -> None:
+    assert assign_sources([10, 10, 10, 10, 10], 2) == [0, 1, 0, 1, 0]
+    assert assign_sources([100, 10, 10, 10, 10, 60], 2) == [0, 1, 1, 1, 1, 1]
+    assert assign_sources([5, 5], 3) == [0, 1]
+    assert assign_sources([5, 5, 5], 1) == [0, 0, 0]
+    owners = assign_sources([7, 3, 9, 1, 4, 4, 8, 2], 3)
+    loads = [
+        sum(c for c, o in zip([7, 3, 9, 1, 4, 4, 8, 2], owners, strict=True) if o == r)
+        for r in range(3)
+    ]
+    assert max(loads) - min(loads) <= 9  # at most one source's chips apart
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "message"),
+    [(2, 2, "rank 2 is outside 0..1"), (-1, 2, "rank -1 is outside"), (0, 0, "at least 1")],
+)
+def test_a_rank_outside_the_world_is_refused(rank: int, world: int, message: str) -> None:
+    with pytest.raises(TilingError, match=message):
+        check_rank(rank, world)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_write_the_bytes_of_a_one_process_run(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    world_size: int,
+) -> None:
+    out = tmp_path / "ranks.zarr"
+    results = run_ranks(four_config(scenes, four_images, out), world_size)
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert not Path(f"{out}.parts").exists()
+    assert results[0].summary.complete and results[0].commit.parts == 4
+    assert sum(r.parts_staged for r in results) == 4
+    with pytest.raises(StoreError, match=r"rank 1 of .* staged its parts; rank 0 holds"):
+        results[1].summary  # noqa: B018
+
+
+@pytest.mark.parametrize("rerun_world", [1, 2, 3])
+def test_a_rerun_after_ranks_died_equals_the_uninterrupted_store(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rerun_world: int,
+) -> None:
+    out = tmp_path / "killed.zarr"
+    cfg = four_config(scenes, four_images, out)
+    real_put, real_commit = PartStaging.put, tiling.commit.commit_part
+    puts: list[int] = []
+
+    def put_then_die(self: PartStaging, part: Any) -> None:
+        real_put(self, part)
+        puts.append(part.source_id)
+        raise RuntimeError("rank 1 killed")
+
+    monkeypatch.setattr(PartStaging, "put", put_then_die)
+    with pytest.raises(RuntimeError, match="rank 1 killed"):
+        tile(cfg, rank=1, world_size=2)  # staged source 1, died before source 3
+    monkeypatch.setattr(PartStaging, "put", real_put)
+
+    def commit_then_die(*args: Any) -> Any:
+        record = real_commit(*args)
+        raise RuntimeError(f"rank 0 killed after committing source {record.id}")
+
+    monkeypatch.setattr(tiling.commit, "commit_part", commit_then_die)
+    with pytest.raises(RuntimeError, match="rank 0 killed after committing source 0"):
+        tile(cfg, rank=0, world_size=2)
+    monkeypatch.undo()
+    assert puts == [1]
+    assert [s.id for s in open_store(str(out)).summary.sources] == [0]
+    assert stored_done_count(str(out), plan_tiling(cfg).params) == 1
+    results = run_ranks(cfg, rerun_world)
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert results[0].sources_resumed == 1
+    assert sum(r.parts_staged for r in results) <= 2  # source 1's part was reused, not redone
+    assert not Path(f"{out}.parts").exists()
+
+
+@pytest.mark.parametrize("rerun_world", [1, 2])
+def test_a_damaged_or_foreign_part_is_redone_never_trusted(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    rerun_world: int,
+) -> None:
+    out = tmp_path / "stale.zarr"
+    cfg = four_config(scenes, four_images, out)
+    tile(cfg, rank=1, world_size=2)  # stages sources 1 and 3
+    staging = Path(f"{out}.parts")
+    names = sorted(p.name for p in staging.iterdir())
+    assert [n.split(".")[0] for n in names] == ["000001", "000003"]
+    first, second = (staging / n for n in names)
+    first.write_bytes(first.read_bytes()[:-50])  # cut short
+    second.write_bytes(first.read_bytes())  # source 1's (damaged) bytes under source 3's name
+    old = staging / PartStaging.name(2, "0" * 24)  # a part of other options: never looked at
+    old.write_bytes(b"stale")
+    results = run_ranks(cfg, rerun_world)
+    if rerun_world == 2:
+        assert results[1].parts_staged == 2  # both redone by their owner
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert not staging.exists()
+
+
+def test_one_process_reuses_parts_and_ranks_skip_committed_sources(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = tmp_path / "reuse.zarr"
+    cfg = four_config(scenes, four_images, out)
+    tile(cfg, rank=1, world_size=2)
+    cut: list[int] = []
+    real = tiling.tile._cut_window
+
+    def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
+        cut.append(source.id)
+        return real(reader, plan, source, window)
+
+    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    result = tile(cfg)  # one process: appends parts 1 and 3, cuts 0 and 2 itself
+    monkeypatch.undo()
+    assert set(cut) == {0, 2} and result.sources_written == 4
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    late = tile(cfg, rank=1, world_size=2)  # a rank that starts after the store is complete
+    assert late.parts_staged == 0 and not Path(f"{out}.parts").exists()
+
+
+@pytest.mark.azurite
+def test_ranks_commit_to_az_urls_byte_for_byte(
+    scenes: Scenes, four_images: tuple[Path, ...], tmp_path: Path, azurite: Any
+) -> None:
+    options = azurite.storage_options
+    one = azurite.url(f"one-{tmp_path.name}.zarr")
+    two = azurite.url(f"two-{tmp_path.name}.zarr")
+    tile(four_config(scenes, four_images, one, storage_options=options))
+    run_ranks(four_config(scenes, four_images, two, storage_options=options), 2)
+    assert snapshot(two, options) == snapshot(one, options)
+    assert PartStaging(two, options).names() == frozenset()

@@ -1,0 +1,248 @@
+"""Appending sources to the store in input order: which rank cuts which source, rank 0
+committing the staged parts of a distributed run, and the one-process writer loop (which
+appends parts an interrupted distributed run left instead of cutting those sources again).
+
+Ownership is a function of the plan alone (`assign_sources`), so every rank agrees on it
+without talking to the others, whatever state of the store each one saw when it started.
+Rank 0 is the store's only writer: it takes the parts in input order as they appear in the
+staging folder (polled) and hands their chunks, unchanged, to `ChipStoreWriter`, which
+builds and writes each shard object whole. The appended chips, their order and their
+encoding are those of a one-process run, so the store is too, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tiling.errors import TilingError
+from tiling.fingerprint import Fingerprint
+from tiling.params import StoreParams, differences
+from tiling.parts import (
+    CutSource,
+    CutWindow,
+    PartStaging,
+    SourcePart,
+    SourceTotals,
+    build_part,
+    part_key,
+)
+from tiling.plan import SourcePlan, TilePlan
+from tiling.records import SourceRecord
+from tiling.store_format import ATTRS_KEY, FORMAT_NAME, done_prefix
+from tiling.urls import filesystem, is_local, local_path, storage_errors
+from tiling.writer import ChipStoreWriter
+
+logger = logging.getLogger(__name__)
+
+FIRST_POLL_S = 0.05
+MAX_POLL_S = 1.0  # one small request per second per waiting rank 0 on blob storage
+WAIT_LOG_EVERY_S = 60.0
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    """Refuse a rank outside [0, world_size) with one line."""
+    if world_size < 1:
+        raise TilingError(f"world size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise TilingError(f"rank {rank} is outside 0..{world_size - 1} (world size {world_size})")
+
+
+def assign_sources(planned_chips: Sequence[int], world_size: int) -> list[int]:
+    """The rank that cuts each source, in input order.
+
+    Each source goes to the rank with the fewest planned chips so far (ties: the lowest
+    rank). Loads differ by at most one source's chips, and because sources are dealt in
+    input order every rank works near the front of the queue the committer drains: rank 0
+    finds parts in the order it needs them. The same holds for any suffix of the sources,
+    which is what a resumed run has left (done sources are always an input-order prefix).
+    """
+    loads = [0] * world_size
+    owners = []
+    for chips in planned_chips:
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        owners.append(rank)
+        loads[rank] += chips
+    return owners
+
+
+def stored_done_count(
+    url: str, params: StoreParams, storage_options: Mapping[str, Any] | None = None
+) -> int:
+    """Sources the store at `url` holds as done (an input-order prefix), for these params.
+
+    0 when there is no store there, or one written with other parameters (rank 0 will
+    refuse or rebuild it; a rank that is not the writer must not skip work on its word).
+    """
+    try:
+        with storage_errors(url):
+            if is_local(url):
+                text = (local_path(url) / "zarr.json").read_text()
+            else:
+                fs, root = filesystem(url, storage_options)
+                text = fs.cat_file(f"{root.rstrip('/')}/zarr.json").decode()
+    except FileNotFoundError:
+        return 0
+    try:
+        meta = json.loads(text).get("attributes", {}).get(ATTRS_KEY, {})
+    except ValueError:  # caught mid-replace on a filesystem without atomic rename
+        return 0
+    if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
+        return 0
+    if differences(meta.get("params", {}), params.to_json()):
+        return 0
+    return len(done_prefix([SourceRecord.from_json(s) for s in meta.get("sources", ())]))
+
+
+def commit_part(writer: ChipStoreWriter, record: SourceRecord, part: SourcePart) -> SourceRecord:
+    """Append one staged source to the store and mark it done (no re-encoding)."""
+    writer.begin_source(record)
+    writer.append_encoded(part.images, part.labels, part.index_rows())
+    t = part.totals
+    return writer.commit_source(
+        band_stats=t.band_stats,
+        class_counts=tuple(t.class_counts),
+        train_chips=t.train,
+        val_chips=t.val,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSource:
+    """A source rank 0 still has to commit: its record, its part's key, who cuts it."""
+
+    record: SourceRecord
+    key: str
+    owner: int
+    candidates: int  # planned chips (what the progress bar counts)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStats:
+    """What the commit cost: parts appended, their encoded bytes, seconds spent appending
+    (reading the part and writing shard objects and attributes; waiting left out)."""
+
+    parts: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def commit_in_order(
+    writer: ChipStoreWriter,
+    pending: Sequence[PendingSource],
+    staging: PartStaging,
+    *,
+    progress: Callable[[int], None] | None = None,
+    check: Callable[[], None] = lambda: None,
+    in_memory: Callable[[int], SourcePart | None] = lambda source_id: None,
+) -> CommitStats:
+    """Commit `pending` in order, waiting for each part to be staged and complete.
+
+    `check()` is called while waiting and raises to abandon the wait (rank 0's own cutting
+    failed). `in_memory(source_id)` gives a part this process cut and staged itself, if it
+    still holds it, to save reading it back. A part under the expected name that fails its
+    checks is left for its owner to redo: the wait goes on, it is never appended.
+    """
+    stats = CommitStats()
+    for item in pending:
+        held = in_memory(item.record.id)
+        part, read_s = (held, 0.0) if held is not None else _wait_for_part(staging, item, check)
+        start = time.perf_counter()
+        commit_part(writer, item.record, part)
+        stats = CommitStats(
+            parts=stats.parts + 1,
+            bytes=stats.bytes + part.nbytes(),
+            seconds=stats.seconds + read_s + time.perf_counter() - start,
+        )
+        if progress is not None:
+            progress(item.candidates)
+    return stats
+
+
+def _wait_for_part(
+    staging: PartStaging, item: PendingSource, check: Callable[[], None]
+) -> tuple[SourcePart, float]:
+    """Poll until the part of `item` is staged and checks out: (the part, seconds its read took)."""
+    start = logged = time.perf_counter()
+    delay = FIRST_POLL_S
+    while True:
+        before = time.perf_counter()
+        part = staging.get(item.record.id, item.key)
+        if part is not None:
+            return part, time.perf_counter() - before
+        check()
+        now = time.perf_counter()
+        if now - logged >= WAIT_LOG_EVERY_S:
+            logger.info(
+                "waiting %.0f s for the part of source %d (%s) from rank %d",
+                now - start,
+                item.record.id,
+                item.record.path,
+                item.owner,
+            )
+            logged = now
+        time.sleep(delay)
+        delay = min(MAX_POLL_S, delay * 2)
+
+
+def reusable_parts(
+    staged: frozenset[str],
+    plan: TilePlan,
+    todo: Sequence[SourcePlan],
+    prints: Mapping[str, Fingerprint],
+) -> dict[int, str]:
+    """Source id → part key, for the sources of `todo` staged under their expected name."""
+    if not staged:
+        return {}
+    keys = {s.id: part_key(plan.params, s, prints) for s in todo}
+    return {i: key for i, key in keys.items() if PartStaging.name(i, key) in staged}
+
+
+def write_sources(
+    writer: ChipStoreWriter,
+    plan: TilePlan,
+    todo: Sequence[SourcePlan],
+    windows: Iterator[CutWindow],
+    cut: CutSource,
+    staging: PartStaging,
+    reuse: Mapping[int, str],
+    prints: Mapping[str, Fingerprint],
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """The single writer of a one-process run: append each source's cut `windows` in order,
+    then commit the source. A source in `reuse` (id → key) is appended from its staged part
+    instead, or, if that part does not check out, cut here by `cut` after all."""
+    for source in todo:
+        record = source.record(prints.get(source.image.path))
+        if source.id in reuse:
+            key = reuse[source.id]
+            part = staging.get(source.id, key)
+            if part is None:
+                part = build_part(source.id, key, plan.num_classes, cut(source))
+            commit_part(writer, record, part)
+            if progress is not None:
+                progress(source.grid.num_chips)
+            continue
+        writer.begin_source(record)
+        totals = SourceTotals(plan.num_classes)
+        for _ in source.windows:
+            chips = next(windows)
+            writer.append_encoded(chips.images, chips.labels, chips.index)
+            totals.add(chips)
+            if progress is not None:
+                progress(chips.candidates)
+        committed = writer.commit_source(
+            band_stats=totals.band_stats,
+            class_counts=tuple(totals.class_counts),
+            train_chips=totals.train,
+            val_chips=totals.val,
+        )
+        logger.debug("%s: %d chips (%d val)", source.image.path, committed.chips, totals.val)

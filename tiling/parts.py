@@ -1,0 +1,354 @@
+"""Staged parts: one source's encoded chips and statistics, cut by one rank, committed by rank 0.
+
+A part holds everything the store's single writer needs to append a source without
+re-encoding it: the chunks exactly as `ChunkEncoder` made them (so the shard objects built
+from them are the bytes a one-process run writes), the index rows, the band sums, class
+counts and train/val counts. It is one object, written whole: on local disk and NFS under a
+temporary name renamed over the final one, on blob storage as one upload (a blob is not
+visible before its upload commits). Its name carries the source id and a key, a digest of
+what decides its bytes (the part and store format versions, the store parameters, the
+source's path, label paths and their fingerprints), and its body ends with the key again and
+a crc32c of everything before it. A reader that finds a part under the expected name checks
+all of that and otherwise ignores it: a half-written, damaged or foreign part is never
+trusted, only redone.
+
+Parts live in `PartStaging`, a folder beside the store (`<store>.parts/`), never inside it:
+readers of the store never list them, and `--overwrite` (which clears the store) never races
+with a rank that is writing one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import shutil
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import fsspec
+import google_crc32c
+import numpy as np
+import numpy.typing as npt
+
+from tiling._atomic import replaced_when_done
+from tiling.fingerprint import Fingerprint
+from tiling.params import StoreParams
+from tiling.plan import SourcePlan
+from tiling.records import NUM_BANDS, BandStats
+from tiling.shards import EncodedChunk
+from tiling.store_format import FORMAT_VERSION
+from tiling.urls import filesystem, is_local, local_path, storage_errors
+
+logger = logging.getLogger(__name__)
+
+PART_FORMAT_VERSION = 1
+STAGING_SUFFIX = ".parts"
+_MAGIC = b"LCPART01"
+_HEAD = struct.Struct("<8sQ")  # magic, header length
+_TRAILER = struct.Struct("<I")  # crc32c of everything before it
+_ABSENT = -1  # a chunk equal to the fill value: not stored
+
+
+class WindowTotals(Protocol):
+    """The statistics one read window contributes (`tiling.tile._WindowChips` has them)."""
+
+    @property
+    def sums(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def sums_sq(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def valid_px(self) -> int: ...
+    @property
+    def class_counts(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def train(self) -> int: ...
+    @property
+    def val(self) -> int: ...
+
+
+class CutWindow(WindowTotals, Protocol):
+    """One read window's kept chips, encoded, with their index rows and statistics."""
+
+    @property
+    def images(self) -> list[EncodedChunk]: ...
+    @property
+    def labels(self) -> list[EncodedChunk]: ...
+    @property
+    def index(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def candidates(self) -> int: ...
+
+
+@dataclass(slots=True)
+class SourceTotals:
+    """Exact per-source statistics summed over its windows (integers, no rounding)."""
+
+    num_classes: int
+    sums: list[int] = field(default_factory=lambda: [0] * NUM_BANDS)
+    sums_sq: list[int] = field(default_factory=lambda: [0] * NUM_BANDS)
+    valid_px: int = 0
+    class_counts: list[int] = field(default_factory=list)
+    train: int = 0
+    val: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.class_counts:
+            self.class_counts = [0] * self.num_classes
+
+    def add(self, window: WindowTotals) -> None:
+        self.sums = [a + int(b) for a, b in zip(self.sums, window.sums, strict=True)]
+        self.sums_sq = [a + int(b) for a, b in zip(self.sums_sq, window.sums_sq, strict=True)]
+        self.valid_px += window.valid_px
+        self.class_counts = [
+            a + int(b) for a, b in zip(self.class_counts, window.class_counts, strict=True)
+        ]
+        self.train += window.train
+        self.val += window.val
+
+    @property
+    def band_stats(self) -> BandStats:
+        return BandStats(sums=tuple(self.sums), sums_sq=tuple(self.sums_sq), count=self.valid_px)
+
+
+@dataclass(slots=True)
+class SourcePart:
+    """One source's chips, encoded, in input order, with its statistics."""
+
+    source_id: int
+    key: str
+    totals: SourceTotals
+    images: list[EncodedChunk] = field(default_factory=list)
+    labels: list[EncodedChunk] = field(default_factory=list)
+    index: list[npt.NDArray[np.int32]] = field(default_factory=list)
+
+    @property
+    def num_chips(self) -> int:
+        return len(self.images)
+
+    def index_rows(self) -> npt.NDArray[np.int32]:
+        if not self.index:
+            return np.empty((0, 4), dtype=np.int32)
+        return np.concatenate(self.index).astype(np.int32, copy=False).reshape(-1, 4)
+
+    def nbytes(self) -> int:
+        """Bytes of the encoded chunks (what the commit moves)."""
+        return sum(len(c) for c in (*self.images, *self.labels) if c)
+
+
+CutSource = Callable[[SourcePlan], Iterator[CutWindow]]  # a source's cut windows, in order
+
+
+def build_part(
+    source_id: int,
+    key: str,
+    num_classes: int,
+    windows: Iterable[CutWindow],
+    progress: Callable[[int], None] | None = None,
+) -> SourcePart:
+    """Gather a source's windows, in order, into one part."""
+    part = SourcePart(source_id=source_id, key=key, totals=SourceTotals(num_classes))
+    for window in windows:
+        part.images.extend(window.images)
+        part.labels.extend(window.labels)
+        part.index.append(window.index)
+        part.totals.add(window)
+        if progress is not None:
+            progress(window.candidates)
+    return part
+
+
+def part_key(
+    params: StoreParams, source: SourcePlan, fingerprints: Mapping[str, Fingerprint]
+) -> str:
+    """Digest of everything that decides a part's bytes; a rerun reuses only equal keys."""
+
+    def stamp(path: str) -> Any:
+        fp = fingerprints.get(path)
+        return fp.to_json() if fp is not None else None
+
+    image = source.image.path
+    what = {
+        "part_format": PART_FORMAT_VERSION,
+        "store_format": FORMAT_VERSION,
+        "params": params.to_json(),
+        "source_id": source.id,
+        "image": [image, stamp(image)],
+        "labels": [[lab.path, stamp(lab.path)] for lab in source.labels],
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def encode_part(part: SourcePart) -> bytes:
+    """The part as one object: head, JSON header, index rows, chunks, key, crc32c."""
+    t = part.totals
+    images = [c or b"" for c in part.images]
+    labels = [c or b"" for c in part.labels]
+    header = {
+        "version": PART_FORMAT_VERSION,
+        "key": part.key,
+        "source_id": part.source_id,
+        "chips": part.num_chips,
+        "sums": t.sums,
+        "sums_sq": t.sums_sq,
+        "valid_px": t.valid_px,
+        "class_counts": t.class_counts,
+        "train": t.train,
+        "val": t.val,
+        "num_classes": t.num_classes,
+        "image_sizes": [len(c) if c else _ABSENT for c in part.images],
+        "label_sizes": [len(c) if c else _ABSENT for c in part.labels],
+    }
+    head_json = json.dumps(header, separators=(",", ":")).encode()
+    rows = np.ascontiguousarray(part.index_rows(), dtype="<i4").tobytes()
+    body = b"".join(
+        [_HEAD.pack(_MAGIC, len(head_json)), head_json, rows, *images, *labels, part.key.encode()]
+    )
+    return body + _TRAILER.pack(google_crc32c.value(body))
+
+
+def decode_part(data: bytes, *, key: str) -> SourcePart:
+    """A part's content; ValueError naming why when it is damaged or was made for other inputs."""
+    if len(data) < _HEAD.size + len(key) + _TRAILER.size:
+        raise ValueError(f"{len(data)} bytes is shorter than a part's head")
+    end = len(data) - _TRAILER.size
+    (crc,) = _TRAILER.unpack(data[end:])
+    # google_crc32c takes arrays, not memoryviews: a view of the bytes, no copy
+    if crc != google_crc32c.value(np.frombuffer(data, dtype=np.uint8, count=end)):
+        raise ValueError("checksum does not match (truncated or damaged)")
+    magic, head_len = _HEAD.unpack(data[: _HEAD.size])
+    if magic != _MAGIC:
+        raise ValueError("not a staged part")
+    if data[end - len(key) : end] != key.encode():
+        raise ValueError("made for other inputs or options (key differs)")
+    pos = _HEAD.size
+    header = json.loads(data[pos : pos + head_len])
+    pos += head_len
+    if header.get("version") != PART_FORMAT_VERSION or header.get("key") != key:
+        raise ValueError("made for other inputs or options (header differs)")
+    chips = int(header["chips"])
+    rows = np.frombuffer(data, dtype="<i4", count=4 * chips, offset=pos).reshape(chips, 4)
+    pos += rows.nbytes
+    images: list[EncodedChunk] = []
+    labels: list[EncodedChunk] = []
+    for sizes, out in ((header["image_sizes"], images), (header["label_sizes"], labels)):
+        for size in sizes:
+            if size == _ABSENT:
+                out.append(None)
+            else:
+                out.append(data[pos : pos + size])
+                pos += size
+    if pos + len(key) != end or len(images) != chips:
+        raise ValueError("sizes do not add up to the object")
+    totals = SourceTotals(
+        num_classes=int(header["num_classes"]),
+        sums=[int(v) for v in header["sums"]],
+        sums_sq=[int(v) for v in header["sums_sq"]],
+        valid_px=int(header["valid_px"]),
+        class_counts=[int(v) for v in header["class_counts"]],
+        train=int(header["train"]),
+        val=int(header["val"]),
+    )
+    return SourcePart(
+        source_id=int(header["source_id"]),
+        key=key,
+        totals=totals,
+        images=images,
+        labels=labels,
+        index=[rows.astype(np.int32)],
+    )
+
+
+def staging_url(store_url: str) -> str:
+    """Where the parts of the store at `store_url` are staged: `<store>.parts`."""
+    return store_url.rstrip("/") + STAGING_SUFFIX
+
+
+class PartStaging:
+    """The staging folder of one store: put, get (checked), list and remove parts.
+
+    Works on local paths and NFS mounts (atomic rename) and on fsspec URLs such as az://
+    (one upload per part). The filesystem is made on first use, in the process using it.
+    """
+
+    def __init__(self, store_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = staging_url(store_url)
+        self._options = dict(storage_options or {})
+        self._remote: tuple[fsspec.AbstractFileSystem, str] | None = None
+
+    @staticmethod
+    def name(source_id: int, key: str) -> str:
+        return f"{source_id:06d}.{key}.part"
+
+    def put(self, part: SourcePart) -> None:
+        """Write `part` whole; a reader sees the complete object or none."""
+        data = encode_part(part)
+        name = self.name(part.source_id, part.key)
+        with storage_errors(self.url):
+            if is_local(self.url):
+                folder = local_path(self.url)
+                folder.mkdir(parents=True, exist_ok=True)
+                with replaced_when_done(folder / name) as tmp:
+                    tmp.write_bytes(data)
+            else:
+                fs, root = self._filesystem()
+                fs.pipe_file(f"{root}/{name}", data)
+
+    def get(self, source_id: int, key: str) -> SourcePart | None:
+        """The part staged for (source_id, key), checked; None when absent or not trustworthy."""
+        name = self.name(source_id, key)
+        data = self._read(name)
+        if data is None:
+            return None
+        try:
+            part = decode_part(data, key=key)
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("%s/%s: staged part ignored (%s); it is redone", self.url, name, exc)
+            return None
+        if part.source_id != source_id:
+            logger.warning("%s/%s: staged part of another source ignored", self.url, name)
+            return None
+        return part
+
+    def names(self) -> frozenset[str]:
+        """Names of the complete-looking parts staged now (temporary files left out)."""
+        with storage_errors(self.url):
+            if is_local(self.url):
+                folder = local_path(self.url)
+                found = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+            else:
+                fs, root = self._filesystem()
+                try:
+                    found = [p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
+                except FileNotFoundError:
+                    found = []
+        return frozenset(n for n in found if n.endswith(".part") and not n.startswith("."))
+
+    def remove(self) -> None:
+        """Delete the staging folder and everything in it (after the commit)."""
+        with storage_errors(self.url):
+            if is_local(self.url):
+                shutil.rmtree(local_path(self.url), ignore_errors=True)
+                return
+            fs, root = self._filesystem()
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(root, recursive=True)
+
+    def _filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        if self._remote is None:
+            self._remote = filesystem(self.url, self._options)
+        return self._remote
+
+    def _read(self, name: str) -> bytes | None:
+        with storage_errors(self.url):
+            try:
+                if is_local(self.url):
+                    return (local_path(self.url) / name).read_bytes()
+                fs, root = self._filesystem()
+                data: bytes = fs.cat_file(f"{root}/{name}")
+                return data
+            except FileNotFoundError:
+                return None
