@@ -15,13 +15,20 @@ and the run dir once (`landcover.training.preflight`) before starting any worker
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
 
 from cluster.clusterjson import load_cluster_spec
-from cluster.engine import Job, LaunchOptions, launch_plan, plan_job, write_plan_files
+from cluster.engine import (
+    Job,
+    LaunchOptions,
+    LaunchResult,
+    launch_plan,
+    plan_job,
+    write_plan_files,
+)
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
 from landcover.cli.stagejob import STAGES, StageError, logging_args_of, stage_job
@@ -200,46 +207,45 @@ def launch_command(
     spec = load_cluster_spec(cluster_json)
     staged = cluster_stage(ctx, train_args)
     if staged is not None:
-        _launch_stage(ctx, spec, *staged, wait=wait, timeout_s=timeout_s)
+        job, out = staged
+        _launch_and_report(
+            ctx, spec, job, wait=wait, timeout_s=timeout_s, result_text=lambda _: f"output {out}"
+        )
         return
     job, config = cluster_training(train_args, spec, entry_module)
     if entry_module == WORKER_MODULE and spec.engine == "local":
         from landcover.training.preflight import check_local_training  # imports torch
 
         check_local_training(config, world_sizes=(spec.workers,))
-    plan = plan_job(spec, job)
-    quiet = _quiet(ctx)
-    if not quiet:
-        click.echo(plan.describe(), err=True)
-    options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
-    overwrite_once(spec, config)
-    result = launch_plan(plan, options)
-    where = f"; {result.url}" if result.url else ""
-    if result.status == "submitted":
-        click.echo(f"submitted {result.engine} job {result.job_id}{where}")
-        if result.log_location and not result.url:
-            click.echo(f"logs: {result.log_location}")
-    else:
-        click.echo(
-            f"done: {result.engine} job {result.job_id} in {result.wall_time_s:.1f} s; "
-            f"run dir {result.run_dir or config.out_dir}; logs {result.log_location}{where}"
-        )
+    _launch_and_report(
+        ctx,
+        spec,
+        job,
+        wait=wait,
+        timeout_s=timeout_s,
+        before=lambda: overwrite_once(spec, config),
+        result_text=lambda r: f"run dir {r.run_dir or config.out_dir}",
+    )
 
 
-def _launch_stage(
+def _launch_and_report(
     ctx: click.Context,
     spec: ClusterSpec,
     job: Job,
-    out: str,
     *,
     wait: bool,
     timeout_s: float | None,
+    result_text: Callable[[LaunchResult], str],
+    before: Callable[[], None] = lambda: None,
 ) -> None:
+    """Show the plan (unless -q), run `before`, launch, and print one line: the job
+    submitted, or done with `result_text(result)` (where its results are) and its logs."""
     plan = plan_job(spec, job)
     quiet = _quiet(ctx)
     if not quiet:
         click.echo(plan.describe(), err=True)
     options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
+    before()
     result = launch_plan(plan, options)
     where = f"; {result.url}" if result.url else ""
     if result.status == "submitted":
@@ -249,7 +255,7 @@ def _launch_stage(
     else:
         click.echo(
             f"done: {result.engine} job {result.job_id} in {result.wall_time_s:.1f} s; "
-            f"output {out}; logs {result.log_location}{where}"
+            f"{result_text(result)}; logs {result.log_location}{where}"
         )
 
 

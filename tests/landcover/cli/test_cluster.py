@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from landcover.cli.train import worker_command
 from landcover.errors import TrainingError
 from landcover.scaling import sweep
 from tests.cluster.test_clusterjson import ACCOUNT_KEY, LEGACY_TUTORIAL
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, two_node_slurm_job
 from tests.landcover.cli.test_main import incomplete_copy, incomplete_store_error
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
@@ -433,21 +432,8 @@ def test_cluster_launch_trains_across_two_slurm_nodes(
 ) -> None:
     """The engines issue's acceptance: `landcover cluster launch slurm.json -- train ...` with
     targetNodeCount 2 trains at world size 2, one rank on each SLURM node."""
-    cluster_json = tmp_path / "slurm.json"
-    cluster_json.write_text(
-        json.dumps(
-            {
-                "engine": "slurm",
-                "targetNodeCount": 2,
-                "processesPerNode": 1,
-                "slurm": {"timeLimit": "00:08:00", "socketInterface": slurm_testbed.interface},
-            }
-        )
-    )
+    cluster_json, env = two_node_slurm_job(slurm_testbed, tmp_path)
     run = tmp_path / "run"
-    # the nodes run this interpreter on this checkout (sbatch passes the environment on)
-    path = f"{Path(sys.executable).parent}:{slurm_testbed.env['PATH']}"
-    env = {**slurm_testbed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}
     result = CliRunner(env=env).invoke(
         main,
         ["cluster", "launch", str(cluster_json), "--wait", "--", "train", tiny_store,

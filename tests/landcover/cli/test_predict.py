@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
-from tests.conftest import REPO_ROOT
+from tests.conftest import two_node_slurm_job
 from tests.landcover.prediction.inputs import UTM18, pixels, write_image, write_model
 
 
@@ -141,20 +140,8 @@ def test_cluster_launch_predicts_across_two_slurm_nodes(
     """`landcover cluster launch slurm.json -- predict ...`: one rank on each SLURM node, the
     COG byte-identical to a one-process run."""
     monkeypatch.chdir(tmp_path)  # the engine keeps the job's logs in ./slurm-logs
-    cluster_json = tmp_path / "slurm.json"
-    cluster_json.write_text(
-        json.dumps(
-            {
-                "engine": "slurm",
-                "targetNodeCount": 2,
-                "processesPerNode": 1,
-                "slurm": {"timeLimit": "00:08:00", "socketInterface": slurm_testbed.interface},
-            }
-        )
-    )
+    cluster_json, env = two_node_slurm_job(slurm_testbed, tmp_path)
     out = tmp_path / "slurm" / "lc.tif"
-    path = f"{Path(sys.executable).parent}:{slurm_testbed.env['PATH']}"
-    env = {**slurm_testbed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}
     result = run(
         "cluster", "launch", str(cluster_json), "--wait", "--", *predict_args(inputs, out),
         env=env,

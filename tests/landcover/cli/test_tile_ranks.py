@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from click.testing import CliRunner, Result
 from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
 from tests.azurite import Azurite
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, two_node_slurm_job
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tests.tiling.rasters import Scenes, make_scenes
 from tests.tiling.test_store import snapshot
@@ -150,20 +149,8 @@ def test_cluster_launch_tiles_across_two_slurm_nodes(
     """`landcover cluster launch slurm.json -- tile ...`: one rank on each SLURM node, the
     store byte-identical to a one-process run."""
     monkeypatch.chdir(tmp_path)  # the job's slurm-logs/ go there, not into the checkout
-    cluster_json = tmp_path / "slurm.json"
-    cluster_json.write_text(
-        json.dumps(
-            {
-                "engine": "slurm",
-                "targetNodeCount": 2,
-                "processesPerNode": 1,
-                "slurm": {"timeLimit": "00:08:00", "socketInterface": slurm_testbed.interface},
-            }
-        )
-    )
+    cluster_json, env = two_node_slurm_job(slurm_testbed, tmp_path)
     out = tmp_path / "slurm.zarr"
-    path = f"{Path(sys.executable).parent}:{slurm_testbed.env['PATH']}"
-    env = {**slurm_testbed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}
     result = run(
         "cluster", "launch", str(cluster_json), "--wait", "--", *tile_args(images, out), env=env
     )
