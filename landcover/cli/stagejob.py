@@ -18,7 +18,6 @@ only problems. A rank that fails leaves its one-line error for the launcher
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -149,13 +148,28 @@ def enter_rank(ctx: click.Context) -> DistEnv:
     level = logging.DEBUG if verbose > 1 else logging.INFO
     if quiet or not env.is_main:
         level = logging.WARNING
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s rank {env.rank} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+    _log_as_rank(ctx, env.rank, level)
     return env
+
+
+def _log_as_rank(ctx: click.Context, rank: int, level: int) -> None:
+    """Set the root logger's level, and the rank in the format of the stderr handler
+    `landcover` installed, until the command ends (then restored: a command run in-process,
+    as in tests, leaves the process's logging as it found it)."""
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if type(h) is logging.StreamHandler]
+    saved = (root.level, [(h, h.formatter) for h in ours])
+    formatter = logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
+    for handler in ours:
+        handler.setFormatter(formatter)
+    root.setLevel(level)
+
+    def restore() -> None:
+        root.setLevel(saved[0])
+        for handler, old in saved[1]:
+            handler.setFormatter(old)
+
+    ctx.call_on_close(restore)
 
 
 def _stderr(line: str) -> None:

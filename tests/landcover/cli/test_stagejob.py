@@ -111,3 +111,54 @@ def test_python_dash_m_landcover_is_the_command() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Usage: landcover")
+
+
+def test_a_rank_run_in_process_leaves_logging_as_it_found_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank logs with its rank at its level while the command runs, then the root logger's
+    level and handlers' formats are restored (an in-process run must not change what later
+    code, or a test's log capture, sees)."""
+    import logging
+
+    import click
+
+    from landcover.cli.stagejob import enter_rank
+
+    seen: list[tuple[int, str]] = []
+
+    @click.command()
+    @click.pass_context
+    def rank_command(ctx: click.Context) -> None:
+        env = enter_rank(ctx)
+        handler = next(h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler)
+        assert handler.formatter is not None
+        seen.append(
+            (
+                logging.getLogger().level,
+                handler.formatter.format(
+                    logging.LogRecord("x", logging.INFO, "f", 1, "hello", None, None)
+                ),
+            )
+        )
+        assert env.rank == 0
+
+    root = logging.getLogger()
+    handler = logging.StreamHandler()
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        formatter = handler.formatter
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "29500")
+        result = CliRunner().invoke(rank_command, [])
+        assert result.exit_code == 0, result.output
+        assert seen[0][0] == logging.INFO and "rank 0 INFO x: hello" in seen[0][1]
+        assert root.level == logging.WARNING and handler.formatter is formatter
+        assert handler in root.handlers
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
