@@ -18,6 +18,7 @@ only problems. A rank that fails leaves its one-line error for the launcher
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -158,9 +159,13 @@ def _log_as_rank(ctx: click.Context, rank: int, level: int) -> None:
     as in tests, leaves the process's logging as it found it)."""
     root = logging.getLogger()
     ours = [h for h in root.handlers if type(h) is logging.StreamHandler]
+    added = None
+    if not ours:  # logging was set up by a host (a test runner): add stderr for this command
+        added = logging.StreamHandler(sys.stderr)
+        root.addHandler(added)
     saved = (root.level, [(h, h.formatter) for h in ours])
     formatter = logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
-    for handler in ours:
+    for handler in [*ours, *([added] if added else [])]:
         handler.setFormatter(formatter)
     root.setLevel(level)
 
@@ -168,6 +173,8 @@ def _log_as_rank(ctx: click.Context, rank: int, level: int) -> None:
         root.setLevel(saved[0])
         for handler, old in saved[1]:
             handler.setFormatter(old)
+        if added is not None:
+            root.removeHandler(added)
 
     ctx.call_on_close(restore)
 
