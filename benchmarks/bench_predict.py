@@ -41,6 +41,7 @@ import numpy.typing as npt
 import rasterio
 import torch
 from affine import Affine
+from machine import cpu_name, load_average
 
 import landcover.prediction.windows as prediction_windows
 from landcover.models.modelfile import ModelMeta, save_model_file
@@ -582,21 +583,10 @@ def _sync(device: str) -> None:
 
 
 def _machine() -> str:
-    import platform
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} "
-        f"threads), {gpu}, load average {load:.1f} at start"
+        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), {gpu}, load average {load_average():.1f} at start"
     )
 
 

@@ -39,6 +39,7 @@ import shapely
 import shapely.affinity
 import torch
 from affine import Affine
+from machine import cpu_name, load_average
 from rasterio.crs import CRS
 from rasterio.windows import Window
 
@@ -307,18 +308,9 @@ def _busiest_share_km2(total_km2: float, block_px: int, ranks: int) -> tuple[flo
 
 
 def _machine() -> str:
-    cpu = "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, load average {load:.1f} "
-        "at start (a shared machine)"
+        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, load average "
+        f"{load_average():.1f} at start (a shared machine)"
     )
 
 
