@@ -16,6 +16,7 @@ import argparse
 import math
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ class Run:
     ranks: int
     wall_s: float  # the command, launch included
     inside_s: float  # rank 0's own time in tile() (its summary line)
+    cpu_s: float  # CPU time of every process of the command (launcher and ranks)
     chips: int
     commit_mb: float = 0.0
     commit_s: float = 0.0
@@ -58,9 +60,12 @@ def tile_once(images: Path, labels: Path, out: Path, ranks: int) -> Run:
     ]  # fmt: skip
     if ranks > 1:
         command += ["--nproc", str(ranks)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode != 0:
         raise SystemExit(f"tile with {ranks} rank(s) failed:\n{done.stderr[-3000:]}")
     output = done.stdout + done.stderr
@@ -70,6 +75,7 @@ def tile_once(images: Path, labels: Path, out: Path, ranks: int) -> Run:
         ranks=ranks,
         wall_s=wall,
         inside_s=min(inside) if inside else wall,
+        cpu_s=cpu,
         chips=open_store(str(out)).summary.num_chips,
         commit_mb=float(commit.group(2)) if commit else 0.0,
         commit_s=float(commit.group(3)) if commit else 0.0,
@@ -77,7 +83,10 @@ def tile_once(images: Path, labels: Path, out: Path, ranks: int) -> Run:
 
 
 def best_of(repeat: int, images: Path, labels: Path, out: Path, ranks: int) -> Run:
+    """The fastest of `repeat` runs (by wall time); every run's times are printed."""
     runs = [tile_once(images, labels, out, ranks) for _ in range(repeat)]
+    print(f"  {ranks} rank(s), wall s: {', '.join(f'{r.wall_s:.2f}' for r in runs)}; "
+          f"in-rank s: {', '.join(f'{r.inside_s:.2f}' for r in runs)}", flush=True)  # fmt: skip
     return min(runs, key=lambda r: r.wall_s)
 
 
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="4 scenes of 2048 px")
     parser.add_argument("--scenes", type=int, default=None, help="[8; --quick: 4]")
     parser.add_argument("--size", type=int, default=None, help="scene px [4096; --quick: 2048]")
-    parser.add_argument("--repeat", type=int, default=None, help="best of N [2; --quick: 1]")
+    parser.add_argument("--repeat", type=int, default=None, help="best of N [3; --quick: 1]")
     parser.add_argument("--ranks-per-node", type=int, default=16,
                         help="ranks per node assumed by the state estimate [16]")  # fmt: skip
     parser.add_argument("--commit-gbps", type=float, default=1.0,
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     scenes = args.scenes or (4 if args.quick else 8)
     size = args.size or (2048 if args.quick else 4096)
-    repeat = args.repeat or (1 if args.quick else 2)
+    repeat = args.repeat or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="bench_tile_ranks_") as tmp:
         work = Path(tmp)
         synth = synthesize_scenes(SynthConfig(out_dir=work / "s", scenes=scenes, size_px=size))
@@ -123,9 +132,10 @@ def main(argv: list[str] | None = None) -> None:
 def report(
     one: Run, two: Run, identical: bool, per_chip_bytes: float, per_node: int, gbps: float
 ) -> None:
-    print(f"\n{'ranks':>5}  {'wall s':>7}  {'in-rank s':>9}  {'chips':>6}  {'chips/s':>8}")
+    print(f"\n{'ranks':>5}  {'wall s':>7}  {'in-rank s':>9}  {'CPU s':>6}  {'chips':>6}  "
+          f"{'chips/s':>8}")  # fmt: skip
     for r in (one, two):
-        print(f"{r.ranks:5d}  {r.wall_s:7.2f}  {r.inside_s:9.2f}  {r.chips:6d}  "
+        print(f"{r.ranks:5d}  {r.wall_s:7.2f}  {r.inside_s:9.2f}  {r.cpu_s:6.2f}  {r.chips:6d}  "
               f"{r.chips_per_s:8.1f}")  # fmt: skip
     speedup = one.wall_s / two.wall_s
     inside = one.inside_s / two.inside_s

@@ -23,6 +23,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import mmap
+import os
 import shutil
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -182,11 +184,10 @@ def part_key(
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def encode_part(part: SourcePart) -> bytes:
-    """The part as one object: head, JSON header, index rows, chunks, key, crc32c."""
+def part_pieces(part: SourcePart) -> list[bytes]:
+    """The part's bytes in order, as pieces (head, JSON header, index rows, chunks, key,
+    crc32c): written one after the other, without joining them into one copy."""
     t = part.totals
-    images = [c or b"" for c in part.images]
-    labels = [c or b"" for c in part.labels]
     header = {
         "version": PART_FORMAT_VERSION,
         "key": part.key,
@@ -204,13 +205,23 @@ def encode_part(part: SourcePart) -> bytes:
     }
     head_json = json.dumps(header, separators=(",", ":")).encode()
     rows = np.ascontiguousarray(part.index_rows(), dtype="<i4").tobytes()
-    body = b"".join(
-        [_HEAD.pack(_MAGIC, len(head_json)), head_json, rows, *images, *labels, part.key.encode()]
-    )
-    return body + _TRAILER.pack(google_crc32c.value(body))
+    pieces = [_HEAD.pack(_MAGIC, len(head_json)), head_json, rows]
+    pieces += [c for c in part.images if c]
+    pieces += [c for c in part.labels if c]
+    pieces.append(part.key.encode())
+    crc = 0
+    for piece in pieces:
+        crc = google_crc32c.extend(crc, piece)
+    pieces.append(_TRAILER.pack(crc))
+    return pieces
 
 
-def decode_part(data: bytes, *, key: str) -> SourcePart:
+def encode_part(part: SourcePart) -> bytes:
+    """The part as one object: head, JSON header, index rows, chunks, key, crc32c."""
+    return b"".join(part_pieces(part))
+
+
+def decode_part(data: bytes | mmap.mmap, *, key: str) -> SourcePart:
     """A part's content; ValueError naming why when it is damaged or was made for other inputs."""
     if len(data) < _HEAD.size + len(key) + _TRAILER.size:
         raise ValueError(f"{len(data)} bytes is shorter than a part's head")
@@ -285,29 +296,28 @@ class PartStaging:
 
     def put(self, part: SourcePart) -> None:
         """Write `part` whole; a reader sees the complete object or none."""
-        data = encode_part(part)
         name = self.name(part.source_id, part.key)
         with storage_errors(self.url):
             if is_local(self.url):
                 folder = local_path(self.url)
                 folder.mkdir(parents=True, exist_ok=True)
-                with replaced_when_done(folder / name) as tmp:
-                    tmp.write_bytes(data)
+                with replaced_when_done(folder / name) as tmp, tmp.open("wb") as file:
+                    file.writelines(part_pieces(part))  # no joined copy of a ~100 MB part
             else:
                 fs, root = self._filesystem()
-                fs.pipe_file(f"{root}/{name}", data)
+                fs.pipe_file(f"{root}/{name}", encode_part(part))
 
     def get(self, source_id: int, key: str) -> SourcePart | None:
         """The part staged for (source_id, key), checked; None when absent or not trustworthy."""
         name = self.name(source_id, key)
-        data = self._read(name)
-        if data is None:
-            return None
-        try:
-            part = decode_part(data, key=key)
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("%s/%s: staged part ignored (%s); it is redone", self.url, name, exc)
-            return None
+        with self._read(name) as data:
+            if data is None:
+                return None
+            try:
+                part = decode_part(data, key=key)
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("%s/%s: staged part ignored (%s); it is redone", self.url, name, exc)
+                return None
         if part.source_id != source_id:
             logger.warning("%s/%s: staged part of another source ignored", self.url, name)
             return None
@@ -342,13 +352,27 @@ class PartStaging:
             self._remote = filesystem(self.url, self._options)
         return self._remote
 
-    def _read(self, name: str) -> bytes | None:
+    @contextlib.contextmanager
+    def _read(self, name: str) -> Iterator[bytes | mmap.mmap | None]:
+        """The part's bytes, None when absent. A local part is mapped, not read: its chunks
+        are copied once, from the page cache into the chunks decoded (no whole-part copy)."""
         with storage_errors(self.url):
-            try:
-                if is_local(self.url):
-                    return (local_path(self.url) / name).read_bytes()
+            if not is_local(self.url):
                 fs, root = self._filesystem()
-                data: bytes = fs.cat_file(f"{root}/{name}")
-                return data
+                try:
+                    remote: bytes | None = fs.cat_file(f"{root}/{name}")
+                except FileNotFoundError:
+                    remote = None
+                yield remote
+                return
+            try:
+                file = (local_path(self.url) / name).open("rb")
             except FileNotFoundError:
-                return None
+                yield None
+                return
+            with file:
+                if os.fstat(file.fileno()).st_size == 0:  # mmap refuses an empty file
+                    yield b""
+                    return
+                with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    yield mapped

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from tiling.commit import CommitStats, PendingSource, commit_in_order
+from tiling.errors import TilingError
 from tiling.fingerprint import Fingerprint
 from tiling.parts import CutSource, CutWindow, PartStaging, SourcePart, build_part, part_key
 from tiling.plan import SourcePlan, TilePlan
@@ -22,8 +24,9 @@ from tiling.writer import ChipStoreWriter
 
 logger = logging.getLogger(__name__)
 
-# Rank 0 keeps at most this many of its own staged parts in memory for the commit (a NAIP
-# quarter-quad's part is ~100-150 MB); the others are read back from the staging folder.
+# Rank 0 keeps at most this many of its own parts in memory, uncommitted, for the commit (a
+# NAIP quarter-quad's part is ~100-150 MB); when its cutting runs further ahead than that it
+# stages them like any rank, and the committer reads them back.
 MAX_HELD_PARTS = 2
 
 
@@ -48,16 +51,18 @@ def stage_sources(
     done: Callable[[], int] = lambda: 0,
     stop: Callable[[], bool] = lambda: False,
     progress: Callable[[int], None] | None = None,
-    staged: Callable[[SourcePart], None] = lambda part: None,
+    keep: Callable[[SourcePart], bool] = lambda part: False,
+    ready: Callable[[int], None] = lambda source_id: None,
 ) -> int:
-    """Stage a part for each of `items` that is neither committed nor staged; parts written.
+    """Cut a part for each of `items` that is neither committed nor staged; parts cut.
 
     `done()` is the committed input-order prefix (asked before each source, so a rank that
     starts late does not cut what rank 0 has already committed from staged parts). A part
-    already staged under the expected name is reused only when it checks out whole.
-    `staged(part)` is told of each part this call wrote.
+    already staged under the expected name is reused only when it checks out whole. Each
+    part cut is offered to `keep` (rank 0 holds some of its own in memory) and staged when
+    it is not kept; `ready(source_id)` is told when a source's part is staged or kept.
     """
-    written = 0
+    cut_parts = 0
     for item in items:
         source = item.source
         if source.id < done():
@@ -65,6 +70,7 @@ def stage_sources(
             continue
         if staging.get(source.id, item.key) is not None:
             logger.info("%s: reusing its staged part", source.image.path)
+            ready(source.id)
             if progress is not None:
                 progress(source.grid.num_chips)
             continue
@@ -76,11 +82,73 @@ def stage_sources(
                 yield window
 
         part = build_part(source.id, item.key, num_classes, windows(), progress)
-        staging.put(part)
-        staged(part)
-        written += 1
-        logger.debug("%s: staged %d chips", source.image.path, part.num_chips)
-    return written
+        cut_parts += 1
+        if not keep(part):
+            staging.put(part)
+            logger.debug("%s: staged %d chips", source.image.path, part.num_chips)
+        ready(source.id)
+    return cut_parts
+
+
+class _OwnParts:
+    """Rank 0's own parts, handed from its cutting thread to its committing thread.
+
+    The cutting thread keeps a part in memory while fewer than MAX_HELD_PARTS wait (no
+    staging: rank 0 is the store's writer, so its own chips need not travel through the
+    staging folder), stages it otherwise, and reports each source ready; the committer
+    blocks on `take` until its turn's source is ready (no polling), or the cutting failed.
+    """
+
+    def __init__(self, staging: PartStaging) -> None:
+        self._staging = staging
+        self._changed = threading.Condition()
+        self._held: dict[int, SourcePart] = {}
+        self._ready: set[int] = set()
+        self._failure: BaseException | None = None
+
+    def keep(self, part: SourcePart) -> bool:
+        with self._changed:
+            if len(self._held) >= MAX_HELD_PARTS:
+                return False
+            self._held[part.source_id] = part
+            return True
+
+    def ready(self, source_id: int) -> None:
+        with self._changed:
+            self._ready.add(source_id)
+            self._changed.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._changed:
+            self._failure = exc
+            self._changed.notify_all()
+
+    def check(self) -> None:
+        """Raise the cutting thread's failure, if any."""
+        with self._changed:
+            if self._failure is not None:
+                raise self._failure
+
+    def take(self, item: PendingSource) -> tuple[SourcePart, float]:
+        """The part of `item` (an own source), from memory, else read back from staging; and
+        the seconds that read took."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: item.record.id in self._ready or self._failure is not None
+            )
+            if self._failure is not None:
+                raise self._failure
+            held = self._held.pop(item.record.id, None)
+        if held is not None:
+            return held, 0.0
+        start = time.perf_counter()
+        part = self._staging.get(item.record.id, item.key)
+        if part is None:  # staged and checked a moment ago: the staging folder was tampered with
+            raise TilingError(
+                f"{self._staging.url}: the part of source {item.record.id} rank 0 staged is "
+                "gone or damaged; rerun the command (it resumes)"
+            )
+        return part, time.perf_counter() - start
 
 
 def stage_and_commit(
@@ -93,54 +161,45 @@ def stage_and_commit(
     num_classes: int,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[CommitStats, int]:
-    """Rank 0: cut and stage `own` on a thread while committing `pending` here, in order.
+    """Rank 0: cut `own` on a thread while committing `pending` here, in input order.
 
-    Rank 0 stages its own sources too (rather than appending them directly) so that a crash
-    of rank 0 loses no finished work and a rerun at any world size finds every part in one
-    place. Returns the commit's cost and the number of parts rank 0 wrote.
+    Rank 0's own parts go from the cutting thread to the commit in memory (staged only
+    when the cutting runs MAX_HELD_PARTS ahead); the others' are polled for in the staging
+    folder. Returns the commit's cost and the number of parts rank 0 cut.
     """
-    failure: list[BaseException] = []
-    written: list[int] = []
+    own_parts = _OwnParts(staging)
+    cut_count: list[int] = []
     stopping = threading.Event()
-    held: dict[int, SourcePart] = {}  # own parts not committed yet, kept to skip a re-read
-    lock = threading.Lock()
-
-    def hold(part: SourcePart) -> None:
-        with lock:
-            if len(held) < MAX_HELD_PARTS:
-                held[part.source_id] = part
-
-    def take(source_id: int) -> SourcePart | None:
-        with lock:
-            return held.pop(source_id, None)
 
     def cut_own() -> None:
         try:
-            written.append(
+            cut_count.append(
                 stage_sources(
-                    own, staging, cut, num_classes=num_classes, stop=stopping.is_set, staged=hold
+                    own,
+                    staging,
+                    cut,
+                    num_classes=num_classes,
+                    stop=stopping.is_set,
+                    keep=own_parts.keep,
+                    ready=own_parts.ready,
                 )
             )
         except _StopCuttingError:
             pass
         except BaseException as exc:  # re-raised in the committing thread
-            failure.append(exc)
-
-    def check() -> None:
-        if failure:
-            raise failure[0]
+            own_parts.fail(exc)
 
     thread = threading.Thread(target=cut_own, name="tile-rank0-cut", daemon=True)
     thread.start()
     try:
         stats = commit_in_order(
-            writer, pending, staging, progress=progress, check=check, in_memory=take
+            writer, pending, staging, progress=progress, check=own_parts.check, own=own_parts.take
         )
     finally:
         stopping.set()
         thread.join()
-    check()
-    return stats, sum(written)
+    own_parts.check()
+    return stats, sum(cut_count)
 
 
 def stage_rank(

@@ -92,7 +92,7 @@ class TileResult:
     workers: int
     rank: int = 0
     world_size: int = 1
-    parts_staged: int = 0  # parts this rank cut and staged (distributed runs)
+    parts_cut: int = 0  # sources this rank cut into parts (distributed runs)
     commit: CommitStats = field(default_factory=CommitStats)  # rank 0 of several: its cost
 
     @property
@@ -166,7 +166,7 @@ def tile(
                     workers=workers,
                     rank=rank,
                     world_size=world_size,
-                    parts_staged=staged,
+                    parts_cut=staged,
                 )
             writer = _open_writer(config, plan, prints, progress)
             done_ids = writer.done_source_ids
@@ -213,7 +213,7 @@ def tile(
         workers=workers,
         rank=rank,
         world_size=world_size,
-        parts_staged=staged,
+        parts_cut=staged,
         commit=stats,
     )
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import tiling.commit
+import tiling.ranks
 import tiling.tile
 from tests.tiling.rasters import Scenes
 from tests.tiling.test_store import snapshot
@@ -73,16 +74,28 @@ def one_process(scenes: Scenes, four_images: tuple[Path, ...], tmp_path_factory:
 
 
 def test_sources_are_dealt_by_planned_chips_in_input_order() -> None:
-    assert assign_sources([10, 10, 10, 10, 10], 2) == [0, 1, 0, 1, 0]
-    assert assign_sources([100, 10, 10, 10, 10, 60], 2) == [0, 1, 1, 1, 1, 1]
-    assert assign_sources([5, 5], 3) == [0, 1]
-    assert assign_sources([5, 5, 5], 1) == [0, 0, 0]
-    owners = assign_sources([7, 3, 9, 1, 4, 4, 8, 2], 3)
+    def deal(chips: list[int], world: int) -> list[int]:
+        return assign_sources(chips, world, commit_weight=0.0)
+
+    assert deal([10, 10, 10, 10, 10], 2) == [0, 1, 0, 1, 0]
+    assert deal([100, 10, 10, 10, 10, 60], 2) == [0, 1, 1, 1, 1, 1]
+    assert deal([5, 5], 3) == [0, 1]
+    assert deal([5, 5, 5], 1) == [0, 0, 0]
+    owners = deal([7, 3, 9, 1, 4, 4, 8, 2], 3)
     loads = [
         sum(c for c, o in zip([7, 3, 9, 1, 4, 4, 8, 2], owners, strict=True) if o == r)
         for r in range(3)
     ]
     assert max(loads) - min(loads) <= 9  # at most one source's chips apart
+
+
+def test_rank_0_cuts_less_by_the_commit_it_carries() -> None:
+    two = assign_sources([10] * 20, 2, commit_weight=0.25)
+    assert two.count(0) < two.count(1) and two[:2] == [0, 1]
+    assert 10 * two.count(0) + 0.25 * 200 == pytest.approx(10 * two.count(1), abs=10)
+    many = assign_sources([10] * 64, 16, commit_weight=0.25)
+    assert many.count(0) == 1  # the first source; then rank 0 only commits
+    assert assign_sources([10] * 5, 1, commit_weight=0.25) == [0] * 5
 
 
 @pytest.mark.parametrize(
@@ -107,9 +120,40 @@ def test_ranks_write_the_bytes_of_a_one_process_run(
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert not Path(f"{out}.parts").exists()
     assert results[0].summary.complete and results[0].commit.parts == 4
-    assert sum(r.parts_staged for r in results) == 4
+    assert sum(r.parts_cut for r in results) == 4
     with pytest.raises(StoreError, match=r"rank 1 of .* staged its parts; rank 0 holds"):
         results[1].summary  # noqa: B018
+
+
+@pytest.mark.parametrize("held", [2, 0])
+def test_rank_0_commits_its_own_parts_from_memory_and_stages_only_past_its_limit(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    held: int,
+) -> None:
+    out = tmp_path / "held.zarr"
+    cfg = four_config(scenes, four_images, out)
+    owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
+    staged: list[int] = []
+    real_put = PartStaging.put
+
+    def put(self: PartStaging, part: Any) -> None:
+        staged.append(part.source_id)
+        real_put(self, part)
+
+    monkeypatch.setattr(PartStaging, "put", put)
+    monkeypatch.setattr(tiling.ranks, "MAX_HELD_PARTS", held)
+    run_ranks(cfg, 2)
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    own = {i for i, o in enumerate(owners) if o == 0}
+    assert own and len(own) < 4
+    if held:  # rank 0's own chips never travel through the staging folder
+        assert set(staged) == set(range(4)) - own
+    else:  # none may be held: rank 0 stages its own too and reads them back
+        assert sorted(staged) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("rerun_world", [1, 2, 3])
@@ -133,7 +177,7 @@ def test_a_rerun_after_ranks_died_equals_the_uninterrupted_store(
 
     monkeypatch.setattr(PartStaging, "put", put_then_die)
     with pytest.raises(RuntimeError, match="rank 1 killed"):
-        tile(cfg, rank=1, world_size=2)  # staged source 1, died before source 3
+        tile(cfg, rank=1, world_size=2)  # staged source 1, died before its second
     monkeypatch.setattr(PartStaging, "put", real_put)
 
     def commit_then_die(*args: Any) -> Any:
@@ -150,7 +194,7 @@ def test_a_rerun_after_ranks_died_equals_the_uninterrupted_store(
     results = run_ranks(cfg, rerun_world)
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert results[0].sources_resumed == 1
-    assert sum(r.parts_staged for r in results) <= 2  # source 1's part was reused, not redone
+    assert sum(r.parts_cut for r in results) <= 2  # source 1's part was reused, not redone
     assert not Path(f"{out}.parts").exists()
 
 
@@ -164,18 +208,21 @@ def test_a_damaged_or_foreign_part_is_redone_never_trusted(
 ) -> None:
     out = tmp_path / "stale.zarr"
     cfg = four_config(scenes, four_images, out)
-    tile(cfg, rank=1, world_size=2)  # stages sources 1 and 3
+    owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
+    rank_1 = [i for i, owner in enumerate(owners) if owner == 1]
+    assert len(rank_1) == 2
+    tile(cfg, rank=1, world_size=2)  # stages its two sources
     staging = Path(f"{out}.parts")
     names = sorted(p.name for p in staging.iterdir())
-    assert [n.split(".")[0] for n in names] == ["000001", "000003"]
+    assert [int(n.split(".")[0]) for n in names] == rank_1
     first, second = (staging / n for n in names)
     first.write_bytes(first.read_bytes()[:-50])  # cut short
-    second.write_bytes(first.read_bytes())  # source 1's (damaged) bytes under source 3's name
-    old = staging / PartStaging.name(2, "0" * 24)  # a part of other options: never looked at
+    second.write_bytes(first.read_bytes())  # the first's (damaged) bytes under the second's name
+    old = staging / PartStaging.name(owners.index(0), "0" * 24)  # other options: never opened
     old.write_bytes(b"stale")
     results = run_ranks(cfg, rerun_world)
     if rerun_world == 2:
-        assert results[1].parts_staged == 2  # both redone by their owner
+        assert results[1].parts_cut == 2  # both redone by their owner
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert not staging.exists()
 
@@ -189,6 +236,7 @@ def test_one_process_reuses_parts_and_ranks_skip_committed_sources(
 ) -> None:
     out = tmp_path / "reuse.zarr"
     cfg = four_config(scenes, four_images, out)
+    owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
     tile(cfg, rank=1, world_size=2)
     cut: list[int] = []
     real = tiling.tile._cut_window
@@ -198,12 +246,12 @@ def test_one_process_reuses_parts_and_ranks_skip_committed_sources(
         return real(reader, plan, source, window)
 
     monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
-    result = tile(cfg)  # one process: appends parts 1 and 3, cuts 0 and 2 itself
+    result = tile(cfg)  # one process: appends rank 1's parts, cuts rank 0's sources itself
     monkeypatch.undo()
-    assert set(cut) == {0, 2} and result.sources_written == 4
+    assert set(cut) == {i for i, o in enumerate(owners) if o == 0} and result.sources_written == 4
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     late = tile(cfg, rank=1, world_size=2)  # a rank that starts after the store is complete
-    assert late.parts_staged == 0 and not Path(f"{out}.parts").exists()
+    assert late.parts_cut == 0 and not Path(f"{out}.parts").exists()
 
 
 @pytest.mark.azurite
