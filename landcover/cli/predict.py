@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
-from landcover.cli.stagejob import enter_rank, launch_local_ranks, nproc_option, rank_option
+from landcover.cli.stagejob import (
+    enter_rank,
+    launch_local_ranks,
+    nproc_option,
+    rank_option,
+    report,
+    summary_option,
+)
 from landcover.distenv import DistEnv
 from landcover.errors import RegionError
 from landcover.options import overwrite_option, storage_options_option
@@ -24,7 +30,6 @@ from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid
-    from landcover.prediction.runner import PredictConfig
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +127,7 @@ logger = logging.getLogger(__name__)
 @storage_options_option
 @nproc_option
 @rank_option
+@summary_option
 @click.pass_context
 def predict_command(
     ctx: click.Context,
@@ -148,6 +154,7 @@ def predict_command(
     storage_options: dict[str, Any],
     nproc: int,
     rank_from_env: bool,
+    summary_to: str | None,
 ) -> None:
     """Predict a land-cover map of a region from MODEL and IMAGES (paths, globs, az:// URLs,
     STAC JSON files).
@@ -167,7 +174,6 @@ def predict_command(
     from landcover.prediction.setup import rank_device
     from landcover.prediction.stacitem import check_stac_item_target, write_stac_item
 
-    started = time.perf_counter()
     dist = enter_rank(ctx) if rank_from_env else DistEnv()
     if region is not None and bbox is not None:
         raise RegionError("give either --region or --bbox, not both")
@@ -211,55 +217,33 @@ def predict_command(
         # Refused here in a second, not by every rank after it loaded the model.
         check_outputs(out, probabilities, overwrite=overwrite, storage_options=storage_options)
         launch_local_ranks(ctx, "predict", nproc)  # rank 0 writes the STAC item too
-        click.echo(_read_back_summary(config, time.perf_counter() - started))
-        if config.probabilities:
-            click.echo(f"wrote {config.probabilities}")
         return
     # SIGTERM: cli.main's handler lets cleanup run
     result = predict_region(config, rank=dist.rank, world_size=dist.world_size)
     if not dist.is_main:
         return  # rank 0 speaks for the job
     grid, read = result.grid, len(result.sources)
-    click.echo(_summary_line(result.out, grid, result.valid_pixels, read, result.elapsed_s))
+    line = _summary_line(result.out, grid, result.valid_pixels, read, result.elapsed_s)
+    report(summary_to, line)
     if result.probabilities:
-        click.echo(f"wrote {result.probabilities}")
+        report(summary_to, f"wrote {result.probabilities}")
     if stac_item is not None:
         used = set(result.sources)
         sources = [s for s in inputs.stac_items if s.href in used]
         write_stac_item(stac_item, result.out, sources=sources, overwrite=overwrite)
-        click.echo(f"wrote {stac_item}")
+        report(summary_to, f"wrote {stac_item}")
 
 
 def _summary_line(
     out: str, grid: OutputGrid, valid_pixels: int, images: int, elapsed_s: float
 ) -> str:
-    """The line `predict` ends with (one process, rank 0 of a job, or the --nproc parent)."""
+    """The line `predict` ends with (one process or rank 0 of a job)."""
     epsg = grid.crs.to_epsg()
     crs_name = f"EPSG:{epsg}" if epsg else grid.crs.to_string()
     return (
         f"wrote {out}: {grid.width} x {grid.height} px at {grid.resolution:g} ({crs_name}), "
         f"{valid_pixels:,} px predicted from {images} image(s) in {elapsed_s:.1f} s"
     )
-
-
-def _read_back_summary(config: PredictConfig, elapsed_s: float) -> str:
-    """The --nproc parent's summary line, read back from the finished COG (grid, pixels with
-    a class) and the images' headers (those the region touches, as the ranks planned)."""
-    from landcover.prediction.outfiles import read_back
-    from landcover.prediction.outgrid import plan_output_grid
-    from landcover.prediction.setup import open_images
-
-    grid, valid_pixels = read_back(config.out, config.storage_options)
-    sources = open_images(config.images, storage_options=config.storage_options)
-    plan = plan_output_grid(
-        sources,
-        config.region,
-        resolution_m=grid.resolution,
-        crs=grid.crs,
-        resolution=grid.resolution,
-        max_pixels=None,
-    )
-    return _summary_line(config.out, grid, valid_pixels, len(plan.sources), elapsed_s)
 
 
 @click.command("evaluate")

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from cluster.engine import Job, LaunchOptions, LaunchResult, launch_job
+from cluster.engine import Job, LaunchOptions, launch_job
 from cluster.redact import collect_secret_values
 from cluster.spec import local_spec
 from landcover.cli.app import RANK_KEY, RANK_SECRETS_KEY, SUBCOMMAND_ARGS
@@ -37,10 +39,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 STAGES = ("tile", "predict")
 STAGE_MODULE = "landcover"  # `python -m landcover STAGE ...`: the command itself
 RANK_FLAG = "--rank-from-env"
+SUMMARY_FLAG = "--summary-to"
 
 # Options left out of a rank's arguments: --nproc (a rank is one process), the rank flag (added
 # once, at the end) and the storage options (they go by environment). Name → takes a value.
-_NOT_FOR_RANKS = {"--nproc": True, RANK_FLAG: False, "--storage-options": True}
+_NOT_FOR_RANKS = {
+    "--nproc": True,
+    RANK_FLAG: False,
+    SUMMARY_FLAG: True,
+    "--storage-options": True,
+}
 
 
 class StageError(LandcoverError):
@@ -70,9 +78,38 @@ def rank_option(f: F) -> F:
     )(f)
 
 
-def rank_argv(stage: str, args: Sequence[str], *, logging_args: Sequence[str] = ()) -> list[str]:
-    """What every rank runs after `python -m landcover`: the logging options, STAGE, the
-    user's arguments without --nproc and --storage-options, then --rank-from-env."""
+def summary_option(f: F) -> F:
+    """The hidden `--summary-to FILE`: rank 0 writes the lines the command ends with to FILE
+    (the `--nproc` parent prints them, once, on its stdout)."""
+    return click.option(
+        SUMMARY_FLAG,
+        "summary_to",
+        type=click.Path(dir_okay=False),
+        default=None,
+        hidden=True,
+        help="Write the summary lines to FILE instead of stdout (for the --nproc parent).",
+    )(f)
+
+
+def report(summary_to: str | None, line: str) -> None:
+    """Print one of the lines a stage ends with, or add it to the `--summary-to` file."""
+    if summary_to is None:
+        click.echo(line)
+        return
+    with open(summary_to, "a", encoding="utf-8") as file:
+        file.write(line + "\n")
+
+
+def rank_argv(
+    stage: str,
+    args: Sequence[str],
+    *,
+    logging_args: Sequence[str] = (),
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """What every rank runs after `python -m landcover`: the logging options, STAGE,
+    --rank-from-env and `extra` options, then the user's arguments without --nproc and
+    --storage-options (ours go first: after a `--` of the user's nothing is an option)."""
     if stage not in STAGES:
         raise StageError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
     kept: list[str] = []
@@ -88,7 +125,7 @@ def rank_argv(stage: str, args: Sequence[str], *, logging_args: Sequence[str] = 
             kept.append(token)
         elif takes_value and not eq:
             next(tokens, None)  # drop the option's value too
-    return [*logging_args, stage, *kept, RANK_FLAG]
+    return [*logging_args, stage, RANK_FLAG, *extra, *kept]
 
 
 def stage_job(
@@ -97,14 +134,16 @@ def stage_job(
     *,
     storage_options: Mapping[str, Any] | None = None,
     logging_args: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> Job:
-    """The job whose every worker runs `landcover STAGE ARGS` as one rank. It declares no
-    inputs or outputs: the stage opens its paths and URLs itself (az:// included), so the
-    engines pass them unchanged, and keep their logs where they keep a job's without a run
-    dir (a temporary directory locally, `slurm-logs/` on SLURM)."""
+    """The job whose every worker runs `landcover STAGE ARGS` as one rank (with `extra`
+    options of ours). It declares no inputs or outputs: the stage opens its paths and URLs
+    itself (az:// included), so the engines pass them unchanged, and keep their logs where
+    they keep a job's without a run dir (a temporary directory locally, `slurm-logs/` on
+    SLURM)."""
     return Job(
         entry_module=STAGE_MODULE,
-        argv=tuple(rank_argv(stage, args, logging_args=logging_args)),
+        argv=tuple(rank_argv(stage, args, logging_args=logging_args, extra=extra)),
         secret_env=storage_options_env(storage_options or {}),
     )
 
@@ -115,10 +154,10 @@ def logging_args_of(ctx: click.Context) -> list[str]:
     return ["-v"] * int(root.get("verbose", 0)) + (["-q"] if root.get("quiet") else [])
 
 
-def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> LaunchResult:
+def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> None:
     """Run this very command as `nproc` ranks on this machine (the local engine: torchrun
-    sets each one's RANK/WORLD_SIZE), streaming their output to stderr; a failed rank ends
-    it with that rank's one-line error."""
+    sets each one's RANK/WORLD_SIZE), streaming their output to stderr, then print rank 0's
+    summary lines on stdout; a failed rank ends it with that rank's one-line error."""
     args = ctx.meta.get(SUBCOMMAND_ARGS)
     if args is None:
         raise StageError(
@@ -126,14 +165,20 @@ def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> LaunchResu
             f"run `landcover {stage} ... --nproc {nproc}` from the shell"
         )
     logging_args = logging_args_of(ctx)
-    job = stage_job(
-        stage,
-        args,
-        storage_options=ctx.params.get("storage_options") or {},
-        logging_args=logging_args,
-    )
     quiet = "-q" in logging_args
-    return launch_job(local_spec(nproc), job, LaunchOptions(on_output=None if quiet else _stderr))
+    with tempfile.TemporaryDirectory(prefix="landcover-ranks-") as tmp:
+        summary = Path(tmp) / "summary.txt"
+        job = stage_job(
+            stage,
+            args,
+            storage_options=ctx.params.get("storage_options") or {},
+            logging_args=logging_args,
+            extra=[SUMMARY_FLAG, str(summary)],
+        )
+        launch_job(local_spec(nproc), job, LaunchOptions(on_output=None if quiet else _stderr))
+        lines = summary.read_text(encoding="utf-8").splitlines() if summary.exists() else []
+    for line in lines:
+        click.echo(line)
 
 
 def enter_rank(ctx: click.Context) -> DistEnv:

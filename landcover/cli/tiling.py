@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,12 +12,18 @@ from typing import Any
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
-from landcover.cli.stagejob import enter_rank, launch_local_ranks, nproc_option, rank_option
+from landcover.cli.stagejob import (
+    enter_rank,
+    launch_local_ranks,
+    nproc_option,
+    rank_option,
+    report,
+    summary_option,
+)
 from landcover.distenv import DistEnv
 from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
-from tiling.commit import stored_done_count
-from tiling.store import StoreSummary, open_store
+from tiling.store import StoreSummary
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, TilePlan, available_cores, plan_tiling, tile
 
@@ -134,6 +139,7 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
 )
 @nproc_option
 @rank_option
+@summary_option
 @click.pass_context
 def tile_command(
     ctx: click.Context,
@@ -155,6 +161,7 @@ def tile_command(
     dry_run: bool,
     nproc: int,
     rank_from_env: bool,
+    summary_to: str | None,
 ) -> None:
     """Cut IMAGES (paths, quoted globs, URLs or STAC JSON files) into a sharded Zarr v3 chip
     store at --out.
@@ -193,7 +200,7 @@ def tile_command(
                 click.echo(line)
         return
     if nproc > 1:
-        _tile_with_local_ranks(ctx, config, plan, nproc)
+        launch_local_ranks(ctx, "tile", nproc)  # rank 0's summary line is printed once
         return
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
     with _progress_bar(plan.max_chips, enabled=not quiet and dist.is_main) as progress:
@@ -205,38 +212,14 @@ def tile_command(
     ranks = f"{dist.world_size} ranks x " if dist.is_distributed else ""
     workers_text = f"{ranks}{result.workers} workers"
     summary = result.summary
-    click.echo(_summary_line(plan, summary, result.sources_resumed, result.elapsed_s, workers_text))
-
-
-def _tile_with_local_ranks(
-    ctx: click.Context, config: TileConfig, plan: TilePlan, nproc: int
-) -> None:
-    """`--nproc N`: run this command as N ranks here, then print the one-process summary line,
-    read back from the finished store."""
-    start = time.perf_counter()
-    resumed = (
-        0
-        if config.overwrite
-        else stored_done_count(config.out, plan.params, config.storage_options)
-    )
-    launch_local_ranks(ctx, "tile", nproc)
-    summary = open_store(config.out, storage_options=config.storage_options).summary
-    workers = config.workers or max(1, available_cores() // nproc)
-    click.echo(
-        _summary_line(
-            plan,
-            summary,
-            resumed,
-            time.perf_counter() - start,
-            f"{nproc} ranks x {workers} workers",
-        )
-    )
+    line = _summary_line(plan, summary, result.sources_resumed, result.elapsed_s, workers_text)
+    report(summary_to, line)
 
 
 def _summary_line(
     plan: TilePlan, s: StoreSummary, resumed: int, elapsed_s: float, workers: str
 ) -> str:
-    """The line `tile` ends with (one process, rank 0 of a job, or the --nproc parent)."""
+    """The line `tile` ends with (one process or rank 0 of a job)."""
     resumed_note = f", {resumed} resumed" if resumed else ""
     return (
         f"wrote {plan.config.out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) "

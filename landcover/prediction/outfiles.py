@@ -34,7 +34,6 @@ from landcover.classes import NODATA_CODE, colormap
 from landcover.errors import LandcoverError, PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, TAG_MODEL, OutputGrid
-from tiling.sources import open_raster
 from tiling.urls import filesystem, is_local, storage_errors
 
 # Probabilities are stored as round(p * 254); 255 marks pixels outside the region.
@@ -260,14 +259,3 @@ def to_cog(src: str, dst: str, *, resampling: str) -> None:
         )
     except rasterio.errors.RasterioIOError as exc:
         raise LandcoverError(f"{dst}: could not write the COG ({exc})".splitlines()[0]) from None
-
-
-def read_back(out: str, storage_options: Mapping[str, Any] | None = None) -> tuple[OutputGrid, int]:
-    """The grid of a written class raster and how many of its pixels hold a class (not
-    nodata), read tile by tile (memory stays at one tile)."""
-    with open_raster(out, storage_options) as ds:
-        grid = OutputGrid(ds.crs, ds.transform, width=ds.width, height=ds.height)
-        valid = 0
-        for _, window in ds.block_windows(1):
-            valid += int((ds.read(1, window=window) != NODATA_CODE).sum())
-    return grid, valid

@@ -35,14 +35,14 @@ def invoke(*args: str) -> Result:
             ["a.tif", "--out", "az://c/s"],
         ),
         ([f"--storage-options={SECRET_OPTIONS}", "a.tif"], ["a.tif"]),
-        # given twice (as a rerun of a rank's argv would): added once, at the end
+        # given twice (as a rerun of a rank's argv would): added once, before the arguments
         (["a.tif", RANK_FLAG], ["a.tif"]),
         # after `--` nothing is an option
         (["--out", "s", "--", "--nproc"], ["--out", "s", "--", "--nproc"]),
     ],
 )
 def test_rank_argv_drops_nproc_and_storage_options(args: list[str], expected: list[str]) -> None:
-    assert rank_argv("tile", args, logging_args=["-v"]) == ["-v", "tile", *expected, RANK_FLAG]
+    assert rank_argv("tile", args, logging_args=["-v"]) == ["-v", "tile", RANK_FLAG, *expected]
 
 
 def test_stage_job_gives_storage_options_by_environment_only() -> None:

@@ -96,9 +96,11 @@ def test_nproc_2_writes_the_bytes_of_one_process(
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert not Path(f"{out}.parts").exists()
     summary_lines = [line for line in result.output.splitlines() if line.startswith("wrote ")]
-    assert summary_lines[-1].startswith(f"wrote {out}: ")
-    assert summary_lines[-1].endswith("with 2 ranks x 1 workers")
-    assert "from 4 sources in" in summary_lines[-1]
+    assert len(summary_lines) == 1  # rank 0's line, printed once, by the parent
+    line = summary_lines[0]
+    assert line in result.stdout.splitlines()
+    assert line.startswith(f"wrote {out}: ") and line.endswith("with 2 ranks x 1 workers")
+    assert "from 4 sources in" in line
 
 
 @pytest.mark.slow
