@@ -26,7 +26,7 @@ from rasterio.windows import Window
 from shapely.geometry import box
 
 from landcover.classes import NODATA_CODE
-from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.blend import LogitBlender, WindowLayout, argmax_classes
 from landcover.prediction.blocks import owned_windows, region_mask
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, PROBABILITY_SCALE
@@ -125,10 +125,9 @@ class BlockPredictor:
                 self.windows.layout, self.num_classes, row0, col0, height, width, device=self.device
             )
             self.windows.run(prepared.block, prepared.todo, blender)
-            blended = blender.blended()[1:]  # code 0 (nodata) is never predicted
+            blended = blender.blended(first=1)  # code 0 (nodata) is never predicted
             inside_t = torch.from_numpy(prepared.inside).to(self.device)
-            codes = (blended.argmax(dim=0) + 1).to(torch.uint8)
-            codes = torch.where(inside_t, codes, torch.zeros_like(codes))
+            codes = argmax_classes(blended).add_(1).masked_fill_(~inside_t, 0)
             classes = codes.cpu().numpy()
             if self.probabilities:
                 p = torch.softmax(blended, dim=0).mul_(PROBABILITY_SCALE).round_().to(torch.uint8)

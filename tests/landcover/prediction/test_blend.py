@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from landcover.prediction.blend import LogitBlender, WindowLayout, taper_profile, window_starts
+from landcover.prediction.blend import (
+    LogitBlender,
+    WindowLayout,
+    argmax_classes,
+    taper_profile,
+    window_starts,
+)
 
 
 def test_window_starts_cover_the_length_and_end_flush() -> None:
@@ -63,3 +69,21 @@ def test_blender_of_constant_logits_is_constant_across_blocks() -> None:
                 blender.add(value, r, c)
         expected = np.broadcast_to(np.array([0.5, -1.0, 2.0]).reshape(3, 1, 1), (3, h, w))
         np.testing.assert_allclose(blender.blended().numpy(), expected, rtol=1e-6)
+
+
+def test_argmax_classes_is_torchs_argmax_ties_and_nan_included() -> None:
+    generator = torch.Generator().manual_seed(0)
+    ties = torch.randint(0, 3, (5, 40, 40), generator=generator).float()  # many ties
+    ties[2, :5, :5] = float("nan")
+    ties[0, :2, :2] = float("nan")  # the first NaN wins, as for torch
+    ties[4, 10:20, 10:20] = float("nan")
+    scores = [
+        ties,
+        torch.randn(7, 33, 17, generator=generator),
+        torch.full((3, 4, 4), float("-inf")),
+        torch.randn(1, 8, 8, generator=generator),
+    ]
+    for x in scores:
+        got = argmax_classes(x)
+        assert got.dtype == torch.uint8
+        assert torch.equal(got, x.argmax(dim=0).to(torch.uint8))
