@@ -1,5 +1,6 @@
-"""Running a local plan: start its torchrun agents, stream and log their output (redacted),
-stop them all when one fails or time runs out, and report the first failing rank's own error.
+"""Running a local plan: start its torchrun agents (or, for a job without a process group,
+its ranks directly), stream and log their output (redacted), stop them all when one fails or
+time runs out, and report the first failing rank's own error.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
     if plan.gpu_note:  # `train --nproc` prints no plan: say why the GPUs go unused
         logger.warning("%s", plan.gpu_note)
     logger.info(
-        "launching %d simulated node(s) x %d process(es); logs in %s",
+        "launching %d simulated node(s) x %d process(es)%s; logs in %s",
         plan.spec.node_count,
         plan.spec.processes_per_node,
+        ", started directly" if plan.direct else "",
         log_dir,
     )
     started = time.monotonic()
@@ -88,7 +90,7 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
                 plan.redactor,
                 options.on_output,
                 terminal,
-                prefix=f"[node {i}] " if several else "",
+                prefix=f"[{plan.unit} {i}] " if several else "",
             )
             pump.start()
             pumps.append(pump)
@@ -111,8 +113,9 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
                 f"{plan.redactor.text(worker_error.message)} (worker logs: {log_dir}/)"
             )
         cause = pumps[node].last_error if node < len(pumps) else None
+        what = f"rank {node} failed" if plan.direct else f"training failed on simulated node {node}"
         raise LaunchError(
-            f"training failed on simulated node {node} (exit code {code})"
+            f"{what} (exit code {code})"
             + (f": {cause}" if cause else "")
             + f"; logs: {plan.log_path(node)}"
         )

@@ -52,13 +52,20 @@ def output_ref(name: str) -> str:
 class Job:
     """What to run: `python -m ENTRY_MODULE ARGV...` on every worker, reading `inputs` and
     writing `outputs` (name → path or URL, referred to in ARGV by `input_ref`/`output_ref`),
-    with `secret_env` added to the workers' environment (never shown: see `job_redactor`)."""
+    with `secret_env` added to the workers' environment (never shown: see `job_redactor`).
+
+    `process_group=False` says the workers never form a torch process group: each needs only
+    its place in the job (RANK, WORLD_SIZE, ...), as tile and predict ranks, which coordinate
+    through their output. The local engine then starts them itself, without torchrun (whose
+    start costs seconds, torch's import among them); the other engines start them as ever.
+    """
 
     entry_module: str
     argv: tuple[str, ...] = ()
     inputs: Mapping[str, str] = field(default_factory=dict)
     outputs: Mapping[str, str] = field(default_factory=dict)
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    process_group: bool = True
 
     def __post_init__(self) -> None:
         for arg in self.argv:

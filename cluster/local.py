@@ -7,7 +7,9 @@ for real. With `"network": {"bandwidth": "1gbit"}` (root) each agent runs in its
 namespace behind a link of that rate (`cluster.netns`), so ranks on different simulated nodes
 talk over a real network stack, and the rendezvous is at node 0's address. With
 `elastic.maxRestarts` > 0 a failed worker group is restarted (every agent
-re-rendezvouses); continuing where it stopped is the job's business.
+re-rendezvouses); continuing where it stopped is the job's business. A job whose workers form
+no process group (`Job.process_group`: tile and predict ranks) on one node, without a network
+or restarts, is run without torchrun: its ranks are started directly (`rank-<i>.log`).
 
 Agent output (which includes the workers') goes line by line, redacted, to
 `LOG_DIR/node-<i>.log`, and all but the failure noise (`cluster.output`) to

@@ -5,6 +5,10 @@ The agents meet through a c10d rendezvous on 127.0.0.1 (a free port); each start
 are enough GPUs, its own slice of them. With a `network` in the spec, each agent runs in its own
 network namespace (`cluster.netns`) and the rendezvous is at node 0's address there. The plan
 shows all of it, and writes it as `torchrun.sh`, with the job's secrets redacted.
+
+A job whose workers form no process group (`Job.process_group`: tile and predict ranks) on one
+simulated node without a network or restarts needs none of that: its ranks are started
+directly, one process each with its RANK/WORLD_SIZE (`direct`), which saves torchrun's start.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class LocalPlan:
     redactor: Redactor = field(repr=False, compare=False)
     gpu_note: str | None = None
     network: NetworkLayout | None = None  # built at launch (`cluster.agents`)
+    direct: bool = False  # one command per rank, no torchrun (a job without a process group)
     engine: str = "local"
 
     @property
@@ -55,14 +60,24 @@ class LocalPlan:
         """More workers than cores: the measurement says little about real scaling."""
         return self.spec.workers > self.cores
 
+    @property
+    def unit(self) -> str:
+        """What each command is: a simulated node (a torchrun agent) or, direct, a rank."""
+        return "rank" if self.direct else "node"
+
     def log_path(self, node: int) -> str:
-        return str(Path(self.log_dir) / f"node-{node}.log")
+        return str(Path(self.log_dir) / f"{self.unit}-{node}.log")
 
     def describe(self) -> str:
         spec = self.spec
         r = self.redactor
+        engine = (
+            "local (one process per rank, started directly: the job needs no process group)"
+            if self.direct
+            else "local (torchrun agents on this machine, c10d rendezvous)"
+        )
         lines = [
-            "engine: local (torchrun agents on this machine, c10d rendezvous)",
+            f"engine: {engine}",
             f"cluster: {spec.name}: {spec.node_count} simulated node(s) x "
             f"{spec.processes_per_node} process(es) = {spec.workers} worker(s)",
             f"cores: {self.cores}; {self.threads_per_worker} thread(s) per worker"
@@ -71,7 +86,8 @@ class LocalPlan:
                 if self.oversubscribed
                 else ""
             ),
-            f"rendezvous: c10d at {self.rdzv_endpoint}, id {self.rdzv_id}",
+            f"rendezvous: {'none' if self.direct else 'c10d'} at {self.rdzv_endpoint}, "
+            f"id {self.rdzv_id}",
             *(
                 [f"network: {self.network.describe()} (root; built at launch)"]
                 if self.network
@@ -80,7 +96,7 @@ class LocalPlan:
             _restarts_line(spec),
             *(f"input {k}: {r.text(v)}" for k, v in self.job.inputs.items()),
             *(f"output {k}: {r.text(v)}" for k, v in self.job.outputs.items()),
-            f"logs: {Path(self.log_dir) / 'node-<i>.log'}",
+            f"logs: {Path(self.log_dir) / f'{self.unit}-<i>.log'}",
             "environment: "
             + " ".join(
                 [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
@@ -89,7 +105,8 @@ class LocalPlan:
         ]
         for i, command in enumerate(self.agent_commands):
             extra = " ".join(f"{k}={v}" for k, v in self.agent_env[i].items())
-            lines.append(f"node {i}: {extra + ' ' if extra else ''}{_shell(r.args(command))}")
+            shown = f"{extra} {_shell(r.args(command))}" if extra else _shell(r.args(command))
+            lines.append(f"{self.unit} {i}: {shown}")
         notes = _notes(spec) + ([self.gpu_note] if self.gpu_note else [])
         lines += [f"note: {n}" for n in notes]
         return "\n".join(lines)
@@ -100,7 +117,8 @@ class LocalPlan:
         out = [
             "#!/usr/bin/env bash",
             f"# landcover cluster plan: engine local, {self.spec.node_count} simulated node(s) x "
-            f"{self.spec.processes_per_node} process(es)",
+            f"{self.spec.processes_per_node} process(es)"
+            + (", started directly (no torchrun)" if self.direct else ""),
             "set -u",
             *(f"export {k}={shlex.quote(v)}" for k, v in self.env.items()),
             # secrets are not written here: the workers read them from the environment
@@ -187,8 +205,17 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
         nnodes = str(spec.node_count)
     args = job.bound_argv()
     log_dir = _log_dir(job.output_dir, rdzv_id)
-    commands = []
-    for node in range(spec.node_count):
+    agent_env, gpu_note = _gpu_partition(spec)
+    direct = not job.process_group and spec.node_count == 1 and network is None
+    direct = direct and spec.elastic is None
+    commands: list[tuple[str, ...]] = []
+    if direct:
+        commands = [(sys.executable, "-m", job.entry_module, *args)] * spec.workers
+        agent_env = tuple(
+            {**agent_env[0], **_rank_env(rank, spec.workers, endpoint)}
+            for rank in range(spec.workers)
+        )
+    for node in range(0 if direct else spec.node_count):
         # is_host pins the rendezvous store on agent 0 instead of a race to bind the port;
         # a short last call: every agent starts at once, none is worth waiting 30 s for
         conf = f"is_host={1 if node == 0 else 0},last_call_timeout=1"
@@ -219,7 +246,6 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
                 *args,
             )
         )
-    agent_env, gpu_note = _gpu_partition(spec)
     if network is not None:
         agent_env = tuple({**e, **network.node_env()} for e in agent_env)
     env = {
@@ -239,6 +265,7 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
         agent_env=agent_env,
         gpu_note=gpu_note,
         network=network,
+        direct=direct,
         env=env,
         rdzv_endpoint=endpoint,
         rdzv_id=rdzv_id,
@@ -247,6 +274,20 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
         log_dir=log_dir,
         redactor=job_redactor(spec, job),
     )
+
+
+def _rank_env(rank: int, world_size: int, endpoint: str) -> dict[str, str]:
+    """What torchrun would give rank `rank` of a one-node job (`endpoint` as MASTER_*)."""
+    addr, _, port = endpoint.rpartition(":")
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+    }
 
 
 def _log_dir(out: str | None, rdzv_id: str) -> str:

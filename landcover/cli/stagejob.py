@@ -145,6 +145,7 @@ def stage_job(
         entry_module=STAGE_MODULE,
         argv=tuple(rank_argv(stage, args, logging_args=logging_args, extra=extra)),
         secret_env=storage_options_env(storage_options or {}),
+        process_group=False,  # ranks coordinate through the output location alone
     )
 
 

@@ -112,6 +112,46 @@ def test_a_failing_agent_stops_the_others_and_names_its_log(tmp_path: Path) -> N
     assert not psutil.pid_exists(int(pid_file.read_text()))
 
 
+def test_a_job_without_a_process_group_starts_its_ranks_directly(tmp_path: Path) -> None:
+    job = replace(fake_job("s", str(tmp_path / "run"), "--epochs", "1"), process_group=False)
+    plan = plan_job(local_spec(3), job)
+    assert isinstance(plan, LocalPlan) and plan.direct
+    port = plan.rdzv_endpoint.rpartition(":")[2]
+    for rank, (command, env) in enumerate(zip(plan.agent_commands, plan.agent_env, strict=True)):
+        assert command == (sys.executable, "-m", ENTRY_MODULE, "s", "--out", str(tmp_path / "run"),
+                           "--epochs", "1")  # fmt: skip
+        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")} == {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3", "MASTER_PORT": port
+        }  # fmt: skip
+    assert "started directly" in plan.describe() and "torch.distributed.run" not in plan.describe()
+    assert plan.log_path(2).endswith("rank-2.log")
+    assert "torch.distributed.run" not in plan.files()["torchrun.sh"]
+    # several simulated nodes or restarts need torchrun's agents, whatever the job
+    two_nodes = replace(local_spec(2), node_count=2, processes_per_node=1)
+    for spec in (two_nodes, local_spec(2, max_restarts=1)):
+        torchrun = plan_job(spec, job)
+        assert isinstance(torchrun, LocalPlan) and not torchrun.direct
+    assert (
+        not plan_job(local_spec(3), replace(job, process_group=True))
+        .describe()
+        .count("started directly")
+    )
+
+
+def test_ranks_started_directly_report_as_ranks(tmp_path: Path) -> None:
+    plan = scripted_plan(
+        tmp_path, "print('rank 0 here')", "import sys, time; time.sleep(0.3); sys.exit(3)"
+    )
+    plan = replace(plan, direct=True)
+    lines: list[str] = []
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan, LaunchOptions(on_output=lines.append))
+    assert lines == ["[rank 0] rank 0 here"]
+    assert str(info.value) == (
+        f"rank 1 failed (exit code 3); logs: {tmp_path / 'run' / 'logs' / 'rank-1.log'}"
+    )
+
+
 def test_a_job_past_its_time_limit_is_stopped(tmp_path: Path) -> None:
     plan = scripted_plan(tmp_path, "import time; time.sleep(120)")
     with pytest.raises(LaunchError, match=r"did not finish within 1 s and was stopped; logs: "):
