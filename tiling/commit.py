@@ -42,9 +42,11 @@ logger = logging.getLogger(__name__)
 FIRST_POLL_S = 0.05
 MAX_POLL_S = 1.0  # one small request per second per waiting rank 0 on blob storage
 WAIT_LOG_EVERY_S = 60.0
-# Rank 0's commit of one chip (a staged part read, its shard objects written) costs about
-# this fraction of cutting it: measured with benchmarks/bench_tile_ranks.py (2048 chips of
-# 256 px on local disk, ~1.8 s of commit against ~9.5 s of cutting). Rank 0 cuts that much less.
+# Rank 0 counts each chip it commits as this fraction of one it cuts. Measured with
+# benchmarks/bench_tile_ranks.py (2048 chips of 256 px on local disk) the commit takes
+# 1.2-1.8 s against ~9.5 s of cutting, but waits on the disk part of that time: weights of
+# 0, 0.1 and 0.2 were within the run-to-run spread at 2 ranks. 0.1 keeps rank 0 cutting at a
+# few ranks, and from 11 on it cuts only the first source and commits.
 COMMIT_WEIGHT = 0.1
 
 
@@ -66,7 +68,7 @@ def assign_sources(
     chip dealt so far (it commits them all). Loads differ by about one source's chips, and
     because sources are dealt in input order every rank works near the front of the queue
     the committer drains: rank 0 finds parts in the order it needs them. With many ranks,
-    rank 0 only commits.
+    rank 0 commits and cuts only the first source.
     """
     loads = [0.0] * world_size
     owners = []
