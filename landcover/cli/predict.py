@@ -14,14 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
-from landcover.cli.stagejob import (
-    enter_rank,
-    launch_local_ranks,
-    nproc_option,
-    rank_option,
-    report,
-    summary_option,
-)
+from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
 from landcover.distenv import DistEnv
 from landcover.errors import RegionError
 from landcover.options import overwrite_option, storage_options_option
@@ -125,9 +118,7 @@ logger = logging.getLogger(__name__)
 )
 @overwrite_option
 @storage_options_option
-@nproc_option
-@rank_option
-@summary_option
+@stage_options
 @click.pass_context
 def predict_command(
     ctx: click.Context,

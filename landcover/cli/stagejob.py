@@ -91,6 +91,12 @@ def summary_option(f: F) -> F:
     )(f)
 
 
+def stage_options(f: F) -> F:
+    """What every stage takes to run as ranks: `--nproc`, and the hidden `--rank-from-env`
+    and `--summary-to` (its function takes `nproc`, `rank_from_env` and `summary_to`)."""
+    return nproc_option(rank_option(summary_option(f)))
+
+
 def report(summary_to: str | None, line: str) -> None:
     """Print one of the lines a stage ends with, or add it to the `--summary-to` file."""
     if summary_to is None:

@@ -12,14 +12,7 @@ from typing import Any
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
-from landcover.cli.stagejob import (
-    enter_rank,
-    launch_local_ranks,
-    nproc_option,
-    rank_option,
-    report,
-    summary_option,
-)
+from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
 from landcover.distenv import DistEnv
 from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
@@ -137,9 +130,7 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     is_flag=True,
     help="Check the inputs, print chips, bytes and RAM per worker; write nothing.",
 )
-@nproc_option
-@rank_option
-@summary_option
+@stage_options
 @click.pass_context
 def tile_command(
     ctx: click.Context,
