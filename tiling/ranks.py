@@ -60,7 +60,8 @@ def stage_sources(
     starts late does not cut what rank 0 has already committed from staged parts). A part
     already staged under the expected name is reused only when it checks out whole. Each
     part cut is offered to `keep` (rank 0 holds some of its own in memory) and staged when
-    it is not kept; `ready(source_id)` is told when a source's part is staged or kept.
+    it is not kept, each reused one is offered too; `ready(source_id)` is told when a
+    source's part is staged, reused or kept.
     """
     cut_parts = 0
     for item in items:
@@ -68,8 +69,10 @@ def stage_sources(
         if source.id < done():
             logger.debug("%s: committed already, skipped", source.image.path)
             continue
-        if staging.get(source.id, item.key) is not None:
+        reused = staging.get(source.id, item.key)
+        if reused is not None:
             logger.info("%s: reusing its staged part", source.image.path)
+            keep(reused)  # rank 0 may hold it: its commit need not read it a second time
             ready(source.id)
             if progress is not None:
                 progress(source.grid.num_chips)
