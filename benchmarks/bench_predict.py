@@ -41,13 +41,14 @@ import numpy.typing as npt
 import rasterio
 import torch
 from affine import Affine
-from machine import cpu_name, load_average
+from machine import load_average
 
 import landcover.prediction.windows as prediction_windows
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
 from landcover.prediction.blend import window_starts
 from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.training.distributed import cpu_model_name
 from tiling.classes import get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
 
@@ -585,7 +586,7 @@ def _sync(device: str) -> None:
 def _machine() -> str:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (
-        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"{cpu_model_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), {gpu}, load average {load_average():.1f} at start"
     )
 

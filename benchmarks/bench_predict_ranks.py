@@ -39,7 +39,7 @@ import shapely
 import shapely.affinity
 import torch
 from affine import Affine
-from machine import cpu_name, load_average
+from machine import load_average
 from rasterio.crs import CRS
 from rasterio.windows import Window
 
@@ -52,6 +52,7 @@ from landcover.prediction.outgrid import GridPlan, OutputGrid
 from landcover.prediction.parts import PartWriter, Staging
 from landcover.prediction.ranks import RankShare, row_costs, split_rows
 from landcover.prediction.runner import GDAL_CACHE_BYTES, PredictConfig
+from landcover.training.distributed import cpu_model_name
 from tiling.classes import get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
 
@@ -309,7 +310,7 @@ def _busiest_share_km2(total_km2: float, block_px: int, ranks: int) -> tuple[flo
 
 def _machine() -> str:
     return (
-        f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, load average "
+        f"{cpu_model_name()}, {os.cpu_count()} cores, torch {torch.__version__}, load average "
         f"{load_average():.1f} at start (a shared machine)"
     )
 
