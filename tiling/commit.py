@@ -81,12 +81,13 @@ def assign_sources(
     return owners
 
 
-def stored_done_count(
+def stored_done_chips(
     url: str, params: StoreParams, storage_options: Mapping[str, Any] | None = None
-) -> int:
-    """Sources the store at `url` holds as done (an input-order prefix), for these params.
+) -> list[int]:
+    """Chips of each source the store at `url` holds as done (an input-order prefix), for
+    these params.
 
-    0 when there is no store there, or one written with other parameters (rank 0 will
+    Empty when there is no store there, or one written with other parameters (rank 0 will
     refuse or rebuild it; a rank that is not the writer must not skip work on its word).
     """
     try:
@@ -97,22 +98,53 @@ def stored_done_count(
                 fs, root = filesystem(url, storage_options)
                 text = fs.cat_file(f"{root.rstrip('/')}/zarr.json").decode()
     except FileNotFoundError:
-        return 0
+        return []
     try:
         meta = json.loads(text).get("attributes", {}).get(ATTRS_KEY, {})
     except ValueError:  # caught mid-replace on a filesystem without atomic rename
-        return 0
+        return []
     if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
-        return 0
+        return []
     if differences(meta.get("params", {}), params.to_json()):
-        return 0
-    return len(done_prefix([SourceRecord.from_json(s) for s in meta.get("sources", ())]))
+        return []
+    records = [SourceRecord.from_json(s) for s in meta.get("sources", ())]
+    return [record.chips for record in done_prefix(records)]
 
 
-def commit_part(writer: ChipStoreWriter, record: SourceRecord, part: SourcePart) -> SourceRecord:
-    """Append one staged source to the store and mark it done (no re-encoding)."""
+def placeable(writer: ChipStoreWriter, part: SourcePart, staging: PartStaging) -> bool:
+    """Whether `part` can be appended next: a whole part always; a thin part when its
+    interior objects were made for the row the store has reached and are all staged."""
+    inner = part.interior
+    return inner is None or (
+        inner.start == writer.num_chips
+        and inner.shard_size == writer.params.shard_size
+        and staging.has_interior(part)
+    )
+
+
+def commit_part(
+    writer: ChipStoreWriter, record: SourceRecord, part: SourcePart, staging: PartStaging
+) -> SourceRecord:
+    """Append one staged source to the store and mark it done (no re-encoding). A thin
+    part's interior objects are moved into the store between its head and its tail; check
+    `placeable` first."""
     writer.begin_source(record)
-    writer.append_encoded(part.images, part.labels, part.index_rows())
+    inner = part.interior
+    rows = part.index_rows()
+    if inner is None:
+        writer.append_encoded(part.images, part.labels, rows)
+    else:
+        head = inner.head
+        writer.append_encoded(part.images[:head], part.labels[:head], rows[:head])
+        try:
+            staging.place(part, writer.object_key)
+        except FileNotFoundError as exc:
+            raise TilingError(
+                f"{staging.url}: an interior shard object of source {record.id} went missing "
+                "while it was committed; rerun the command (it resumes and cuts it again)"
+            ) from exc
+        writer.skip_placed(inner.shards, inner.image_chunks, inner.label_chunks)
+        writer.append_encoded(part.images[head:], part.labels[head:], rows[head + inner.rows :])
     t = part.totals
     return writer.commit_source(
         band_stats=t.band_stats,
@@ -134,11 +166,13 @@ class PendingSource:
 
 @dataclass(frozen=True, slots=True)
 class CommitStats:
-    """What the commit cost: parts appended, their encoded bytes, seconds spent appending
-    (reading the part and writing shard objects and attributes; waiting left out)."""
+    """What the commit cost: parts appended, the encoded bytes it wrote from them, interior
+    shard objects it moved in whole, seconds spent appending (reading the part, writing and
+    moving shard objects, attributes; waiting left out)."""
 
     parts: int = 0
     bytes: int = 0
+    moved: int = 0
     seconds: float = 0.0
 
     @property
@@ -154,6 +188,7 @@ def commit_in_order(
     progress: Callable[[int], None] | None = None,
     check: Callable[[], None] = lambda: None,
     own: Callable[[PendingSource], tuple[SourcePart, float]] | None = None,
+    recut: Callable[[PendingSource], SourcePart] | None = None,
 ) -> CommitStats:
     """Commit `pending` in order, waiting for each part to be staged and complete.
 
@@ -161,7 +196,8 @@ def commit_in_order(
     failed). `own(item)` gives the part of a source this process cuts itself (owner 0),
     waiting for it, and the seconds its read took; the others' parts are polled for in
     `staging`. A staged part under the expected name that fails its checks is left for its
-    owner to redo: the wait goes on, it is never appended.
+    owner to redo: the wait goes on, it is never appended. A thin part that does not fit the
+    row the store has reached is cut again here by `recut(item)` (without it: TilingError).
     """
     stats = CommitStats()
     for item in pending:
@@ -169,11 +205,31 @@ def commit_in_order(
             part, read_s = own(item)
         else:
             part, read_s = _wait_for_part(staging, item, check)
+        if not placeable(writer, part, staging):
+            if recut is None:
+                raise TilingError(
+                    f"{staging.url}: the part of source {item.record.id} was made for row "
+                    f"{part.interior.start if part.interior else 0}, the store is at row "
+                    f"{writer.num_chips}, or its interior objects are gone; rerun the command "
+                    "(it resumes and cuts that source again)"
+                )
+            # made from counts an earlier run left (its inputs changed since): never placed
+            logger.warning(
+                "%s: the part of source %d was made for row %d, not %d; cutting it here",
+                staging.url,
+                item.record.id,
+                part.interior.start if part.interior else 0,
+                writer.num_chips,
+            )
+            start = time.perf_counter()
+            part = recut(item)
+            read_s += time.perf_counter() - start
         start = time.perf_counter()
-        commit_part(writer, item.record, part)
+        commit_part(writer, item.record, part, staging)
         stats = CommitStats(
             parts=stats.parts + 1,
             bytes=stats.bytes + part.nbytes(),
+            moved=stats.moved + len(staging.interior_objects(part)),
             seconds=stats.seconds + read_s + time.perf_counter() - start,
         )
         if progress is not None:
@@ -239,9 +295,9 @@ def write_sources(
         if source.id in reuse:
             key = reuse[source.id]
             part = staging.get(source.id, key)
-            if part is None:
+            if part is None or not placeable(writer, part, staging):
                 part = build_part(source.id, key, plan.num_classes, cut(source))
-            commit_part(writer, record, part)
+            commit_part(writer, record, part, staging)
             if progress is not None:
                 progress(source.grid.num_chips)
             continue

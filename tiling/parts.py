@@ -38,6 +38,7 @@ import numpy.typing as npt
 
 from tiling._atomic import replaced_when_done
 from tiling.fingerprint import Fingerprint
+from tiling.interior import SHARDED_ARRAYS, Interior
 from tiling.params import StoreParams
 from tiling.plan import SourcePlan
 from tiling.records import NUM_BANDS, BandStats
@@ -47,7 +48,7 @@ from tiling.urls import filesystem, is_local, local_path, storage_errors
 
 logger = logging.getLogger(__name__)
 
-PART_FORMAT_VERSION = 1
+PART_FORMAT_VERSION = 2  # 2: a part may leave its interior shard objects beside it
 STAGING_SUFFIX = ".parts"
 _MAGIC = b"LCPART01"
 _HEAD = struct.Struct("<8sQ")  # magic, header length
@@ -118,7 +119,12 @@ class SourceTotals:
 
 @dataclass(slots=True)
 class SourcePart:
-    """One source's chips, encoded, in input order, with its statistics."""
+    """One source's chips, encoded, in input order, with its statistics.
+
+    A thin part (`interior` set) holds only the chunks of its head and tail: those of its
+    interior shard objects are staged as the objects themselves (`tiling.interior`). Its
+    index rows are always all there.
+    """
 
     source_id: int
     key: str
@@ -126,10 +132,11 @@ class SourcePart:
     images: list[EncodedChunk] = field(default_factory=list)
     labels: list[EncodedChunk] = field(default_factory=list)
     index: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    interior: Interior | None = None
 
     @property
     def num_chips(self) -> int:
-        return len(self.images)
+        return len(self.images) + (self.interior.rows if self.interior else 0)
 
     def index_rows(self) -> npt.NDArray[np.int32]:
         if not self.index:
@@ -184,6 +191,14 @@ def part_key(
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def run_key(params: StoreParams) -> str:
+    """Digest of the store parameters (the list of inputs included): the key of the chip
+    counts ranks publish. Unlike a part's key it needs no fingerprint, so a rank can name
+    the count of a source it did not open."""
+    what = {"part_format": PART_FORMAT_VERSION, "params": params.to_json()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def part_pieces(part: SourcePart) -> list[bytes]:
     """The part's bytes in order, as pieces (head, JSON header, index rows, chunks, key,
     crc32c): written one after the other, without joining them into one copy."""
@@ -202,6 +217,7 @@ def part_pieces(part: SourcePart) -> list[bytes]:
         "num_classes": t.num_classes,
         "image_sizes": [len(c) if c else _ABSENT for c in part.images],
         "label_sizes": [len(c) if c else _ABSENT for c in part.labels],
+        "interior": part.interior.to_json() if part.interior else None,
     }
     head_json = json.dumps(header, separators=(",", ":")).encode()
     rows = np.ascontiguousarray(part.index_rows(), dtype="<i4").tobytes()
@@ -252,7 +268,8 @@ def decode_part(data: bytes | mmap.mmap, *, key: str) -> SourcePart:
             else:
                 out.append(data[pos : pos + size])
                 pos += size
-    if pos + len(key) != end or len(images) != chips:
+    interior = Interior.from_json(header["interior"]) if header.get("interior") else None
+    if pos + len(key) != end or len(images) + (interior.rows if interior else 0) != chips:
         raise ValueError("sizes do not add up to the object")
     totals = SourceTotals(
         num_classes=int(header["num_classes"]),
@@ -270,6 +287,7 @@ def decode_part(data: bytes | mmap.mmap, *, key: str) -> SourcePart:
         images=images,
         labels=labels,
         index=[rows.astype(np.int32)],
+        interior=interior,
     )
 
 
@@ -286,6 +304,7 @@ class PartStaging:
     """
 
     def __init__(self, store_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.store_url = store_url.rstrip("/")
         self.url = staging_url(store_url)
         self._options = dict(storage_options or {})
         self._remote: tuple[fsspec.AbstractFileSystem, str] | None = None
@@ -293,6 +312,109 @@ class PartStaging:
     @staticmethod
     def name(source_id: int, key: str) -> str:
         return f"{source_id:06d}.{key}.part"
+
+    @staticmethod
+    def count_name(source_id: int, key: str) -> str:
+        return f"{source_id:06d}.{key}.chips"  # key: `run_key`
+
+    @staticmethod
+    def object_name(part: SourcePart, array: str, k: int) -> str:
+        """The staged name of interior shard object k of `array` for thin `part`."""
+        start = part.interior.start if part.interior else 0
+        return f"{part.source_id:06d}.{part.key}.{start}.{array}.{k}"
+
+    def put_count(self, source_id: int, key: str, chips: int) -> None:
+        """Publish how many chips source `source_id` keeps (its owner, once it is cut; `key`
+        is `run_key`): the other ranks add these up to find where their sources start."""
+        self._put_small(self.count_name(source_id, key), str(chips).encode())
+
+    def count(self, source_id: int, key: str) -> int | None:
+        """The chips published for (source_id, key); None when not yet published."""
+        with self._read(self.count_name(source_id, key)) as data:
+            if data is None or not bytes(data).isdigit():
+                return None
+            return int(bytes(data))
+
+    def interior_objects(self, part: SourcePart) -> list[tuple[str, int, str | None]]:
+        """(array, shard index, staged name) of each interior object of thin `part`; the
+        name is None where the shard stores no chunk (no object, as the writer leaves it)."""
+        inner = part.interior
+        if inner is None:
+            return []
+        out: list[tuple[str, int, str | None]] = []
+        for i, k in enumerate(inner.shards):
+            counts = {"images": inner.image_chunks[i], "index": 1}
+            if inner.label_chunks:
+                counts["labels"] = inner.label_chunks[i]
+            for array in SHARDED_ARRAYS:
+                if array in counts:
+                    out.append(
+                        (array, k, self.object_name(part, array, k) if counts[array] else None)
+                    )
+        return out
+
+    def put_interior(
+        self, part: SourcePart, objects: Mapping[str, Mapping[int, bytes | None]]
+    ) -> None:
+        """Stage the interior shard objects of thin `part`, each whole (before the part)."""
+        data = {
+            name: objects[array][k]
+            for array, k, name in self.interior_objects(part)
+            if name is not None
+        }
+        with storage_errors(self.url):
+            if is_local(self.url):
+                folder = local_path(self.url)
+                folder.mkdir(parents=True, exist_ok=True)
+                for name, body in data.items():
+                    with replaced_when_done(folder / name) as tmp:
+                        tmp.write_bytes(body or b"")
+            else:
+                fs, root = self._filesystem()
+                fs.pipe({f"{root}/{name}": body for name, body in data.items()})
+
+    def has_interior(self, part: SourcePart) -> bool:
+        """Whether every interior object of `part` is staged (a commit moves them away)."""
+        names = [name for _, _, name in self.interior_objects(part) if name is not None]
+        with storage_errors(self.url):
+            if is_local(self.url):
+                folder = local_path(self.url)
+                return all((folder / name).is_file() for name in names)
+            fs, root = self._filesystem()
+            prefix = self.object_name(part, "", 0).rsplit(".", 2)[0]  # one prefix listing
+            try:
+                found = {p.rsplit("/", 1)[-1] for p in fs.glob(f"{root}/{prefix}.*")}
+            except FileNotFoundError:
+                return False
+            return all(name in found for name in names)
+
+    def place(self, part: SourcePart, store_key: Callable[[str, int], str]) -> None:
+        """Move the interior objects of `part` into the store, at `store_key(array, k)`;
+        delete the store's object where the shard stores no chunk. On local disk and NFS
+        each is a rename (no byte is copied); on blob storage a read and one upload.
+        FileNotFoundError when one is not staged (any already moved stay in the store, past
+        its done rows: the next commit or resume rewrites or deletes them)."""
+        moves = [(store_key(array, k), name) for array, k, name in self.interior_objects(part)]
+        with storage_errors(self.url):
+            if is_local(self.url):
+                folder, store_dir = local_path(self.url), local_path(self.store_url)
+                for key, name in moves:
+                    target = store_dir / key
+                    if name is None:
+                        target.unlink(missing_ok=True)
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(folder / name, target)
+                return
+            fs, root = self._filesystem()
+            store_fs, store_root = filesystem(self.store_url, self._options)
+            sources = {f"{root}/{name}": key for key, name in moves if name is not None}
+            bodies = fs.cat(list(sources), on_error="raise")
+            store_fs.pipe({f"{store_root}/{sources[src]}": body for src, body in bodies.items()})
+            for key, name in moves:
+                if name is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        store_fs.rm_file(f"{store_root}/{key}")
 
     def put(self, part: SourcePart) -> None:
         """Write `part` whole; a reader sees the complete object or none."""
@@ -346,6 +468,17 @@ class PartStaging:
             fs, root = self._filesystem()
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(root, recursive=True)
+
+    def _put_small(self, name: str, body: bytes) -> None:
+        with storage_errors(self.url):
+            if is_local(self.url):
+                folder = local_path(self.url)
+                folder.mkdir(parents=True, exist_ok=True)
+                with replaced_when_done(folder / name) as tmp:
+                    tmp.write_bytes(body)
+            else:
+                fs, root = self._filesystem()
+                fs.pipe_file(f"{root}/{name}", body)
 
     def _filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
         if self._remote is None:

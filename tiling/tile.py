@@ -39,7 +39,7 @@ from tiling.commit import (
     assign_sources,
     check_rank,
     reusable_parts,
-    stored_done_count,
+    stored_done_chips,
     write_sources,
 )
 from tiling.errors import SourceFormatError, StoreError
@@ -154,8 +154,10 @@ def tile(
                 return _cut_windows(pool, reader, plan, [source], workers)
 
             if rank > 0:
-                done = (lambda: 0) if config.overwrite else _done_reader(config, plan)
-                staged = stage_rank(plan, mine, staging, cut, prints, done=done, progress=progress)
+                done = (lambda: []) if config.overwrite else _done_reader(config, plan)
+                staged = stage_rank(
+                    plan, mine, staging, cut, prints, done_chips=done, progress=progress
+                )
                 return TileResult(
                     url=config.out,
                     store_summary=None,
@@ -255,9 +257,9 @@ def _fingerprints(
     )
 
 
-def _done_reader(config: TileConfig, plan: TilePlan) -> Callable[[], int]:
-    """How many sources the store holds as committed, asked afresh each time."""
-    return lambda: stored_done_count(config.out, plan.params, config.storage_options)
+def _done_reader(config: TileConfig, plan: TilePlan) -> Callable[[], list[int]]:
+    """The chips of each source the store holds as committed, asked afresh each time."""
+    return lambda: stored_done_chips(config.out, plan.params, config.storage_options)
 
 
 def _cut_windows(

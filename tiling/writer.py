@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -163,6 +163,26 @@ class ChipStoreWriter:
         if whole > 0:
             self._flush(whole)
 
+    def skip_placed(
+        self, shards: range, image_chunks: Sequence[int], label_chunks: Sequence[int]
+    ) -> None:
+        """Count whole shard objects `shards` of the current source as written: they were
+        built by the rank that cut it and moved into the store (`tiling.interior`). The
+        chips before them must fill the shard before `shards.start` exactly."""
+        shard = self.params.shard_size
+        if self._current is None:
+            raise StoreError("skip_placed() before begin_source()")
+        if len(self._pending) or len(self._tail) or self._rows != shards.start * shard:
+            raise StoreError(
+                f"shards {shards.start}..{shards.stop - 1} do not start at row {self.num_chips}"
+            )
+        for k, images, labels in zip(
+            shards, image_chunks, label_chunks or [0] * len(shards), strict=True
+        ):
+            self._stored["images"][k] += images
+            self._stored["labels"][k] += labels
+        self._rows = shards.stop * shard
+
     def commit_source(
         self,
         *,
@@ -224,13 +244,13 @@ class ChipStoreWriter:
         for k in range(first, -(-self._rows // shard)):
             lo = (k - first) * shard
             hi = min(lo + shard, count)
-            objects[self._key("images", k)] = encode_shard(tail_images[lo:hi], shard)
+            objects[self.object_key("images", k)] = encode_shard(tail_images[lo:hi], shard)
             if self.params.has_labels:
-                objects[self._key("labels", k)] = encode_shard(tail_labels[lo:hi], shard)
+                objects[self.object_key("labels", k)] = encode_shard(tail_labels[lo:hi], shard)
             block = np.zeros((shard, len(INDEX_COLUMNS)), dtype="<i4")
             block[: hi - lo] = tail_index[lo:hi]
             # always stored, so that a missing index object is known to be lost
-            objects[self._key("index", k)] = self._encoder.encode_any(block, keep_empty=True)
+            objects[self.object_key("index", k)] = self._encoder.encode_any(block, keep_empty=True)
         _put_objects(self._group.store, objects, self.url)
         keep = self._rows % shard
         if keep:
@@ -238,7 +258,8 @@ class ChipStoreWriter:
             self._tail.labels = tail_labels[count - keep :]
             self._tail.index = [tail_index[count - keep :]]
 
-    def _key(self, name: str, k: int) -> str:
+    def object_key(self, name: str, k: int) -> str:
+        """The store key of shard object k of array `name`."""
         prefix = f"{self._group.path}/" if self._group.path else ""
         rest = {"images": "/0/0/0", "labels": "/0/0", "index": "/0"}[name]
         return f"{prefix}{name}/c/{k}{rest}"
@@ -339,7 +360,7 @@ class ChipStoreWriter:
                 "rebuild it"
             )
 
-        data = _read_object(self._group.store, self._key(name, k))
+        data = _read_object(self._group.store, self.object_key(name, k))
         if data is None:
             if expected:
                 raise damaged("missing")

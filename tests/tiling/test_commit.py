@@ -19,9 +19,9 @@ import tiling.tile
 from tests.tiling.rasters import Scenes
 from tests.tiling.test_store import snapshot
 from tests.tiling.test_tile import config
-from tiling.commit import assign_sources, check_rank, stored_done_count
+from tiling.commit import assign_sources, check_rank, stored_done_chips
 from tiling.errors import StoreError, TilingError
-from tiling.parts import PartStaging
+from tiling.parts import PartStaging, run_key
 from tiling.plan import TileConfig, plan_tiling
 from tiling.store import open_store
 from tiling.tile import TileResult, tile
@@ -64,6 +64,13 @@ def run_ranks(cfg: TileConfig, world_size: int) -> list[TileResult]:
     if errors:
         raise next(iter(errors.values()))
     return [results[r] for r in range(world_size)]
+
+
+@pytest.fixture
+def rank_1_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests that run rank 1 without rank 0: the counts before its sources never come,
+    so it stages its parts whole after a short wait rather than COUNT_WAIT_S."""
+    monkeypatch.setattr(tiling.ranks, "COUNT_WAIT_S", 0.2)
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +171,7 @@ def test_a_rerun_after_ranks_died_equals_the_uninterrupted_store(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     rerun_world: int,
+    rank_1_alone: None,
 ) -> None:
     out = tmp_path / "killed.zarr"
     cfg = four_config(scenes, four_images, out)
@@ -190,7 +198,7 @@ def test_a_rerun_after_ranks_died_equals_the_uninterrupted_store(
     monkeypatch.undo()
     assert puts == [1]
     assert [s.id for s in open_store(str(out)).summary.sources] == [0]
-    assert stored_done_count(str(out), plan_tiling(cfg).params) == 1
+    assert len(stored_done_chips(str(out), plan_tiling(cfg).params)) == 1
     results = run_ranks(cfg, rerun_world)
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert results[0].sources_resumed == 1
@@ -205,6 +213,7 @@ def test_a_damaged_or_foreign_part_is_redone_never_trusted(
     one_process: Path,
     tmp_path: Path,
     rerun_world: int,
+    rank_1_alone: None,
 ) -> None:
     out = tmp_path / "stale.zarr"
     cfg = four_config(scenes, four_images, out)
@@ -213,7 +222,7 @@ def test_a_damaged_or_foreign_part_is_redone_never_trusted(
     assert len(rank_1) == 2
     tile(cfg, rank=1, world_size=2)  # stages its two sources
     staging = Path(f"{out}.parts")
-    names = sorted(p.name for p in staging.iterdir())
+    names = sorted(p.name for p in staging.iterdir() if p.suffix == ".part")
     assert [int(n.split(".")[0]) for n in names] == rank_1
     first, second = (staging / n for n in names)
     first.write_bytes(first.read_bytes()[:-50])  # cut short
@@ -233,6 +242,7 @@ def test_one_process_reuses_parts_and_ranks_skip_committed_sources(
     one_process: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    rank_1_alone: None,
 ) -> None:
     out = tmp_path / "reuse.zarr"
     cfg = four_config(scenes, four_images, out)
@@ -265,3 +275,125 @@ def test_ranks_commit_to_az_urls_byte_for_byte(
     run_ranks(four_config(scenes, four_images, two, storage_options=options), 2)
     assert snapshot(two, options) == snapshot(one, options)
     assert PartStaging(two, options).names() == frozenset()
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Source ids of the parts PartStaging.<name> is called with."""
+    calls: list[int] = []
+    real = getattr(PartStaging, name)
+
+    def method(self: PartStaging, part: Any, *args: Any) -> Any:
+        calls.append(part.source_id)
+        return real(self, part, *args)
+
+    monkeypatch.setattr(PartStaging, name, method)
+    return calls
+
+
+def test_rank_1_builds_its_interior_shard_objects_and_rank_0_moves_them_in(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = tmp_path / "interior.zarr"
+    cfg = four_config(scenes, four_images, out)
+    owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
+    staged, placed = spy(monkeypatch, "put_interior"), spy(monkeypatch, "place")
+    run_ranks(cfg, 2)
+    rank_1 = {i for i, o in enumerate(owners) if o == 1}
+    assert staged and set(staged) <= rank_1 and sorted(placed) == sorted(staged)
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert not Path(f"{out}.parts").exists()
+
+
+def publish_rank_0_counts(cfg: TileConfig, one_process: Path, owners: list[int]) -> None:
+    """The chip counts rank 0 would publish, taken from the one-process store."""
+    staging, key = PartStaging(cfg.out), run_key(plan_tiling(cfg).params)
+    for record in open_store(str(one_process)).summary.sources:
+        if owners[record.id] == 0:
+            staging.put_count(record.id, key, record.chips)
+
+
+def test_one_process_moves_thin_parts_in_where_they_fit_and_recuts_where_not(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = tmp_path / "thin.zarr"
+    cfg = four_config(scenes, four_images, out)
+    owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
+    publish_rank_0_counts(cfg, one_process, owners)
+    tile(cfg, rank=1, world_size=2)  # counts known: thin parts beside their objects
+    staging = PartStaging(str(out))
+    parts = {
+        int(n.split(".")[0]): staging.get(int(n.split(".")[0]), n.split(".")[1])
+        for n in staging.names()
+    }
+    assert all(p is not None and p.interior is not None for p in parts.values())
+    gone, kept = sorted(parts)
+    part = parts[gone]
+    assert part is not None
+    name = next(n for _, _, n in staging.interior_objects(part) if n is not None)
+    (Path(staging.url) / name).unlink()  # as if a commit moved it into a store, then died
+    cut = []
+    real = tiling.tile._cut_window
+
+    def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
+        cut.append(source.id)
+        return real(reader, plan, source, window)
+
+    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    placed = spy(monkeypatch, "place")
+    tile(cfg)
+    assert placed == [kept] and gone in cut and kept not in cut
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+
+
+def test_a_thin_part_made_for_another_row_stops_rank_0_and_its_owner_recuts_it(
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    one_process: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counts left by an earlier run whose inputs changed since: rank 1 builds its interior
+    objects for the wrong rows. Rank 0 never places them: it cuts that source itself, and a
+    rerun's rank 1 sees that its part does not fit the counts of the run and cuts it again."""
+    out = tmp_path / "shifted.zarr"
+    cfg = four_config(scenes, four_images, out)
+    owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
+    staging, key = PartStaging(str(out)), run_key(plan_tiling(cfg).params)
+    for record in open_store(str(one_process)).summary.sources:
+        if owners[record.id] == 0:
+            staging.put_count(record.id, key, record.chips + 1)  # stale: one chip more
+    monkeypatch.setattr(tiling.ranks, "COUNT_WAIT_S", 0.2)
+    tile(cfg, rank=1, world_size=2)
+    cut: list[int] = []
+    real_cut = tiling.tile._cut_window
+
+    def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
+        cut.append(source.id)
+        return real_cut(reader, plan, source, window)
+
+    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    real_commit = tiling.commit.commit_part
+
+    def commit_then_die(*args: Any) -> Any:
+        record = real_commit(*args)
+        if record.id == 1:
+            raise RuntimeError("rank 0 killed after committing source 1")
+        return record
+
+    monkeypatch.setattr(tiling.commit, "commit_part", commit_then_die)
+    with pytest.raises(RuntimeError, match="killed after committing source 1"):
+        tile(cfg, rank=0, world_size=2)  # commits rank 1's source 1 by cutting it itself
+    monkeypatch.setattr(tiling.commit, "commit_part", real_commit)
+    assert 1 in cut and [s.id for s in open_store(str(out)).summary.sources] == [0, 1]
+    results = run_ranks(cfg, 2)
+    later = [i for i, owner in enumerate(owners) if owner == 1 and i > 1]
+    assert owners[1] == 1 and later and results[1].parts_cut == len(later)  # none fit
+    assert snapshot(str(out), {}) == snapshot(str(one_process), {})

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+import tiling.ranks
 from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
 from tests.azurite import Azurite
@@ -22,6 +23,7 @@ from tiling.parts import PartStaging
 # Imported by every rank (PYTHONPATH): rank 1 is SIGKILLed right after staging its first part.
 KILL_RANK_1 = """
 import os
+import tiling.ranks
 from tiling.parts import PartStaging
 
 _put = PartStaging.put
@@ -67,16 +69,17 @@ def one_process(images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
-    images: Path, one_process: Path, tmp_path: Path
+    images: Path, one_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--rank-from-env` as an engine runs it (here one rank after the other, in process)."""
+    monkeypatch.setattr(tiling.ranks, "COUNT_WAIT_S", 0.2)  # no rank 0 to count its sources
     out = tmp_path / "env.zarr"
     env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29500", "LANDCOVER_ERROR_DIR": str(tmp_path)}  # fmt: skip
     second = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "1"})
     assert second.exit_code == 0, second.output
     assert second.output == ""  # quiet, its log included: rank 0 speaks for the job
-    assert len(list(Path(f"{out}.parts").iterdir())) == 2
+    assert len(list(Path(f"{out}.parts").glob("*.part"))) == 2
     first = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "0"})
     assert first.exit_code == 0, first.output
     assert first.stdout.startswith(f"wrote {out}: ")
