@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tiling.blobcopy import COPY_THREADS
 from tiling.commit import assign_sources
 from tiling.store import open_store
 from tiling.synth import SynthConfig, synthesize_scenes
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rename-ms", type=float, default=1.0,
                         help="ms per rename on the shared file system (an NFS round trip) "
                         "[1.0]")  # fmt: skip
+    parser.add_argument("--copy-ms", type=float, default=50.0,
+                        help="ms per server-side blob copy (Copy Blob From URL of a shard "
+                        "object) [50]")  # fmt: skip
     args = parser.parse_args(argv)
     scenes = args.scenes or (4 if args.quick else 8)
     size = args.size or (2048 if args.quick else 4096)
@@ -226,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         args.ranks_per_node,
         args.commit_gbps,
         args.rename_ms,
+        args.copy_ms,
     )
 
 
@@ -239,6 +244,7 @@ def report(
     per_node: int,
     gbps: float,
     rename_ms: float,
+    copy_ms: float,
 ) -> None:
     print(f"\n{'ranks':>5}  {'wall s':>7}  {'in-rank s':>9}  {'CPU s':>6}  {'chips':>6}  "
           f"{'chips/s':>8}")  # fmt: skip
@@ -270,18 +276,21 @@ def report(
           f"{state_bytes / 1e9:.0f} GB): {per_node} ranks per node at the measured "
           f"{rate:.1f} chips/s per rank")  # fmt: skip
     commit_here = 0.0 if math.isnan(commit_rate) else state_bytes / (commit_rate * 1e6)
-    # On blob storage rank 0 reads every interior object back and uploads it: every byte
-    # passes through it twice. On a shared file system it renames the interior objects and
-    # writes only the shards two sources share, one per boundary between sources.
-    commit_blob = 2 * state_bytes / (gbps * 1e9)
+    # Rank 0 writes its own sources and the shards two sources share (one per boundary
+    # between sources: ~9 % of the bytes at NAIP's ~675 chips per quarter-quad), reading the
+    # shared chunks from the parts; it moves the other objects in: a rename on a shared file
+    # system, a server-side copy on blob storage (COPY_THREADS in flight).
     shared = min(1.0, SHARD / (STATE_CHIPS / STATE_FILES))
-    renames = 3 * STATE_CHIPS / SHARD  # images, labels and index objects per shard
-    commit_fs = 2 * shared * state_bytes / (gbps * 1e9) + renames * rename_ms / 1e3
-    print(f"  commit bound through rank 0: on blob storage {commit_blob / 60:.1f} min (every "
-          f"byte, at {gbps:g} GB/s; {commit_here / 60:.1f} min at this disk's rate); on a "
-          f"shared file system {commit_fs / 60:.1f} min ({100 * shared:.0f} % of the bytes, in "
-          f"the shards two sources share, plus {renames / 1e3:.0f} k renames at "
-          f"{rename_ms:g} ms)")  # fmt: skip
+    moves = 3 * STATE_CHIPS / SHARD  # images, labels and index objects per shard
+    through = 2 * shared * state_bytes / (gbps * 1e9)
+    commit_fs = through + moves * rename_ms / 1e3
+    commit_blob = through + moves * copy_ms / 1e3 / COPY_THREADS
+    print(f"  commit bound through rank 0: {100 * shared:.0f} % of the bytes ({through / 60:.1f} "
+          f"min at {gbps:g} GB/s; {commit_here * shared / 60:.1f} min at this disk's rate) and "
+          f"{moves / 1e3:.0f} k objects moved in: on a shared file system "
+          f"{commit_fs / 60:.1f} min (renames at {rename_ms:g} ms), on blob storage "
+          f"{commit_blob / 60:.1f} min (server-side copies at {copy_ms:g} ms, "
+          f"{COPY_THREADS} in flight)")  # fmt: skip
     for nodes in NODES:
         cut_s = STATE_CHIPS / (nodes * per_node * rate)
         print(f"  {nodes:3d} nodes: cutting {cut_s / 60:6.1f} min; wall ~"

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tiling._atomic import replaced_when_done
+from tiling.blobcopy import copy_blobs
 from tiling.fingerprint import Fingerprint
 from tiling.interior import SHARDED_ARRAYS, Interior
 from tiling.params import StoreParams
@@ -391,9 +392,11 @@ class PartStaging:
     def place(self, part: SourcePart, store_key: Callable[[str, int], str]) -> None:
         """Move the interior objects of `part` into the store, at `store_key(array, k)`;
         delete the store's object where the shard stores no chunk. On local disk and NFS
-        each is a rename (no byte is copied); on blob storage a read and one upload.
+        each is a rename (no byte is copied).
         FileNotFoundError when one is not staged (any already moved stay in the store, past
-        its done rows: the next commit or resume rewrites or deletes them)."""
+        its done rows: the next commit or resume rewrites or deletes them). On Azure Blob
+        storage each is a server-side copy when the source can be authorized
+        (`tiling.blobcopy`), else a read and an upload."""
         moves = [(store_key(array, k), name) for array, k, name in self.interior_objects(part)]
         with storage_errors(self.url):
             if is_local(self.url):
@@ -408,9 +411,10 @@ class PartStaging:
                 return
             fs, root = self._filesystem()
             store_fs, store_root = filesystem(self.store_url, self._options)
-            sources = {f"{root}/{name}": key for key, name in moves if name is not None}
-            bodies = fs.cat(list(sources), on_error="raise")
-            store_fs.pipe({f"{store_root}/{sources[src]}": body for src, body in bodies.items()})
+            pairs = [(f"{root}/{name}", f"{store_root}/{key}") for key, name in moves if name]
+            if not copy_blobs(store_fs, pairs):  # no server-side copy: the bytes go through here
+                bodies = fs.cat([source for source, _ in pairs], on_error="raise")
+                store_fs.pipe({target: bodies[source] for source, target in pairs})
             for key, name in moves:
                 if name is None:
                     with contextlib.suppress(FileNotFoundError):

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import tiling.commit
+import tiling.parts
 import tiling.ranks
 import tiling.tile
 from tests.tiling.rasters import Scenes
@@ -266,14 +267,27 @@ def test_one_process_reuses_parts_and_ranks_skip_committed_sources(
 
 @pytest.mark.azurite
 def test_ranks_commit_to_az_urls_byte_for_byte(
-    scenes: Scenes, four_images: tuple[Path, ...], tmp_path: Path, azurite: Any
+    scenes: Scenes,
+    four_images: tuple[Path, ...],
+    tmp_path: Path,
+    azurite: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    copies: list[bool] = []
+    real_copy = tiling.parts.copy_blobs
+
+    def copy_blobs(fs: Any, pairs: Any) -> bool:
+        copies.append(real_copy(fs, pairs))
+        return copies[-1]
+
+    monkeypatch.setattr(tiling.parts, "copy_blobs", copy_blobs)
     options = azurite.storage_options
     one = azurite.url(f"one-{tmp_path.name}.zarr")
     two = azurite.url(f"two-{tmp_path.name}.zarr")
     tile(four_config(scenes, four_images, one, storage_options=options))
     run_ranks(four_config(scenes, four_images, two, storage_options=options), 2)
     assert snapshot(two, options) == snapshot(one, options)
+    assert copies and all(copies)  # interior objects copied on the server, not through rank 0
     assert PartStaging(two, options).names() == frozenset()
 
 
