@@ -215,11 +215,12 @@ def commit_in_order(
                 )
             # made from counts an earlier run left (its inputs changed since): never placed
             logger.warning(
-                "%s: the part of source %d was made for row %d, not %d; cutting it here",
+                "%s: the part of source %d does not fit row %d (made for row %d, or its "
+                "interior objects are gone); cutting it here",
                 staging.url,
                 item.record.id,
-                part.interior.start if part.interior else 0,
                 writer.num_chips,
+                part.interior.start if part.interior else 0,
             )
             start = time.perf_counter()
             part = recut(item)

@@ -358,21 +358,18 @@ class PartStaging:
         self, part: SourcePart, objects: Mapping[str, Mapping[int, bytes | None]]
     ) -> None:
         """Stage the interior shard objects of thin `part`, each whole (before the part)."""
-        data = {
-            name: objects[array][k]
-            for array, k, name in self.interior_objects(part)
-            if name is not None
-        }
+        data: dict[str, bytes] = {}
+        for array, k, name in self.interior_objects(part):
+            body = objects[array][k]
+            if name is not None and body is not None:
+                data[name] = body
+        if is_local(self.url):
+            for name, body in data.items():
+                self._put_small(name, body)
+            return
         with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                folder.mkdir(parents=True, exist_ok=True)
-                for name, body in data.items():
-                    with replaced_when_done(folder / name) as tmp:
-                        tmp.write_bytes(body or b"")
-            else:
-                fs, root = self._filesystem()
-                fs.pipe({f"{root}/{name}": body for name, body in data.items()})
+            fs, root = self._filesystem()
+            fs.pipe({f"{root}/{name}": body for name, body in data.items()})  # concurrently
 
     def has_interior(self, part: SourcePart) -> bool:
         """Whether every interior object of `part` is staged (a commit moves them away)."""
@@ -392,11 +389,10 @@ class PartStaging:
     def place(self, part: SourcePart, store_key: Callable[[str, int], str]) -> None:
         """Move the interior objects of `part` into the store, at `store_key(array, k)`;
         delete the store's object where the shard stores no chunk. On local disk and NFS
-        each is a rename (no byte is copied).
+        each is a rename (no byte is copied); on Azure Blob storage a server-side copy when
+        the source can be authorized (`tiling.blobcopy`), else a read and an upload.
         FileNotFoundError when one is not staged (any already moved stay in the store, past
-        its done rows: the next commit or resume rewrites or deletes them). On Azure Blob
-        storage each is a server-side copy when the source can be authorized
-        (`tiling.blobcopy`), else a read and an upload."""
+        its done rows: the next commit or resume rewrites or deletes them)."""
         moves = [(store_key(array, k), name) for array, k, name in self.interior_objects(part)]
         with storage_errors(self.url):
             if is_local(self.url):
