@@ -249,14 +249,7 @@ def test_one_process_reuses_parts_and_ranks_skip_committed_sources(
     cfg = four_config(scenes, four_images, out)
     owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
     tile(cfg, rank=1, world_size=2)
-    cut: list[int] = []
-    real = tiling.tile._cut_window
-
-    def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
-        cut.append(source.id)
-        return real(reader, plan, source, window)
-
-    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    cut = spy_cuts(monkeypatch)
     result = tile(cfg)  # one process: appends rank 1's parts, cuts rank 0's sources itself
     monkeypatch.undo()
     assert set(cut) == {i for i, o in enumerate(owners) if o == 0} and result.sources_written == 4
@@ -322,12 +315,28 @@ def test_rank_1_builds_its_interior_shard_objects_and_rank_0_moves_them_in(
     assert not Path(f"{out}.parts").exists()
 
 
-def publish_rank_0_counts(cfg: TileConfig, one_process: Path, owners: list[int]) -> None:
-    """The chip counts rank 0 would publish, taken from the one-process store."""
+def spy_cuts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Source ids of the windows this process cuts."""
+    cut: list[int] = []
+    real = tiling.tile._cut_window
+
+    def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
+        cut.append(source.id)
+        return real(reader, plan, source, window)
+
+    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    return cut
+
+
+def publish_rank_0_counts(
+    cfg: TileConfig, one_process: Path, owners: list[int], *, extra: int = 0
+) -> None:
+    """The chip counts rank 0 would publish, taken from the one-process store (`extra`
+    more each: counts an earlier run left for inputs that changed since)."""
     staging, key = PartStaging(cfg.out), run_key(plan_tiling(cfg).params)
     for record in open_store(str(one_process)).summary.sources:
         if owners[record.id] == 0:
-            staging.put_count(record.id, key, record.chips)
+            staging.put_count(record.id, key, record.chips + extra)
 
 
 def test_one_process_moves_thin_parts_in_where_they_fit_and_recuts_where_not(
@@ -353,21 +362,14 @@ def test_one_process_moves_thin_parts_in_where_they_fit_and_recuts_where_not(
     assert part is not None
     name = next(n for _, _, n in staging.interior_objects(part) if n is not None)
     (Path(staging.url) / name).unlink()  # as if a commit moved it into a store, then died
-    cut = []
-    real = tiling.tile._cut_window
-
-    def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
-        cut.append(source.id)
-        return real(reader, plan, source, window)
-
-    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    cut = spy_cuts(monkeypatch)
     placed = spy(monkeypatch, "place")
     tile(cfg)
     assert placed == [kept] and gone in cut and kept not in cut
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
 
 
-def test_a_thin_part_made_for_another_row_stops_rank_0_and_its_owner_recuts_it(
+def test_a_thin_part_made_for_another_row_is_cut_again_never_placed(
     scenes: Scenes,
     four_images: tuple[Path, ...],
     one_process: Path,
@@ -380,20 +382,10 @@ def test_a_thin_part_made_for_another_row_stops_rank_0_and_its_owner_recuts_it(
     out = tmp_path / "shifted.zarr"
     cfg = four_config(scenes, four_images, out)
     owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
-    staging, key = PartStaging(str(out)), run_key(plan_tiling(cfg).params)
-    for record in open_store(str(one_process)).summary.sources:
-        if owners[record.id] == 0:
-            staging.put_count(record.id, key, record.chips + 1)  # stale: one chip more
+    publish_rank_0_counts(cfg, one_process, owners, extra=1)
     monkeypatch.setattr(tiling.ranks, "COUNT_WAIT_S", 0.2)
     tile(cfg, rank=1, world_size=2)
-    cut: list[int] = []
-    real_cut = tiling.tile._cut_window
-
-    def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
-        cut.append(source.id)
-        return real_cut(reader, plan, source, window)
-
-    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    cut = spy_cuts(monkeypatch)
     real_commit = tiling.commit.commit_part
 
     def commit_then_die(*args: Any) -> Any:
