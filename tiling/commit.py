@@ -25,7 +25,6 @@ from tiling.params import StoreParams, differences
 from tiling.parts import (
     CutSource,
     CutWindow,
-    PartStaging,
     SourcePart,
     SourceTotals,
     build_part,
@@ -33,6 +32,7 @@ from tiling.parts import (
 )
 from tiling.plan import SourcePlan, TilePlan
 from tiling.records import SourceRecord
+from tiling.staging import PartStaging
 from tiling.store_format import ATTRS_KEY, FORMAT_NAME, done_prefix
 from tiling.urls import filesystem, is_local, local_path, storage_errors
 from tiling.writer import ChipStoreWriter

@@ -12,45 +12,32 @@ a crc32c of everything before it. A reader that finds a part under the expected 
 all of that and otherwise ignores it: a half-written, damaged or foreign part is never
 trusted, only redone.
 
-Parts live in `PartStaging`, a folder beside the store (`<store>.parts/`), never inside it:
-readers of the store never list them, and `--overwrite` (which clears the store) never races
-with a rank that is writing one.
+Parts are kept in `tiling.staging.PartStaging`, a folder beside the store.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import logging
 import mmap
-import os
-import shutil
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import fsspec
 import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
-from tiling._atomic import replaced_when_done
-from tiling.blobcopy import copy_blobs
 from tiling.fingerprint import Fingerprint
-from tiling.interior import SHARDED_ARRAYS, Interior
+from tiling.interior import Interior
 from tiling.params import StoreParams
 from tiling.plan import SourcePlan
 from tiling.records import NUM_BANDS, BandStats
 from tiling.shards import EncodedChunk
 from tiling.store_format import FORMAT_VERSION
-from tiling.urls import filesystem, is_local, local_path, storage_errors
-
-logger = logging.getLogger(__name__)
 
 PART_FORMAT_VERSION = 2  # 2: a part may leave its interior shard objects beside it
-STAGING_SUFFIX = ".parts"
 _MAGIC = b"LCPART01"
 _HEAD = struct.Struct("<8sQ")  # magic, header length
 _TRAILER = struct.Struct("<I")  # crc32c of everything before it
@@ -290,222 +277,3 @@ def decode_part(data: bytes | mmap.mmap, *, key: str) -> SourcePart:
         index=[rows.astype(np.int32)],
         interior=interior,
     )
-
-
-def staging_url(store_url: str) -> str:
-    """Where the parts of the store at `store_url` are staged: `<store>.parts`."""
-    return store_url.rstrip("/") + STAGING_SUFFIX
-
-
-class PartStaging:
-    """The staging folder of one store: put, get (checked), list and remove parts.
-
-    Works on local paths and NFS mounts (atomic rename) and on fsspec URLs such as az://
-    (one upload per part). The filesystem is made on first use, in the process using it.
-    """
-
-    def __init__(self, store_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.store_url = store_url.rstrip("/")
-        self.url = staging_url(store_url)
-        self._options = dict(storage_options or {})
-        self._remote: tuple[fsspec.AbstractFileSystem, str] | None = None
-
-    @staticmethod
-    def name(source_id: int, key: str) -> str:
-        return f"{source_id:06d}.{key}.part"
-
-    @staticmethod
-    def count_name(source_id: int, key: str) -> str:
-        return f"{source_id:06d}.{key}.chips"  # key: `run_key`
-
-    @staticmethod
-    def object_name(part: SourcePart, array: str, k: int) -> str:
-        """The staged name of interior shard object k of `array` for thin `part`."""
-        start = part.interior.start if part.interior else 0
-        return f"{part.source_id:06d}.{part.key}.{start}.{array}.{k}"
-
-    def put_count(self, source_id: int, key: str, chips: int) -> None:
-        """Publish how many chips source `source_id` keeps (its owner, once it is cut; `key`
-        is `run_key`): the other ranks add these up to find where their sources start."""
-        self._put_small(self.count_name(source_id, key), str(chips).encode())
-
-    def count(self, source_id: int, key: str) -> int | None:
-        """The chips published for (source_id, key); None when not yet published."""
-        with self._read(self.count_name(source_id, key)) as data:
-            if data is None or not bytes(data).isdigit():
-                return None
-            return int(bytes(data))
-
-    def interior_objects(self, part: SourcePart) -> list[tuple[str, int, str | None]]:
-        """(array, shard index, staged name) of each interior object of thin `part`; the
-        name is None where the shard stores no chunk (no object, as the writer leaves it)."""
-        inner = part.interior
-        if inner is None:
-            return []
-        out: list[tuple[str, int, str | None]] = []
-        for i, k in enumerate(inner.shards):
-            counts = {"images": inner.image_chunks[i], "index": 1}
-            if inner.label_chunks:
-                counts["labels"] = inner.label_chunks[i]
-            for array in SHARDED_ARRAYS:
-                if array in counts:
-                    out.append(
-                        (array, k, self.object_name(part, array, k) if counts[array] else None)
-                    )
-        return out
-
-    def put_interior(
-        self, part: SourcePart, objects: Mapping[str, Mapping[int, bytes | None]]
-    ) -> None:
-        """Stage the interior shard objects of thin `part`, each whole (before the part)."""
-        data: dict[str, bytes] = {}
-        for array, k, name in self.interior_objects(part):
-            body = objects[array][k]
-            if name is not None and body is not None:
-                data[name] = body
-        if is_local(self.url):
-            for name, body in data.items():
-                self._put_small(name, body)
-            return
-        with storage_errors(self.url):
-            fs, root = self._filesystem()
-            fs.pipe({f"{root}/{name}": body for name, body in data.items()})  # concurrently
-
-    def has_interior(self, part: SourcePart) -> bool:
-        """Whether every interior object of `part` is staged (a commit moves them away)."""
-        names = [name for _, _, name in self.interior_objects(part) if name is not None]
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                return all((folder / name).is_file() for name in names)
-            fs, root = self._filesystem()
-            prefix = self.object_name(part, "", 0).rsplit(".", 2)[0]  # one prefix listing
-            try:
-                found = {p.rsplit("/", 1)[-1] for p in fs.glob(f"{root}/{prefix}.*")}
-            except FileNotFoundError:
-                return False
-            return all(name in found for name in names)
-
-    def place(self, part: SourcePart, store_key: Callable[[str, int], str]) -> None:
-        """Move the interior objects of `part` into the store, at `store_key(array, k)`;
-        delete the store's object where the shard stores no chunk. On local disk and NFS
-        each is a rename (no byte is copied); on Azure Blob storage a server-side copy when
-        the source can be authorized (`tiling.blobcopy`), else a read and an upload.
-        FileNotFoundError when one is not staged (any already moved stay in the store, past
-        its done rows: the next commit or resume rewrites or deletes them)."""
-        moves = [(store_key(array, k), name) for array, k, name in self.interior_objects(part)]
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder, store_dir = local_path(self.url), local_path(self.store_url)
-                for key, name in moves:
-                    target = store_dir / key
-                    if name is None:
-                        target.unlink(missing_ok=True)
-                        continue
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(folder / name, target)
-                return
-            fs, root = self._filesystem()
-            store_fs, store_root = filesystem(self.store_url, self._options)
-            pairs = [(f"{root}/{name}", f"{store_root}/{key}") for key, name in moves if name]
-            if not copy_blobs(store_fs, pairs):  # no server-side copy: the bytes go through here
-                bodies = fs.cat([source for source, _ in pairs], on_error="raise")
-                store_fs.pipe({target: bodies[source] for source, target in pairs})
-            for key, name in moves:
-                if name is None:
-                    with contextlib.suppress(FileNotFoundError):
-                        store_fs.rm_file(f"{store_root}/{key}")
-
-    def put(self, part: SourcePart) -> None:
-        """Write `part` whole; a reader sees the complete object or none."""
-        name = self.name(part.source_id, part.key)
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                folder.mkdir(parents=True, exist_ok=True)
-                with replaced_when_done(folder / name) as tmp, tmp.open("wb") as file:
-                    file.writelines(part_pieces(part))  # no joined copy of a ~100 MB part
-            else:
-                fs, root = self._filesystem()
-                fs.pipe_file(f"{root}/{name}", encode_part(part))
-
-    def get(self, source_id: int, key: str) -> SourcePart | None:
-        """The part staged for (source_id, key), checked; None when absent or not trustworthy."""
-        name = self.name(source_id, key)
-        with self._read(name) as data:
-            if data is None:
-                return None
-            try:
-                part = decode_part(data, key=key)
-            except (ValueError, KeyError, TypeError) as exc:
-                logger.warning("%s/%s: staged part ignored (%s); it is redone", self.url, name, exc)
-                return None
-        if part.source_id != source_id:
-            logger.warning("%s/%s: staged part of another source ignored", self.url, name)
-            return None
-        return part
-
-    def names(self) -> frozenset[str]:
-        """Names of the complete-looking parts staged now (temporary files left out)."""
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                found = [p.name for p in folder.iterdir()] if folder.is_dir() else []
-            else:
-                fs, root = self._filesystem()
-                try:
-                    found = [p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
-                except FileNotFoundError:
-                    found = []
-        return frozenset(n for n in found if n.endswith(".part") and not n.startswith("."))
-
-    def remove(self) -> None:
-        """Delete the staging folder and everything in it (after the commit)."""
-        with storage_errors(self.url):
-            if is_local(self.url):
-                shutil.rmtree(local_path(self.url), ignore_errors=True)
-                return
-            fs, root = self._filesystem()
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(root, recursive=True)
-
-    def _put_small(self, name: str, body: bytes) -> None:
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                folder.mkdir(parents=True, exist_ok=True)
-                with replaced_when_done(folder / name) as tmp:
-                    tmp.write_bytes(body)
-            else:
-                fs, root = self._filesystem()
-                fs.pipe_file(f"{root}/{name}", body)
-
-    def _filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        if self._remote is None:
-            self._remote = filesystem(self.url, self._options)
-        return self._remote
-
-    @contextlib.contextmanager
-    def _read(self, name: str) -> Iterator[bytes | mmap.mmap | None]:
-        """The part's bytes, None when absent. A local part is mapped, not read: its chunks
-        are copied once, from the page cache into the chunks decoded (no whole-part copy)."""
-        with storage_errors(self.url):
-            if not is_local(self.url):
-                fs, root = self._filesystem()
-                try:
-                    remote: bytes | None = fs.cat_file(f"{root}/{name}")
-                except FileNotFoundError:
-                    remote = None
-                yield remote
-                return
-            try:
-                file = (local_path(self.url) / name).open("rb")
-            except FileNotFoundError:
-                yield None
-                return
-            with file:
-                if os.fstat(file.fileno()).st_size == 0:  # mmap refuses an empty file
-                    yield b""
-                    return
-                with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                    yield mapped

@@ -1,10 +1,9 @@
 """One rank's share of a distributed tile run: cut its sources and stage each as a part; on
 rank 0, commit every rank's parts in input order while its own share is being cut.
 
-A rank other than 0 publishes each source's chip count as soon as it is cut; once the counts
-before a source are known, a thread stages the source as a thin part beside the interior
-shard objects it builds itself (`tiling.interior`), so rank 0 moves those objects into the
-store instead of building and writing them.
+A rank other than 0 hands each cut part to its stager (`tiling.stager`), which stages it
+thin beside the interior shard objects it builds once the counts before it are known, so rank
+0 moves those objects into the store instead of building and writing them.
 
 Ranks coordinate only through the staging folder and the store (objects, polled): the same
 code runs on one machine, on an NFS-style shared path and on blob storage, and tiling needs
@@ -15,28 +14,20 @@ no process group (no torch). The protocol is written down in docs/CONTRACTS.md,
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tiling.commit import WAIT_LOG_EVERY_S, CommitStats, PendingSource, commit_in_order
+from tiling import stager as stager_module
+from tiling.commit import CommitStats, PendingSource, commit_in_order
 from tiling.errors import TilingError
 from tiling.fingerprint import Fingerprint
-from tiling.interior import split_part
 from tiling.params import StoreParams
-from tiling.parts import (
-    CutSource,
-    CutWindow,
-    PartStaging,
-    SourcePart,
-    build_part,
-    part_key,
-    run_key,
-)
+from tiling.parts import CutSource, CutWindow, SourcePart, build_part, part_key, run_key
 from tiling.plan import SourcePlan, TilePlan
+from tiling.stager import Stager, Starts, StopCuttingError
+from tiling.staging import PartStaging
 from tiling.writer import ChipStoreWriter
 
 logger = logging.getLogger(__name__)
@@ -45,21 +36,6 @@ logger = logging.getLogger(__name__)
 # NAIP quarter-quad's part is ~100-150 MB); when its cutting runs further ahead than that it
 # stages them like any rank, and the committer reads them back.
 MAX_HELD_PARTS = 2
-# A rank other than 0 holds at most this many cut parts waiting for the chip counts before
-# them (the next one is staged whole at once).
-MAX_WAITING_PARTS = 2
-# A rank waiting for the chip counts before its source polls for them this often (doubling).
-FIRST_COUNT_POLL_S = 0.02
-MAX_COUNT_POLL_S = 0.5
-# Once a rank has cut all its sources, how long a part still waiting for the counts before
-# it is held before it is staged whole.
-COUNT_WAIT_S = 30.0
-# Counts read at once by a rank that needs many (each is one small read).
-COUNT_READERS = 16
-
-
-class _StopCuttingError(Exception):
-    """Rank 0's committer failed: its own cutting stops between windows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +89,7 @@ def stage_sources(
         def windows(source: SourcePlan = source) -> Iterator[CutWindow]:
             for window in cut(source):
                 if stop():
-                    raise _StopCuttingError
+                    raise StopCuttingError
                 yield window
 
         part = build_part(source.id, item.key, num_classes, windows(), progress)
@@ -187,150 +163,6 @@ class _OwnParts:
         return part, time.perf_counter() - start
 
 
-class _Starts:
-    """Where each source starts in the store: the sum of the chips of the sources before it,
-    the done ones read from the store's records, the others from the counts their owners
-    publish in the staging folder (`PartStaging.put_count`)."""
-
-    def __init__(
-        self,
-        staging: PartStaging,
-        params: StoreParams,
-        done_chips: Callable[[], list[int]],
-    ) -> None:
-        self._staging = staging
-        self._key = run_key(params)
-        self._done_chips = done_chips
-        self._known: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def publish(self, source_id: int, chips: int) -> None:
-        """Tell the other ranks how many chips `source_id` keeps."""
-        self._staging.put_count(source_id, self._key, chips)
-        with self._lock:
-            self._known[source_id] = chips
-
-    def _read_counts(self, sources: Sequence[int]) -> dict[int, int | None]:
-        """The published counts of `sources`, COUNT_READERS at a time (on blob storage a
-        rank whose first source is the 1,000th reads 1,000 counts, each a round trip)."""
-        if len(sources) <= 1:
-            return {j: self._staging.count(j, self._key) for j in sources}
-        with ThreadPoolExecutor(max_workers=COUNT_READERS, thread_name_prefix="counts") as pool:
-            counts = pool.map(lambda j: self._staging.count(j, self._key), sources)
-            return dict(zip(sources, counts, strict=True))
-
-    def wait(
-        self,
-        source_id: int,
-        stop: Callable[[], bool] = lambda: False,
-        give_up: Callable[[], bool] = lambda: False,
-    ) -> int | None:
-        """The row `source_id` starts at, once the chips of every source before it are known;
-        None once `give_up()` says so first. `stop()` raises _StopCuttingError."""
-        delay, start = FIRST_COUNT_POLL_S, time.perf_counter()
-        logged = start
-        while True:
-            with self._lock:
-                missing = [j for j in range(source_id) if j not in self._known]
-            found = self._read_counts(missing)
-            if any(chips is None for chips in found.values()):
-                found.update(
-                    (j, chips)
-                    for j, chips in enumerate(self._done_chips())
-                    if j in found and found[j] is None
-                )
-            with self._lock:
-                self._known.update((j, c) for j, c in found.items() if c is not None)
-                if all(j in self._known for j in range(source_id)):
-                    return sum(self._known[j] for j in range(source_id))
-            if stop():
-                raise _StopCuttingError
-            if give_up():
-                return None
-            now = time.perf_counter()
-            if now - logged >= WAIT_LOG_EVERY_S:
-                logger.info(
-                    "waiting %.0f s for the chip counts of sources before %d",
-                    now - start,
-                    source_id,
-                )
-                logged = now
-            time.sleep(delay)
-            delay = min(MAX_COUNT_POLL_S, delay * 2)
-
-
-class _Stager:
-    """A rank's cut parts, staged on a thread as soon as the chips before each are counted:
-    thin, beside the interior shard objects it builds, or whole when no shard object lies
-    inside the source.
-
-    The cutting never waits on the other ranks: while MAX_WAITING_PARTS parts wait for their
-    counts, the next one is staged whole at once. Once the cutting is done, the parts still
-    waiting get COUNT_WAIT_S more, then are staged whole (a rank 0 that is late or dead
-    does not hold the others; the store's bytes are the same either way).
-    """
-
-    def __init__(self, staging: PartStaging, starts: _Starts, params: StoreParams) -> None:
-        self._staging = staging
-        self._starts = starts
-        self._params = params
-        self._queue: queue.Queue[SourcePart | None] = queue.Queue(maxsize=MAX_WAITING_PARTS)
-        self._failure: BaseException | None = None
-        self._stopping = threading.Event()
-        self._deadline: float | None = None  # set when the cutting is done
-        self._thread = threading.Thread(target=self._run, name="tile-stage", daemon=True)
-        self._thread.start()
-
-    def keep(self, part: SourcePart, staged: bool) -> bool:
-        """Take a cut part over, unless MAX_WAITING_PARTS wait already (a reused one is
-        staged already)."""
-        if self._failure is not None:
-            raise self._failure
-        if staged:
-            return True
-        try:
-            self._queue.put_nowait(part)
-        except queue.Full:
-            return False
-        return True
-
-    def close(self, *, abort: bool = False) -> None:
-        """Stage what is queued (or, on `abort`, stop) and raise the thread's failure."""
-        self._deadline = time.monotonic() + COUNT_WAIT_S
-        if abort:
-            self._stopping.set()
-        while self._thread.is_alive():
-            try:
-                self._queue.put(None, timeout=0.5)
-                break
-            except queue.Full:
-                continue
-        self._thread.join()
-        if self._failure is not None and not abort:
-            raise self._failure
-
-    def _past_deadline(self) -> bool:
-        return self._deadline is not None and time.monotonic() > self._deadline
-
-    def _run(self) -> None:
-        try:
-            while (part := self._queue.get()) is not None:
-                start = self._starts.wait(
-                    part.source_id, self._stopping.is_set, self._past_deadline
-                )
-                split = None if start is None else split_part(part, start, self._params)
-                if split is None:
-                    self._staging.put(part)
-                    continue
-                thin, objects = split
-                self._staging.put_interior(thin, objects)  # before the part: rank 0 waits on it
-                self._staging.put(thin)
-        except _StopCuttingError:
-            pass
-        except BaseException as exc:  # raised in the cutting thread
-            self._failure = exc
-
-
 def stage_and_commit(
     writer: ChipStoreWriter,
     pending: Sequence[PendingSource],
@@ -371,7 +203,7 @@ def stage_and_commit(
                     counted=lambda source_id, chips: staging.put_count(source_id, count_key, chips),
                 )
             )
-        except _StopCuttingError:
+        except StopCuttingError:
             pass
         except BaseException as exc:  # re-raised in the committing thread
             own_parts.fail(exc)
@@ -413,7 +245,7 @@ def stage_rank(
     reused only when it was made for the same start row and its objects are still staged.
     """
     items = [StageItem(s, part_key(plan.params, s, prints)) for s in mine]
-    starts = _Starts(staging, plan.params, done_chips)
+    starts = Starts(staging, plan.params, done_chips)
 
     def reusable(part: SourcePart) -> bool:
         inner = part.interior
@@ -421,12 +253,12 @@ def stage_rank(
             return True
         if inner.shard_size != plan.params.shard_size or not staging.has_interior(part):
             return False
-        deadline = time.monotonic() + COUNT_WAIT_S
+        deadline = time.monotonic() + stager_module.COUNT_WAIT_S
         return inner.start == starts.wait(
             part.source_id, give_up=lambda: time.monotonic() > deadline
         )
 
-    stager = _Stager(staging, starts, plan.params)
+    stager = Stager(staging, starts, plan.params)
     try:
         cut_parts = stage_sources(
             items,

@@ -45,7 +45,6 @@ from tiling.commit import (
 from tiling.errors import SourceFormatError, StoreError
 from tiling.fingerprint import Fingerprint, fingerprints
 from tiling.grid import ReadWindow
-from tiling.parts import PartStaging
 from tiling.plan import (
     MAX_WINDOW_WIDTH_PX,
     MIN_WINDOW_HEIGHT_PX,
@@ -59,6 +58,7 @@ from tiling.ranks import commit_ranks, stage_rank
 from tiling.reader import RasterReader
 from tiling.resume import check_done_sources, open_writer
 from tiling.shards import ChunkEncoder, EncodedChunk
+from tiling.staging import PartStaging
 from tiling.store import (
     NUM_BANDS,
     SPLIT_TRAIN,

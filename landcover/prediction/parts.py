@@ -42,7 +42,7 @@ import numpy.typing as npt
 from landcover.atomic import write_text_atomic
 from landcover.prediction.ranks import RankShare
 from tiling.fingerprint import Fingerprint
-from tiling.parts import staging_url
+from tiling.staging import staging_url
 from tiling.urls import filesystem, is_local, storage_errors
 
 logger = logging.getLogger(__name__)

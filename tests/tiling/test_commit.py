@@ -14,16 +14,18 @@ from typing import Any
 import pytest
 
 import tiling.commit
-import tiling.parts
 import tiling.ranks
+import tiling.stager
+import tiling.staging
 import tiling.tile
 from tests.tiling.rasters import Scenes
 from tests.tiling.test_store import snapshot
 from tests.tiling.test_tile import config
 from tiling.commit import assign_sources, check_rank, stored_done_chips
 from tiling.errors import StoreError, TilingError
-from tiling.parts import PartStaging, run_key
+from tiling.parts import run_key
 from tiling.plan import TileConfig, plan_tiling
+from tiling.staging import PartStaging
 from tiling.store import open_store
 from tiling.tile import TileResult, tile
 
@@ -71,7 +73,7 @@ def run_ranks(cfg: TileConfig, world_size: int) -> list[TileResult]:
 def rank_1_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """For tests that run rank 1 without rank 0: the counts before its sources never come,
     so it stages its parts whole after a short wait rather than COUNT_WAIT_S."""
-    monkeypatch.setattr(tiling.ranks, "COUNT_WAIT_S", 0.2)
+    monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)
 
 
 @pytest.fixture(scope="module")
@@ -267,13 +269,13 @@ def test_ranks_commit_to_az_urls_byte_for_byte(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     copies: list[bool] = []
-    real_copy = tiling.parts.copy_blobs
+    real_copy = tiling.staging.copy_blobs
 
     def copy_blobs(fs: Any, pairs: Any) -> bool:
         copies.append(real_copy(fs, pairs))
         return copies[-1]
 
-    monkeypatch.setattr(tiling.parts, "copy_blobs", copy_blobs)
+    monkeypatch.setattr(tiling.staging, "copy_blobs", copy_blobs)
     options = azurite.storage_options
     one = azurite.url(f"one-{tmp_path.name}.zarr")
     two = azurite.url(f"two-{tmp_path.name}.zarr")
@@ -383,7 +385,7 @@ def test_a_thin_part_made_for_another_row_is_cut_again_never_placed(
     cfg = four_config(scenes, four_images, out)
     owners = assign_sources([s.grid.num_chips for s in plan_tiling(cfg).sources], 2)
     publish_rank_0_counts(cfg, one_process, owners, extra=1)
-    monkeypatch.setattr(tiling.ranks, "COUNT_WAIT_S", 0.2)
+    monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)
     tile(cfg, rank=1, world_size=2)
     cut = spy_cuts(monkeypatch)
     real_commit = tiling.commit.commit_part

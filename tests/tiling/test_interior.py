@@ -12,10 +12,11 @@ from tests.tiling.test_store import chips, record, small_params, snapshot, write
 from tiling.commit import commit_part, placeable
 from tiling.errors import StoreError
 from tiling.interior import interior_shards, split_part
-from tiling.parts import PartStaging, SourcePart, SourceTotals, decode_part, encode_part
+from tiling.parts import SourcePart, SourceTotals, decode_part, encode_part
 from tiling.records import BandStats
 from tiling.resume import open_writer
 from tiling.shards import ChunkEncoder
+from tiling.staging import PartStaging
 
 
 @pytest.mark.parametrize("shard", [1, 2, 3, 5])

@@ -11,16 +11,9 @@ import pytest
 from tests.tiling.rasters import Scenes
 from tests.tiling.test_tile import config
 from tiling.fingerprint import Fingerprint
-from tiling.parts import (
-    PartStaging,
-    SourcePart,
-    SourceTotals,
-    decode_part,
-    encode_part,
-    part_key,
-    staging_url,
-)
+from tiling.parts import SourcePart, SourceTotals, decode_part, encode_part, part_key
 from tiling.plan import plan_tiling
+from tiling.staging import PartStaging, staging_url
 
 
 def sample_part(key: str = "k" * 24, *, labels: bool = True) -> SourcePart:

@@ -11,9 +11,11 @@ import pytest
 from tests.tiling.test_parts import sample_part
 from tests.tiling.test_store import small_params
 from tiling.commit import PendingSource
-from tiling.parts import PartStaging, SourcePart, run_key
+from tiling.parts import SourcePart, run_key
 from tiling.plan import SourcePlan
-from tiling.ranks import StageItem, _OwnParts, _Starts, stage_sources
+from tiling.ranks import StageItem, _OwnParts, stage_sources
+from tiling.stager import Starts
+from tiling.staging import PartStaging
 
 
 def test_a_reused_own_part_is_held_so_the_commit_reads_it_once(
@@ -59,6 +61,6 @@ def test_a_start_row_adds_the_counts_before_it_published_or_done(tmp_path: Path)
     params = small_params(("s",))
     for j in range(3, 20):
         staging.put_count(j, run_key(params), j)
-    starts = _Starts(staging, params, done_chips=lambda: [100, 200, 300])
+    starts = Starts(staging, params, done_chips=lambda: [100, 200, 300])
     assert starts.wait(20) == 600 + sum(range(3, 20))
     assert starts.wait(21, give_up=lambda: True) is None  # source 20's count never came

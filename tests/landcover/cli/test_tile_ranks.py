@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-import tiling.ranks
+import tiling.stager
 from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
 from tests.azurite import Azurite
@@ -18,13 +18,12 @@ from tests.conftest import REPO_ROOT, two_node_slurm_job
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tests.tiling.rasters import Scenes, make_scenes
 from tests.tiling.test_store import snapshot
-from tiling.parts import PartStaging
+from tiling.staging import PartStaging
 
 # Imported by every rank (PYTHONPATH): rank 1 is SIGKILLed right after staging its first part.
 KILL_RANK_1 = """
 import os
-import tiling.ranks
-from tiling.parts import PartStaging
+from tiling.staging import PartStaging
 
 _put = PartStaging.put
 
@@ -72,7 +71,7 @@ def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
     images: Path, one_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--rank-from-env` as an engine runs it (here one rank after the other, in process)."""
-    monkeypatch.setattr(tiling.ranks, "COUNT_WAIT_S", 0.2)  # no rank 0 to count its sources
+    monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)  # no rank 0 to count its sources
     out = tmp_path / "env.zarr"
     env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29500", "LANDCOVER_ERROR_DIR": str(tmp_path)}  # fmt: skip
