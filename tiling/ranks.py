@@ -24,7 +24,7 @@ from tiling.commit import CommitStats, PendingSource, commit_in_order
 from tiling.errors import TilingError
 from tiling.fingerprint import Fingerprint
 from tiling.params import StoreParams
-from tiling.parts import CutSource, CutWindow, SourcePart, build_part, part_key, run_key
+from tiling.parts import CutSource, CutWindow, SourcePart, build_part, part_key
 from tiling.plan import SourcePlan, TilePlan
 from tiling.stager import Stager, Starts, StopCuttingError
 from tiling.staging import PartStaging
@@ -182,7 +182,7 @@ def stage_and_commit(
     folder. Returns the commit's cost and the number of parts rank 0 cut.
     """
     own_parts = _OwnParts(staging)
-    count_key = run_key(params)
+    counts = Starts(staging, params, done_chips=list)  # rank 0 only publishes
     cut_count: list[int] = []
     stopping = threading.Event()
 
@@ -200,7 +200,7 @@ def stage_and_commit(
                     # rank 0 writes its own sources whole: a thin part left for another rank
                     # (an earlier run with other ranks) is cut again
                     reusable=lambda part: part.interior is None,
-                    counted=lambda source_id, chips: staging.put_count(source_id, count_key, chips),
+                    counted=counts.publish,
                 )
             )
         except StopCuttingError:
