@@ -15,6 +15,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from tests.conftest import REPO_ROOT
+from tiling.store import FORMAT_VERSION
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = ("01_tile_naip.ipynb", "02_train_and_scale.ipynb", "03_predict_region.ipynb")
@@ -107,7 +108,7 @@ def test_tile_naip_notebook_runs(work: Path) -> None:
     notebook = execute("01_tile_naip.ipynb", cwd=NOTEBOOK_DIR)
 
     assert_figures(notebook, "01_tile_naip.ipynb")
-    assert "(format version 2, complete)" in stdout(notebook, "info")
+    assert f"(format version {FORMAT_VERSION}, complete)" in stdout(notebook, "info")
     real = stdout(notebook, "real-find")
     assert "['red', 'green', 'blue', 'alpha']" in real
     assert "is the NIR band itself: True" in real

@@ -21,7 +21,7 @@ from typing import Any
 
 from tiling.errors import TilingError
 from tiling.fingerprint import Fingerprint
-from tiling.params import StoreParams, differences
+from tiling.params import StoreParams
 from tiling.parts import (
     CutSource,
     CutWindow,
@@ -33,7 +33,7 @@ from tiling.parts import (
 from tiling.plan import SourcePlan, TilePlan
 from tiling.records import SourceRecord
 from tiling.staging import PartStaging
-from tiling.store_format import ATTRS_KEY, FORMAT_NAME, done_prefix
+from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION
 from tiling.urls import filesystem, is_local, local_path, storage_errors
 from tiling.writer import ChipStoreWriter
 
@@ -87,8 +87,9 @@ def stored_done_chips(
     """Chips of each source the store at `url` holds as done (an input-order prefix), for
     these params.
 
-    Empty when there is no store there, or one written with other parameters (rank 0 will
-    refuse or rebuild it; a rank that is not the writer must not skip work on its word).
+    Empty when there is no store there, or one of another format version or written with
+    other parameters (rank 0 will refuse or rebuild it; a rank that is not the writer must
+    not skip work on its word).
     """
     try:
         with storage_errors(url):
@@ -105,10 +106,9 @@ def stored_done_chips(
         return []
     if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
         return []
-    if differences(meta.get("params", {}), params.to_json()):
+    if meta.get("version") != FORMAT_VERSION or meta.get("params_sha256") != params.digest():
         return []
-    records = [SourceRecord.from_json(s) for s in meta.get("sources", ())]
-    return [record.chips for record in done_prefix(records)]
+    return [int(chips) for chips in meta.get("source_chips", ())]
 
 
 def placeable(writer: ChipStoreWriter, part: SourcePart, staging: PartStaging) -> bool:

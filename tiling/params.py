@@ -7,6 +7,8 @@ of `shard_size` chips, zstd then crc32c on every chunk.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +19,7 @@ import zarr.codecs
 from tiling.classes import ClassMap
 from tiling.records import NUM_BANDS
 from tiling.split import SplitRule
-from tiling.store import INDEX_COLUMNS
+from tiling.store_format import INDEX_COLUMNS
 
 ARRAY_NAMES = ("images", "labels", "index")
 
@@ -58,6 +60,11 @@ class StoreParams:
             "split": self.split.to_json() if self.split else None,
             "zero_is_nodata": self.zero_is_nodata,
         }
+
+    def digest(self) -> str:
+        """SHA-256 of `to_json()` (inputs included): what the group attribute keeps, since the
+        list of inputs grows with the store and the attribute is rewritten per source."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
 
 def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:

@@ -19,14 +19,15 @@ from tiling.errors import SourceChangedError, StoreError, StoreExistsError
 from tiling.fingerprint import Fingerprint
 from tiling.params import ARRAY_NAMES, StoreParams, create_arrays, differences
 from tiling.records import SourceRecord
-from tiling.store import array
-from tiling.store_format import (
-    ATTRS_KEY,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    done_prefix,
-    summary_from_attrs,
+from tiling.source_table import (
+    create_source_table,
+    has_source_table,
+    read_label_fingerprints,
+    read_params,
+    read_summary,
 )
+from tiling.store import array
+from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION
 from tiling.urls import is_local, local_path, storage_errors, zarr_store
 from tiling.writer import ChipStoreWriter
 
@@ -58,14 +59,15 @@ def open_writer(
     current = dict(fingerprints or {})
     labels_now = {p: current[p] for p in params.labels if p in current}
     if group is not None and not overwrite:
-        resumed = _resume(url, group, params, current)
+        resumed = _resume(url, group, params, current, labels_now)
         if resumed is not None:
             return resumed
     with storage_errors(url), _unwritable(url):
         group = zarr.open_group(store, mode="w")
-    writer = ChipStoreWriter(url, group, params, [], label_fingerprints=labels_now)
-    writer.write_attrs([])  # first, so a crash before the arrays exist still resumes
+    writer = ChipStoreWriter(url, group, params, [])
+    writer.write_attrs()  # first, so a crash before the arrays exist still resumes
     with storage_errors(url):
+        create_source_table(group, params, labels_now)
         create_arrays(group, params)
     return writer
 
@@ -81,7 +83,11 @@ def check_done_sources(writer: ChipStoreWriter, planned: Mapping[int, str]) -> N
 
 
 def _resume(
-    url: str, group: zarr.Group, params: StoreParams, fingerprints: Mapping[str, Fingerprint]
+    url: str,
+    group: zarr.Group,
+    params: StoreParams,
+    fingerprints: Mapping[str, Fingerprint],
+    labels_now: Mapping[str, Fingerprint],
 ) -> ChipStoreWriter | None:
     attrs: dict[str, Any] = dict(group.attrs)
     meta = attrs.get(ATTRS_KEY)
@@ -90,19 +96,24 @@ def _resume(
             f"{url} exists and is not a landcover chip store; "
             "pass --overwrite to replace it or choose another --out"
         )
-    summary = summary_from_attrs(attrs, url=url)  # refuses a newer format version
-    if summary.format_version < FORMAT_VERSION:
+    version = int(meta.get("version", 0))
+    if version < FORMAT_VERSION:
         raise StoreExistsError(
             f"{url} exists and was written by an older landcover (chip store format version "
-            f"{summary.format_version}, now {FORMAT_VERSION}); pass --overwrite to rebuild it"
+            f"{version}, now {FORMAT_VERSION}); pass --overwrite to rebuild it"
         )
-    recorded_labels = {
-        str(p): Fingerprint.from_json(fp) for p, fp in meta.get("label_fingerprints", {}).items()
-    }
+    with storage_errors(url):
+        _, summary = read_summary(group, url)  # refuses a newer format version
+        # no table: the run died before creating the arrays, so nothing was tiled
+        table = has_source_table(group)
+        recorded_labels = read_label_fingerprints(group, url) if table else dict(labels_now)
+        stored_params = read_params(group, url) if table else None
     if not summary.complete:
         _refuse_changed_inputs(url, summary.sources, recorded_labels, fingerprints)
-    stored = meta.get("params", {})
-    diffs = differences(stored, params.to_json())
+    if stored_params is not None:
+        diffs = differences(stored_params, params.to_json())
+    else:  # nothing was tiled; only the digest of the options is recorded
+        diffs = ["the options differ"] if meta.get("params_sha256") != params.digest() else []
     if diffs:
         raise StoreExistsError(
             f"{url} exists and was written with other options ({'; '.join(diffs[:3])}); "
@@ -114,9 +125,11 @@ def _resume(
             f"{len(summary.sources)} sources); pass --overwrite to rebuild it "
             "or choose another --out"
         )
-    sources = list(done_prefix([SourceRecord.from_json(s) for s in meta.get("sources", ())]))
+    sources = list(summary.sources)
     logger.info("%s: resuming after %d done sources", url, len(sources))
     with storage_errors(url):
+        if not table:
+            create_source_table(group, params, labels_now)
         for name in ARRAY_NAMES:
             if name == "labels" and not params.has_labels:
                 continue
@@ -125,8 +138,7 @@ def _resume(
             except StoreError:  # a crash between creating the group and its arrays
                 create_arrays(group, params)
                 break
-    writer = ChipStoreWriter(url, group, params, sources, label_fingerprints=recorded_labels)
-    writer.write_attrs(sources)  # drop the unfinished source before touching its rows
+    writer = ChipStoreWriter(url, group, params, sources)
     writer.truncate_to_done()
     return writer
 

@@ -30,6 +30,7 @@ from tiling.records import (
     SourceRecord,
 )
 from tiling.shard_reader import ShardReader, StoreLayout, chunk_counts, missing_objects
+from tiling.source_table import read_summary
 from tiling.store_format import (
     ATTRS_KEY,
     FORMAT_NAME,
@@ -40,7 +41,6 @@ from tiling.store_format import (
     SPLIT_VAL,
     Split,
     StoreSummary,
-    summary_from_attrs,
 )
 from tiling.urls import storage_errors, zarr_store
 
@@ -230,7 +230,7 @@ def open_store(url: str, *, storage_options: Mapping[str, Any] | None = None) ->
     warning: its reads cannot be checked.
     """
     group = open_group(url, storage_options=storage_options)
-    summary = summary_from_attrs(dict(group.attrs), url=url)
+    _, summary = read_summary(group, url)
     if not summary.integrity_checked:
         logger.warning(
             "%s: chip store format version %d has no checksums, so lost or damaged shard "

@@ -7,15 +7,18 @@ A chip store is one Zarr v3 group at any fsspec URL (see docs/CONTRACTS.md):
   sharding codec into shard objects of `shard_size` chips: a rank's one-time load is a few
   large sequential reads, not N small ones (blob storage charges per request).
 - `index` (N, 4) int32: source id, row/col of the chip in its source (pixels), split.
+- `sources` (S,) variable-length UTF-8: one JSON record per done source (`tiling.source_table`).
 - group attribute `landcover_chips`: format, version, parameters, band stats, class counts
-  and one record per source. A source's `state` turning "done" is the commit point: the
-  arrays may be longer than the sum of done sources (a source being appended, or the
-  half-written tail of an interrupted run) and readers never look past the done prefix.
+  and `source_chips`, the chips of each done source. Counting a source there is the commit
+  point: the arrays may be longer than the sum of done sources (a source being appended, or
+  the half-written tail of an interrupted run) and readers never look past the done prefix.
 
 Format versions: 2 adds a crc32c to every chunk, stored-chunk counts per shard object,
-source fingerprints, the ground-grid split and the zero-fill nodata rule. Version 1 stores
-are still read, with one warning that their integrity cannot be checked; `tile` does not
-resume them (--overwrite rebuilds).
+source fingerprints, the ground-grid split and the zero-fill nodata rule. 3 moves the source
+records out of the group attribute into the `sources` array, so that committing a source
+costs the same at the 4,000th source as at the first. Version 1 and 2 stores are still read
+(version 1 with one warning that its integrity cannot be checked); `tile` does not resume
+them (--overwrite rebuilds).
 
 Reading is `tiling.store`, writing `tiling.writer`.
 """
@@ -33,6 +36,7 @@ from tiling.records import BANDS, NUM_BANDS, BandStats, SourceRecord
 __all__ = [
     "ATTRS_KEY",
     "FIRST_CHECKED_VERSION",
+    "FIRST_TABLE_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_COLUMNS",
@@ -42,12 +46,14 @@ __all__ = [
     "Split",
     "StoreSummary",
     "done_prefix",
-    "summary_from_attrs",
+    "store_meta",
+    "summary_from_meta",
 ]
 
 FORMAT_NAME = "landcover-chips"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FIRST_CHECKED_VERSION = 2  # chunk checksums and stored-chunk counts from here on
+FIRST_TABLE_VERSION = 3  # source records in the `sources` array, not in the attribute
 ATTRS_KEY = "landcover_chips"
 SPLIT_TRAIN = 0
 SPLIT_VAL = 1
@@ -99,8 +105,9 @@ class StoreSummary:
         return self.num_train if split == "train" else self.num_val
 
 
-def summary_from_attrs(attrs: Mapping[str, Any], *, url: str) -> StoreSummary:
-    """Validate the `landcover_chips` attribute and derive the reader's summary."""
+def store_meta(attrs: Mapping[str, Any], *, url: str) -> Mapping[str, Any]:
+    """The `landcover_chips` attribute; `StoreError` for anything but a chip store this
+    landcover reads."""
     meta = attrs.get(ATTRS_KEY)
     if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
         raise StoreError(
@@ -113,8 +120,14 @@ def summary_from_attrs(attrs: Mapping[str, Any], *, url: str) -> StoreSummary:
             f"{url}: chip store format version {version} is newer than this landcover "
             f"reads (version {FORMAT_VERSION}); upgrade landcover"
         )
-    sources = tuple(SourceRecord.from_json(s) for s in meta.get("sources", ()))
-    done = done_prefix(sources)
+    return meta
+
+
+def summary_from_meta(meta: Mapping[str, Any], sources: Sequence[SourceRecord]) -> StoreSummary:
+    """The reader's summary of a store from its attribute and its done sources, in input
+    order (`tiling.source_table.read_summary` reads both)."""
+    version = int(meta.get("version", 0))
+    done = tuple(sources)
     stats = sum((s.band_stats for s in done), BandStats())
     class_map_json = meta.get("class_map")
     class_map = ClassMap.from_json(class_map_json) if class_map_json else None

@@ -3,11 +3,12 @@
 Opening a store for writing (create, resume or refuse) lives in `tiling.resume`.
 
 One writer appends sources in input order. Appending is atomic from a reader's view: the
-arrays grow and the chips are written first, then the source's state turns "done" in the
-group attributes (the commit point). A rerun with the same parameters resumes: done sources
-are kept, the half-written tail is cut off, and the shard object that straddles the cut is
-re-encoded from the kept chips alone, so the resumed store is byte-for-byte the store an
-uninterrupted run writes.
+arrays grow and the chips and the source's record (`tiling.source_table`) are written first,
+then the group attribute counts the source (the commit point). Each commit writes the same
+few small objects whatever the number of sources before it. A rerun with the same
+parameters resumes: done sources are kept, the half-written tail is cut off, and the shard
+object that straddles the cut is re-encoded from the kept chips alone, so the resumed store
+is byte-for-byte the store an uninterrupted run writes.
 
 Chips are buffered up to the next shard boundary before they are written, so each shard
 object is written whole (one PUT on blob storage) except the last one of a source.
@@ -20,6 +21,7 @@ chunks per shard object.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -35,11 +37,11 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from tiling.errors import StoreCorruptError, StoreError
-from tiling.fingerprint import Fingerprint
 from tiling.params import ARRAY_NAMES, StoreParams
 from tiling.records import BANDS, STATE_DONE, STATE_WRITING, BandStats, SourceRecord
 from tiling.shard_reader import chunk_counts
 from tiling.shards import ChunkEncoder, EncodedChunk, decode_shard, encode_shard
+from tiling.source_table import put_record, trim_records
 from tiling.store import array, read_rows
 from tiling.store_format import (
     ATTRS_KEY,
@@ -47,8 +49,7 @@ from tiling.store_format import (
     FORMAT_VERSION,
     INDEX_COLUMNS,
     StoreSummary,
-    done_prefix,
-    summary_from_attrs,
+    summary_from_meta,
 )
 from tiling.urls import storage_errors
 
@@ -87,14 +88,20 @@ class ChipStoreWriter:
         group: zarr.Group,
         params: StoreParams,
         sources: list[SourceRecord],
-        *,
-        label_fingerprints: Mapping[str, Fingerprint] | None = None,
     ) -> None:
         self.url = url
         self.params = params
         self._group = group
+        if not all(s.done for s in sources):
+            raise StoreError(f"{url}: a writer resumes after done sources only")
         self._sources = sources
-        self._label_fingerprints = dict(label_fingerprints or {})
+        self._params_digest = params.digest()
+        # totals of the done sources, kept up to date so a commit does not walk them all
+        self._band_stats = BandStats()
+        self._class_counts = [0] * (params.class_map.num_classes if params.class_map else 0)
+        self._resolutions: list[float] = []
+        for s in sources:
+            self._add_to_totals(s)
         # stored (non-empty) chunks of the current source per shard object
         self._stored = {"images": Counter[int](), "labels": Counter[int]()}
         self._rows = sum(s.chips for s in sources)  # rows in written shard objects
@@ -105,23 +112,23 @@ class ChipStoreWriter:
 
     @property
     def done_source_ids(self) -> frozenset[int]:
-        return frozenset(s.id for s in self._sources if s.done)
+        return frozenset(s.id for s in self._sources)
 
     @property
     def done_sources(self) -> tuple[SourceRecord, ...]:
-        return tuple(s for s in self._sources if s.done)
+        return tuple(self._sources)
 
     @property
     def num_chips(self) -> int:
         return self._rows + len(self._pending)
 
     def begin_source(self, record: SourceRecord) -> None:
-        """Start appending `record` (its start/chips/state are set here)."""
+        """Start appending `record` (its start/chips/state are set here; nothing is written
+        until its chips are: readers never look past the done sources)."""
         if self._current is not None:
             raise StoreError(f"source {self._current.path} is still being written")
         self._current = replace(record, start=self.num_chips, chips=0, state=STATE_WRITING)
         self._stored = {"images": Counter[int](), "labels": Counter[int]()}
-        self.write_attrs([*self._sources, self._current])
 
     def append(
         self,
@@ -215,17 +222,22 @@ class ChipStoreWriter:
             if self.params.has_labels
             else (),
         )
+        with storage_errors(self.url):
+            put_record(self._group, len(self._sources), record, self.url)
         self._sources.append(record)
+        self._add_to_totals(record)
         self._current = None
-        self.write_attrs(self._sources)
+        self.write_attrs()
         return record
 
     def finish(self) -> StoreSummary:
         """Mark the store complete (every planned source done)."""
         if self._current is not None:
             raise StoreError(f"source {self._current.path} was not committed")
-        meta = self.write_attrs(self._sources, complete=True)
-        return summary_from_attrs({ATTRS_KEY: meta}, url=self.url)
+        with storage_errors(self.url):
+            trim_records(self._group, len(self._sources), self.url)
+        meta = self.write_attrs(complete=True)
+        return summary_from_meta(meta, self._sources)
 
     def _flush(self, n: int) -> None:
         """Write shard objects holding the first `n` pending chips after the written rows."""
@@ -267,13 +279,15 @@ class ChipStoreWriter:
     def _array_names(self) -> list[str]:
         return [name for name in ARRAY_NAMES if name != "labels" or self.params.has_labels]
 
-    def _meta(self, sources: list[SourceRecord], *, complete: bool) -> dict[str, Any]:
+    def _add_to_totals(self, record: SourceRecord) -> None:
+        self._band_stats += record.band_stats
+        for code, n in enumerate(record.class_counts[: len(self._class_counts)]):
+            self._class_counts[code] += n
+        bisect.insort(self._resolutions, record.resolution_m)
+
+    def _meta(self, *, complete: bool) -> dict[str, Any]:
         p = self.params
-        done = done_prefix(sources)
-        stats = sum((s.band_stats for s in done), BandStats())
-        num_classes = p.class_map.num_classes if p.class_map else 0
-        class_counts = [sum(s.class_counts[k] for s in done) for k in range(num_classes)]
-        resolutions = sorted(s.resolution_m for s in done)
+        resolutions = self._resolutions
         return {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -283,26 +297,24 @@ class ChipStoreWriter:
             "bands": list(BANDS),
             "class_map": p.class_map.to_json() if p.class_map else None,
             "has_labels": p.has_labels,
-            "band_stats": stats.to_json(),
-            "class_counts": class_counts,
+            "band_stats": self._band_stats.to_json(),
+            "class_counts": list(self._class_counts),
             "resolution_m": resolutions[len(resolutions) // 2] if resolutions else None,
             "val_fraction": p.val_fraction,
             "min_valid": p.min_valid,
             "index_columns": list(INDEX_COLUMNS),
-            "num_chips": sum(s.chips for s in done),
+            "num_chips": sum(s.chips for s in self._sources),
             "complete": complete,
-            "params": p.to_json(),
+            "params_sha256": self._params_digest,  # the whole params: tiling.source_table
             "split": p.split.to_json() if p.split else None,
             "zero_is_nodata": p.zero_is_nodata,
-            "label_fingerprints": {
-                path: fp.to_json() for path, fp in sorted(self._label_fingerprints.items())
-            },
-            "sources": [s.to_json() for s in sources],
+            # the commit point: sources[:len(source_chips)] are done (tiling.source_table)
+            "source_chips": [s.chips for s in self._sources],
         }
 
-    def write_attrs(self, sources: list[SourceRecord], *, complete: bool = False) -> dict[str, Any]:
-        """Write the group attributes for `sources` (the commit point of their states)."""
-        meta = self._meta(sources, complete=complete)
+    def write_attrs(self, *, complete: bool = False) -> dict[str, Any]:
+        """Write the group attribute for the done sources (the commit point of the last)."""
+        meta = self._meta(complete=complete)
         with storage_errors(self.url):
             self._group.update_attributes({ATTRS_KEY: meta})
         return meta

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tiling.params import StoreParams
 from tiling.resume import open_writer
 from tiling.store import (
     ATTRS_KEY,
+    FORMAT_VERSION,
     BandStats,
     ChipStore,
     SourceRecord,
@@ -206,7 +208,10 @@ class ChipStoreContract:
         group = zarr.open_group(store=_zarr_store(out, self.options), mode="r+")
         meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
         group.update_attributes({ATTRS_KEY: {**meta, "version": 99}})
-        message = r"chip store format version 99 is newer than this landcover reads \(version 2\)"
+        message = (
+            rf"chip store format version 99 is newer than this landcover reads \(version "
+            rf"{FORMAT_VERSION}\)"
+        )
         with pytest.raises(StoreError, match=message):
             open_store(out, storage_options=self.options)
         with pytest.raises(StoreError, match=message):
@@ -483,6 +488,25 @@ def test_a_shard_of_empty_chips_has_no_object_and_is_not_damage(tmp_path: Path) 
     store.verify()
 
 
+def as_version_2(url: str) -> None:
+    """Rewrite a store as landcover's format version 2 wrote it: every source record, the
+    parameters and the label fingerprints in the group attribute, no `sources` array."""
+    import json
+    import shutil
+
+    root = Path(url)
+    group = zarr.open_group(url, mode="r+")
+    table = group["sources"]
+    assert isinstance(table, zarr.Array)
+    meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
+    records = [json.loads(str(text)) for text in np.asarray(table[: len(meta["source_chips"])])]
+    created = {key: table.attrs[key] for key in ("params", "label_fingerprints")}
+    shutil.rmtree(root / "sources")
+    meta.pop("source_chips")
+    meta.pop("params_sha256")
+    group.update_attributes({ATTRS_KEY: {**meta, **created, "version": 2, "sources": records}})
+
+
 def as_version_1(url: str) -> None:
     """Rewrite a store as landcover's format version 1 wrote it: no chunk checksums, no
     stored-chunk counts, fingerprints, split or nodata rule in the attributes."""
@@ -490,6 +514,7 @@ def as_version_1(url: str) -> None:
 
     from tiling.shards import decode_shard, encode_shard
 
+    as_version_2(url)
     root = Path(url)
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
@@ -520,6 +545,31 @@ def as_version_1(url: str) -> None:
     group.update_attributes({ATTRS_KEY: {**attrs, "version": 1}})
 
 
+def test_a_version_2_store_reads_the_same_and_is_not_resumed(
+    scenes: Scenes, tmp_path: Path, reference: ChipStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Version 2 kept the source records in the group attribute; they read as before."""
+    out = str(tmp_path / "v2.zarr")
+    cfg = tile_config(scenes, out, {})
+    tile(cfg)
+    as_version_2(out)
+    with caplog.at_level("WARNING", logger="tiling"):
+        store = open_store(out)
+    assert caplog.messages == []
+    assert store.summary.integrity_checked and store.summary.format_version == 2
+    assert store.summary == replace(reference.summary, format_version=2)
+    store.verify()
+    group = zarr.open_group(out, mode="r+")
+    meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
+    group.update_attributes({ATTRS_KEY: {**meta, "complete": False}})
+    with pytest.raises(
+        StoreExistsError,
+        match=r"v2.zarr exists and was written by an older landcover \(chip store format "
+        rf"version 2, now {FORMAT_VERSION}\); pass --overwrite to rebuild it",
+    ):
+        tile(cfg)
+
+
 def test_a_version_1_store_reads_with_one_warning_and_is_not_resumed(
     scenes: Scenes, tmp_path: Path, reference: ChipStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -545,7 +595,7 @@ def test_a_version_1_store_reads_with_one_warning_and_is_not_resumed(
     with pytest.raises(
         StoreExistsError,
         match=r"v1.zarr exists and was written by an older landcover \(chip store format "
-        r"version 1, now 2\); pass --overwrite to rebuild it",
+        rf"version 1, now {FORMAT_VERSION}\); pass --overwrite to rebuild it",
     ):
         tile(cfg)
     assert tile(tile_config(scenes, out, {}, overwrite=True)).summary.integrity_checked

@@ -569,10 +569,11 @@ def test_images_and_labels_read_from_az_urls(scenes: Scenes, tmp_path: Path, azu
         f"az://{prefix}/naip/a.tif",
         f"az://{prefix}/naip/b.tif",
     ]
-    chunks = {k: v for k, v in snapshot(str(tmp_path / "remote.zarr"), {}).items() if "/c/" in k}
-    assert chunks == {
-        k: v for k, v in snapshot(str(tmp_path / "local.zarr"), {}).items() if "/c/" in k
-    }
+
+    def chip_objects(url: str) -> dict[str, bytes]:  # the source records name the inputs
+        return {k: v for k, v in snapshot(url, {}).items() if "/c/" in k and "sources/" not in k}
+
+    assert chip_objects(str(tmp_path / "remote.zarr")) == chip_objects(str(tmp_path / "local.zarr"))
 
 
 @pytest.mark.azurite

@@ -5,8 +5,11 @@ masks, statistics, encoding, shard assembly) can change a byte of a store.
 Covered: labels read on the image grid from two tiles (first wins, a nodata stripe), labels
 warped from 30 m Albers, an image with a nodata corner, overlapping chips (stride < chip
 size), the --min-valid filter, the split, and the real NAIP files (alpha-tagged NIR, a
-nodata tag, strips). The group metadata is compared with its file paths made relative and
-the files' modification times left out (they change with every checkout).
+nodata tag, strips). The group metadata and the source records are compared with their file paths
+made relative and the files' modification times and the digest of the parameters (of full
+paths) left out: they change with every checkout.
+Format version 3 (source records out of the group attribute) changed only `zarr.json` and
+added the `sources` objects; every shard object kept its digest.
 
 An upgrade of zstd (numcodecs) or of GDAL's warper may change these bytes on purpose: then
 check the stores by other means (test_tile.py, test_store.py) and record the new digests
@@ -23,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zarr
 
 from tests.conftest import REAL_NAIP_DIR
 from tests.tiling.rasters import Scenes, make_scenes
 from tiling.tile import TileConfig, tile
 
+# modification times, and the digest of the parameters (they hold the inputs' full paths)
+UNPORTABLE = ("modified", "params_sha256")
 CASES = ("aligned_labels", "warped_labels_overlapping_chips", "real_naip_images_only")
 
 # case -> object path inside the store -> first 16 hex digits of its SHA-256
@@ -51,7 +57,10 @@ PINNED: dict[str, dict[str, str]] = {
         "labels/c/3/0/0": "0b8e84c5e35b955b",
         "labels/c/4/0/0": "a0054999bccc5ae2",
         "labels/zarr.json": "a567df067933ae9f",
-        "zarr.json": "860b456d8182885e",
+        "sources/c/0": "e82e0ec3f365f575",
+        "sources/c/1": "e9bfd41bc48de47b",
+        "sources/zarr.json": "e2f36242cf318e3f",
+        "zarr.json": "70b5778ce743a541",
     },
     "warped_labels_overlapping_chips": {
         "images/c/0/0/0/0": "9300af75a9bad6e6",
@@ -78,7 +87,10 @@ PINNED: dict[str, dict[str, str]] = {
         "labels/c/5/0/0": "abecc73da2e8f35d",
         "labels/c/6/0/0": "9d41a263ce28170d",
         "labels/zarr.json": "8314e1f1375ba2c2",
-        "zarr.json": "1e2f458f615da1b3",
+        "sources/c/0": "de1d6f2e6af1c7e8",
+        "sources/c/1": "870a87a73b25dc01",
+        "sources/zarr.json": "d66c8cdb95cf21cb",
+        "zarr.json": "7c3bc9f8c5fa5162",
     },
     "real_naip_images_only": {
         "images/c/0/0/0/0": "83b2dd12bf76afd8",
@@ -95,7 +107,14 @@ PINNED: dict[str, dict[str, str]] = {
         "index/c/4/0": "8c977f23ad463ae5",
         "index/c/5/0": "4342916f1861dc50",
         "index/zarr.json": "2089a5f0427041d9",
-        "zarr.json": "e27cc74dadb0be36",
+        "sources/c/0": "15b79df095244693",
+        "sources/c/1": "542f6027a8cd9c8a",
+        "sources/c/2": "9ca55751d65d0dd1",
+        "sources/c/3": "1610a017b537cbb7",
+        "sources/c/4": "87f85067457bdfd4",
+        "sources/c/5": "25d762644d0960c8",
+        "sources/zarr.json": "eb1eccc04c2e0cb8",
+        "zarr.json": "23e9d7691fe0a369",
     },
 }
 
@@ -134,20 +153,25 @@ def case_configs(scenes: Scenes, out_dir: Path) -> dict[str, TileConfig]:
 
 
 def store_digests(store: Path, roots: dict[str, str]) -> dict[str, str]:
-    """Digest of every object under `store`; metadata made independent of where files are."""
+    """Digest of every object under `store`; metadata and source records (JSON that names the
+    input files, digested decoded) made independent of where files are."""
+    records = zarr.open_array(store / "sources", mode="r")
     digests = {}
     for path in sorted(p for p in store.rglob("*") if p.is_file()):
+        key = path.relative_to(store).as_posix()
         data = path.read_bytes()
         if path.name == "zarr.json":
             data = _portable_metadata(data, roots)
-        digests[path.relative_to(store).as_posix()] = hashlib.sha256(data).hexdigest()[:16]
+        elif key.startswith("sources/c/"):
+            data = _portable_metadata(str(records[int(path.name)]).encode(), roots)
+        digests[key] = hashlib.sha256(data).hexdigest()[:16]
     return digests
 
 
 def _portable_metadata(data: bytes, roots: dict[str, str]) -> bytes:
     def portable(value: Any) -> Any:
         if isinstance(value, dict):
-            return {portable(k): portable(v) for k, v in value.items() if k != "modified"}
+            return {portable(k): portable(v) for k, v in value.items() if k not in UNPORTABLE}
         if isinstance(value, list):
             return [portable(v) for v in value]
         if isinstance(value, str):

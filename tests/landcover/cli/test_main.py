@@ -74,7 +74,7 @@ def incomplete_copy(store: str, dest: Path) -> str:
     meta = json.loads(meta_path.read_text())
     chips = meta["attributes"][ATTRS_KEY]
     chips["complete"] = False
-    chips["sources"][-1]["state"] = "writing"
+    chips["source_chips"].pop()  # the commit point of the last source
     meta_path.write_text(json.dumps(meta))
     return str(dest)
 

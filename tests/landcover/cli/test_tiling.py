@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from landcover.cli.app import main
 from tests.tiling.rasters import Scenes, image_pixels, make_scenes, write_raster
 from tests.tiling.stacfiles import raster_item, write_item_collection
-from tiling.store import open_store
+from tiling.store import FORMAT_VERSION, open_store
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_tile_writes_a_store_and_info_describes_it(scenes: Scenes, tmp_path: Pat
     info = run("info", str(out))
     assert info.exit_code == 0, info.output
     assert f"chips: {summary.num_chips} of 64 x 64 px (train {summary.num_train}, " in info.output
-    assert "format version 2, complete" in info.output
+    assert f"format version {FORMAT_VERSION}, complete" in info.output
     assert "classes (chesapeake7to5):" in info.output and "tree canopy" in info.output
     assert "bytes on disk: " in info.output
     assert f"{scenes.root / 'naip' / 'a.tif'}  300 x 413 px" in info.output
@@ -66,7 +66,7 @@ def test_tile_writes_a_store_and_info_describes_it(scenes: Scenes, tmp_path: Pat
     as_json = json.loads(run("info", str(out), "--json").output)
     assert as_json["chips"] == summary.num_chips
     assert (as_json["train"], as_json["val"]) == (summary.num_train, summary.num_val)
-    assert as_json["format_version"] == 2 and as_json["damaged"] == []
+    assert as_json["format_version"] == FORMAT_VERSION and as_json["damaged"] == []
     assert [c["pixels"] for c in as_json["classes"]] == list(summary.class_counts)
     assert as_json["band_mean"] == pytest.approx(list(summary.band_mean))
     assert len(as_json["sources"]) == 2 and as_json["bytes_on_disk"] > 0
@@ -202,12 +202,12 @@ def test_info_refuses_a_newer_format_and_a_missing_store(scenes: Scenes, tmp_pat
     assert run(*tile_args(scenes, out)).exit_code == 0
     group = zarr.open_group(str(out), mode="r+")
     meta = dict(group.attrs["landcover_chips"])  # type: ignore[arg-type]
-    group.update_attributes({"landcover_chips": {**meta, "version": 3}})
+    group.update_attributes({"landcover_chips": {**meta, "version": FORMAT_VERSION + 1}})
     newer = run("info", str(out))
     assert newer.exit_code == 2
     assert newer.output == (
-        f"error: {out}: chip store format version 3 is newer than this landcover reads "
-        "(version 2); upgrade landcover\n"
+        f"error: {out}: chip store format version {FORMAT_VERSION + 1} is newer than this "
+        f"landcover reads (version {FORMAT_VERSION}); upgrade landcover\n"
     )
     missing = run("info", str(tmp_path / "none.zarr"))
     assert missing.exit_code == 2
@@ -311,7 +311,7 @@ def test_info_reports_a_damaged_store_and_exits_2(scenes: Scenes, tmp_path: Path
     (out / "labels" / "c" / "1" / "0" / "0").unlink()
     info = run("info", str(out))
     assert info.exit_code == 2
-    assert f"store: {out} (format version 2, DAMAGED)" in info.output
+    assert f"store: {out} (format version {FORMAT_VERSION}, DAMAGED)" in info.output
     assert "labels shard 1 (chips 8..15)" in info.output
     assert info.output.splitlines()[-1] == (
         f"error: {out}: 1 shard object missing (labels shard 1 (chips 8..15)); the store is "
@@ -333,7 +333,7 @@ def test_info_verify_finds_flipped_bytes(scenes: Scenes, tmp_path: Path) -> None
     assert run("info", str(out)).exit_code == 0  # a listing cannot see it
     verified = run("info", str(out), "--verify")
     assert verified.exit_code == 2
-    assert "(format version 2, DAMAGED)" in verified.output
+    assert f"(format version {FORMAT_VERSION}, DAMAGED)" in verified.output
     assert verified.output.splitlines()[-1].startswith(
         f"error: {out}: chips 0..7 (images shard 0) corrupt: chip 0: chunk checksum does not "
         "match; the store is damaged"

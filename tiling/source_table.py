@@ -1,0 +1,185 @@
+"""The per-source records of a chip store (format version 3 on): the `sources` array.
+
+The `landcover_chips` group attribute is a store's commit point, rewritten once per source.
+Up to format version 2 it also held one record per source (~3 KB with its WKT and
+fingerprints), so at a state's 4,000 sources it grew to ~12 MB and its 8,000 rewrites cost
+the one writer most of an hour (`benchmarks/bench_store_records.py`). From version 3:
+
+- the `sources` array (1-D, variable-length UTF-8, one chunk per element, zstd + crc32c)
+  holds one JSON record per done source, in input order. Record k is written once, before
+  the attribute that counts it: a record past the count (a run that died between the two
+  writes) is never read, and the next run overwrites it;
+- the attribute holds `source_chips`, the chips of each done source, whose length is the
+  number of done sources: the commit point (`tiling.writer`);
+- what does not change during a run is written once, when the store is created, into the
+  array's own attributes: `params` (the options and the list of inputs, which grows with
+  the store; the group attribute keeps its SHA-256) and `label_fingerprints`.
+
+The array grows by doubling while a run writes and is cut to the number of sources when the
+store completes. Readers fetch the N records in one call (zarr reads the chunks concurrently).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import zarr
+import zarr.codecs
+
+from tiling.errors import StoreCorruptError, StoreError
+from tiling.fingerprint import Fingerprint
+from tiling.params import StoreParams
+from tiling.records import SourceRecord
+from tiling.store_format import (
+    ATTRS_KEY,
+    FIRST_TABLE_VERSION,
+    StoreSummary,
+    done_prefix,
+    store_meta,
+    summary_from_meta,
+)
+
+__all__ = [
+    "SOURCES_ARRAY",
+    "create_source_table",
+    "has_source_table",
+    "put_record",
+    "read_label_fingerprints",
+    "read_params",
+    "read_records",
+    "read_summary",
+    "trim_records",
+]
+
+SOURCES_ARRAY = "sources"
+FIRST_CAPACITY = 64  # elements; the array doubles from here while a run writes
+_LABELS_ATTR = "label_fingerprints"
+_PARAMS_ATTR = "params"
+
+
+def create_source_table(
+    group: zarr.Group, params: StoreParams, label_fingerprints: Mapping[str, Fingerprint]
+) -> None:
+    """The empty `sources` array of a new store, with its parameters and the label rasters'
+    fingerprints."""
+    group.create_array(
+        SOURCES_ARRAY,
+        shape=(0,),
+        chunks=(1,),
+        dtype=str,
+        fill_value="",
+        compressors=(zarr.codecs.ZstdCodec(level=3), zarr.codecs.Crc32cCodec()),
+        dimension_names=("source",),
+        attributes={
+            _PARAMS_ATTR: params.to_json(),
+            _LABELS_ATTR: {path: fp.to_json() for path, fp in sorted(label_fingerprints.items())},
+        },
+        overwrite=True,
+    )
+
+
+def has_source_table(group: zarr.Group) -> bool:
+    """Whether the store has its `sources` array (a run that died right after creating the
+    group attribute has not)."""
+    try:
+        return isinstance(group[SOURCES_ARRAY], zarr.Array)
+    except KeyError:
+        return False
+
+
+def put_record(group: zarr.Group, k: int, record: SourceRecord, url: str) -> None:
+    """Write record `k` (one object; the array's metadata too when it has to grow)."""
+    arr = _table(group, url)
+    if k >= arr.shape[0]:
+        arr.resize((max(k + 1, 2 * arr.shape[0], FIRST_CAPACITY),))
+    arr[k] = json.dumps(record.to_json(), separators=(",", ":"))
+
+
+def trim_records(group: zarr.Group, n: int, url: str) -> None:
+    """Cut the array to its first `n` records (a complete store holds no spare capacity)."""
+    arr = _table(group, url)
+    if arr.shape[0] != n:
+        arr.resize((n,))
+
+
+def read_records(group: zarr.Group, n: int, url: str) -> tuple[SourceRecord, ...]:
+    """The first `n` records, in input order; `StoreCorruptError` if one is lost."""
+    if n == 0:
+        return ()
+    arr = _table(group, url)
+    if arr.shape[0] < n:
+        raise _damaged(url, f"the {SOURCES_ARRAY!r} array holds {arr.shape[0]} records, not {n}")
+    try:
+        texts = [str(text) for text in np.asarray(arr[:n])]
+    except ValueError as exc:  # zarr's crc32c check
+        raise _damaged(url, f"the {SOURCES_ARRAY!r} array is unreadable ({exc})") from None
+    records = []
+    for k, text in enumerate(texts):
+        try:
+            records.append(SourceRecord.from_json(json.loads(text)))
+        except (ValueError, KeyError, TypeError):
+            raise _damaged(url, f"source record {k} is missing or unreadable") from None
+    return tuple(records)
+
+
+def read_label_fingerprints(group: zarr.Group, url: str) -> dict[str, Fingerprint]:
+    """The label rasters' fingerprints recorded when the store was created."""
+    stored = _created_with(group, url, _LABELS_ATTR)
+    return {str(path): Fingerprint.from_json(fp) for path, fp in stored.items()}
+
+
+def read_params(group: zarr.Group, url: str) -> Mapping[str, Any]:
+    """The `StoreParams.to_json()` the store was created with."""
+    return _created_with(group, url, _PARAMS_ATTR)
+
+
+def _created_with(group: zarr.Group, url: str, name: str) -> Mapping[str, Any]:
+    meta = store_meta(dict(group.attrs), url=url)
+    if int(meta.get("version", 0)) < FIRST_TABLE_VERSION:
+        stored = meta.get(name, {})
+    else:
+        stored = _table(group, url).attrs.get(name, {})
+    if not isinstance(stored, Mapping):
+        raise StoreCorruptError(
+            f"{url}: the store's {name!r} is not a mapping; the store is damaged, re-tile "
+            f"with: landcover tile <the same inputs and options> --out {url} --overwrite"
+        )
+    return stored
+
+
+def read_summary(group: zarr.Group, url: str) -> tuple[Mapping[str, Any], StoreSummary]:
+    """The store's `landcover_chips` attribute and its summary, done records included.
+
+    Refuses anything that is not a chip store and stores of a newer format (`StoreError`);
+    reads the records of a version 1 or 2 store from the attribute itself.
+    """
+    meta = store_meta(dict(group.attrs), url=url)
+    if int(meta.get("version", 0)) < FIRST_TABLE_VERSION:
+        done = done_prefix([SourceRecord.from_json(s) for s in meta.get("sources", ())])
+    else:
+        done = read_records(group, len(meta.get("source_chips", ())), url)
+    return meta, summary_from_meta(meta, done)
+
+
+def _table(group: zarr.Group, url: str) -> zarr.Array[Any]:
+    try:
+        node = group[SOURCES_ARRAY]
+    except KeyError:
+        node = None
+    if not isinstance(node, zarr.Array):
+        raise StoreError(
+            f"{url}: chip store has no {SOURCES_ARRAY!r} array; rebuild it with `landcover tile "
+            "--overwrite`"
+        )
+    return node
+
+
+def _damaged(url: str, what: str) -> StoreCorruptError:
+    return StoreCorruptError(
+        f"{url}: {what} (group attribute {ATTRS_KEY!r} counts more done sources); the store "
+        "is damaged, re-tile with: landcover tile <the same inputs and options> --out "
+        f"{url} --overwrite"
+    )
