@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tiling.errors import TilingError
+from tiling.errors import StoreError, TilingError
 from tiling.fingerprint import Fingerprint
 from tiling.params import StoreParams
 from tiling.parts import (
@@ -33,7 +33,7 @@ from tiling.parts import (
 from tiling.plan import SourcePlan, TilePlan
 from tiling.records import SourceRecord
 from tiling.staging import PartStaging
-from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION
+from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, done_chips
 from tiling.urls import filesystem, is_local, local_path, storage_errors
 from tiling.writer import ChipStoreWriter
 
@@ -108,7 +108,10 @@ def stored_done_chips(
         return []
     if meta.get("version") != FORMAT_VERSION or meta.get("params_sha256") != params.digest():
         return []
-    return [int(chips) for chips in meta.get("source_chips", ())]
+    try:
+        return done_chips(meta)
+    except StoreError:  # a damaged attribute: rank 0 refuses the store
+        return []
 
 
 def placeable(writer: ChipStoreWriter, part: SourcePart, staging: PartStaging) -> bool:

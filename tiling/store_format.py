@@ -8,10 +8,12 @@ A chip store is one Zarr v3 group at any fsspec URL (see docs/CONTRACTS.md):
   large sequential reads, not N small ones (blob storage charges per request).
 - `index` (N, 4) int32: source id, row/col of the chip in its source (pixels), split.
 - `sources` (S,) variable-length UTF-8: one JSON record per done source (`tiling.source_table`).
-- group attribute `landcover_chips`: format, version, parameters, band stats, class counts
-  and `source_chips`, the chips of each done source. Counting a source there is the commit
-  point: the arrays may be longer than the sum of done sources (a source being appended, or
-  the half-written tail of an interrupted run) and readers never look past the done prefix.
+- group attribute `landcover_chips`: format, version, the parameters' digest, band stats,
+  class counts and `source_chips`, the chips of each done source as one string of decimal
+  numbers separated by spaces (`done_chips`). Counting a source there is the commit point:
+  the arrays may be longer than the sum of done sources (spare capacity, a source being
+  appended, or the half-written tail of an interrupted run) and readers never look past the
+  done prefix.
 
 Format versions: 2 adds a crc32c to every chunk, stored-chunk counts per shard object,
 source fingerprints, the ground-grid split and the zero-fill nodata rule. 3 moves the source
@@ -45,6 +47,7 @@ __all__ = [
     "SPLIT_VAL",
     "Split",
     "StoreSummary",
+    "done_chips",
     "done_prefix",
     "store_meta",
     "summary_from_meta",
@@ -160,6 +163,22 @@ def summary_from_meta(meta: Mapping[str, Any], sources: Sequence[SourceRecord]) 
         complete=bool(meta.get("complete", False)),
         split_block_m=float(split["block_m"]) if isinstance(split, Mapping) else None,
     )
+
+
+def done_chips(meta: Mapping[str, Any]) -> list[int]:
+    """The chips of each done source of a format 3 store, from its group attribute.
+
+    One string ("675 681 0 ..."), not a JSON list: zarr encodes a list element by element
+    and the attribute is rewritten per source, so a list would cost 9 ms per commit at 4,000
+    sources and 140 ms at 100,000; the string costs 1 and 3 ms.
+    """
+    text = meta.get("source_chips", "")
+    if not isinstance(text, str):
+        raise StoreError(f"source_chips is {type(text).__name__}, not a string")
+    try:
+        return [int(chips) for chips in text.split()]
+    except ValueError:
+        raise StoreError(f"source_chips is not a list of numbers: {text[:40]!r}") from None
 
 
 def done_prefix(sources: Sequence[SourceRecord]) -> tuple[SourceRecord, ...]:

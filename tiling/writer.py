@@ -5,10 +5,12 @@ Opening a store for writing (create, resume or refuse) lives in `tiling.resume`.
 One writer appends sources in input order. Appending is atomic from a reader's view: the
 arrays grow and the chips and the source's record (`tiling.source_table`) are written first,
 then the group attribute counts the source (the commit point). Each commit writes the same
-few small objects whatever the number of sources before it. A rerun with the same
-parameters resumes: done sources are kept, the half-written tail is cut off, and the shard
-object that straddles the cut is re-encoded from the kept chips alone, so the resumed store
-is byte-for-byte the store an uninterrupted run writes.
+few small objects whatever the number of sources before it: the arrays grow by doubling,
+so their metadata is rewritten about twenty times in a state's run, and they are cut to
+their rows when the store completes. A rerun with the same parameters resumes: done
+sources are kept, the half-written tail is cut off, and the shard object that straddles the
+cut is re-encoded from the kept chips alone, so the resumed store is byte-for-byte the store
+an uninterrupted run writes.
 
 Chips are buffered up to the next shard boundary before they are written, so each shard
 object is written whole (one PUT on blob storage) except the last one of a source.
@@ -41,7 +43,7 @@ from tiling.params import ARRAY_NAMES, StoreParams
 from tiling.records import BANDS, STATE_DONE, STATE_WRITING, BandStats, SourceRecord
 from tiling.shard_reader import chunk_counts
 from tiling.shards import ChunkEncoder, EncodedChunk, decode_shard, encode_shard
-from tiling.source_table import put_record, trim_records
+from tiling.source_table import open_source_table, put_record, trim_records
 from tiling.store import array, read_rows
 from tiling.store_format import (
     ATTRS_KEY,
@@ -96,8 +98,13 @@ class ChipStoreWriter:
             raise StoreError(f"{url}: a writer resumes after done sources only")
         self._sources = sources
         self._params_digest = params.digest()
+        # the arrays, opened on first use: this writer alone changes their metadata
+        self._arrays: dict[str, zarr.Array[Any]] = {}
+        self._table: zarr.Array[Any] | None = None  # the sources array
         # totals of the done sources, kept up to date so a commit does not walk them all
         self._band_stats = BandStats()
+        self._source_chips: list[int] = []  # chips of each done source
+        self._rows_done = 0
         self._class_counts = [0] * (params.class_map.num_classes if params.class_map else 0)
         self._resolutions: list[float] = []
         for s in sources:
@@ -203,10 +210,10 @@ class ChipStoreWriter:
             raise StoreError("commit_source() before begin_source()")
         self._flush(len(self._pending))
         with storage_errors(self.url):
-            for name in self._array_names():
-                arr = array(self._group, name, self.url)
-                if arr.shape[0] != self._rows:
-                    arr.resize((self._rows, *arr.shape[1:]))
+            for name in self._array_names():  # by doubling: rarely a write per commit
+                arr = self._array(name)
+                if arr.shape[0] < self._rows:
+                    arr.resize((max(self._rows, 2 * arr.shape[0]), *arr.shape[1:]))
         start, shard = self._current.start, self.params.shard_size
         shards = range(start // shard, (self._rows - 1) // shard + 1) if self._rows > start else ()
         record = replace(
@@ -223,7 +230,7 @@ class ChipStoreWriter:
             else (),
         )
         with storage_errors(self.url):
-            put_record(self._group, len(self._sources), record, self.url)
+            put_record(self._source_table(), len(self._sources), record)
         self._sources.append(record)
         self._add_to_totals(record)
         self._current = None
@@ -235,7 +242,11 @@ class ChipStoreWriter:
         if self._current is not None:
             raise StoreError(f"source {self._current.path} was not committed")
         with storage_errors(self.url):
-            trim_records(self._group, len(self._sources), self.url)
+            trim_records(self._source_table(), len(self._sources))
+            for name in self._array_names():  # no spare capacity in a complete store
+                arr = self._array(name)
+                if arr.shape[0] != self._rows:
+                    arr.resize((self._rows, *arr.shape[1:]))
         meta = self.write_attrs(complete=True)
         return summary_from_meta(meta, self._sources)
 
@@ -279,7 +290,19 @@ class ChipStoreWriter:
     def _array_names(self) -> list[str]:
         return [name for name in ARRAY_NAMES if name != "labels" or self.params.has_labels]
 
+    def _array(self, name: str) -> zarr.Array[Any]:
+        if name not in self._arrays:
+            self._arrays[name] = array(self._group, name, self.url)
+        return self._arrays[name]
+
+    def _source_table(self) -> zarr.Array[Any]:
+        if self._table is None:
+            self._table = open_source_table(self._group, self.url)
+        return self._table
+
     def _add_to_totals(self, record: SourceRecord) -> None:
+        self._source_chips.append(record.chips)
+        self._rows_done += record.chips
         self._band_stats += record.band_stats
         for code, n in enumerate(record.class_counts[: len(self._class_counts)]):
             self._class_counts[code] += n
@@ -303,13 +326,13 @@ class ChipStoreWriter:
             "val_fraction": p.val_fraction,
             "min_valid": p.min_valid,
             "index_columns": list(INDEX_COLUMNS),
-            "num_chips": sum(s.chips for s in self._sources),
+            "num_chips": self._rows_done,
             "complete": complete,
             "params_sha256": self._params_digest,  # the whole params: tiling.source_table
             "split": p.split.to_json() if p.split else None,
             "zero_is_nodata": p.zero_is_nodata,
-            # the commit point: sources[:len(source_chips)] are done (tiling.source_table)
-            "source_chips": [s.chips for s in self._sources],
+            # the commit point: sources[:len(source_chips)] are done (store_format.done_chips)
+            "source_chips": " ".join(map(str, self._source_chips)),
         }
 
     def write_attrs(self, *, complete: bool = False) -> dict[str, Any]:
@@ -335,7 +358,7 @@ class ChipStoreWriter:
                 self._tail.images = self._kept_chunks("images", boundary, keep)
                 if self.params.has_labels:
                     self._tail.labels = self._kept_chunks("labels", boundary, keep)
-                index = array(self._group, "index", self.url)
+                index = self._array("index")
                 if index.shape[0] < rows:
                     raise StoreError(
                         f"{self.url}: index has {index.shape[0]} rows but done sources need "
@@ -351,7 +374,7 @@ class ChipStoreWriter:
                 self._pending = pending
             first_gone = -(-rows // shard)
             for name in self._array_names():
-                arr = array(self._group, name, self.url)
+                arr = self._array(name)
                 _delete_objects_from(store, f"{arr.path}/c/", first_gone)
                 if arr.shape[0] != rows:
                     logger.info("%s: truncating %s to %d rows", self.url, name, rows)

@@ -87,7 +87,7 @@ def test_a_record_past_the_commit_point_is_never_read_and_a_resume_rewrites_it(
     write_source(writer, 1, chips(9, seed=5))  # other chips than the run that resumes
     group = zarr.open_group(died, mode="r+")
     meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
-    group.update_attributes({ATTRS_KEY: {**meta, "source_chips": [7], "num_chips": 7}})
+    group.update_attributes({ATTRS_KEY: {**meta, "source_chips": "7", "num_chips": 7}})
     assert [s.id for s in open_store(died).summary.sources] == [0]
     assert read_records(group, 2, died)[1].chips == 9  # there, but past the commit point
     writer = open_writer(died, params)
@@ -124,3 +124,15 @@ def test_a_run_that_died_before_creating_its_arrays_resumes(
     assert snapshot(url, {}) == snapshot(fresh, {})
     record = json.loads(str(zarr.open_array(f"{url}/sources", mode="r")[0]))
     assert record["chips"] == 3
+
+
+def test_a_damaged_commit_point_fails_the_open_with_the_fix(tmp_path: Path) -> None:
+    url = str(tmp_path / "odd.zarr")
+    writer = open_writer(url, small_params(("s0",)))
+    write_source(writer, 0, chips(2, seed=0))
+    writer.finish()
+    group = zarr.open_group(url, mode="r+")
+    meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
+    group.update_attributes({ATTRS_KEY: {**meta, "source_chips": "2 two"}})
+    with pytest.raises(StoreCorruptError, match=r"source_chips is not a list of numbers: '2 two'"):
+        open_store(url)

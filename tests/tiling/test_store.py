@@ -36,6 +36,7 @@ from tiling.store import (
     open_store,
     shard_bytes,
 )
+from tiling.store_format import done_chips
 from tiling.tile import TileConfig, tile
 from tiling.urls import filesystem
 from tiling.writer import ChipStoreWriter
@@ -499,7 +500,8 @@ def as_version_2(url: str) -> None:
     table = group["sources"]
     assert isinstance(table, zarr.Array)
     meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
-    records = [json.loads(str(text)) for text in np.asarray(table[: len(meta["source_chips"])])]
+    done = len(done_chips(meta))
+    records = [json.loads(str(text)) for text in np.asarray(table[:done])]
     created = {key: table.attrs[key] for key in ("params", "label_fingerprints")}
     shutil.rmtree(root / "sources")
     meta.pop("source_chips")

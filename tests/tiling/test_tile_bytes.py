@@ -60,7 +60,7 @@ PINNED: dict[str, dict[str, str]] = {
         "sources/c/0": "e82e0ec3f365f575",
         "sources/c/1": "e9bfd41bc48de47b",
         "sources/zarr.json": "e2f36242cf318e3f",
-        "zarr.json": "70b5778ce743a541",
+        "zarr.json": "99d0800ea36e05a2",
     },
     "warped_labels_overlapping_chips": {
         "images/c/0/0/0/0": "9300af75a9bad6e6",
@@ -90,7 +90,7 @@ PINNED: dict[str, dict[str, str]] = {
         "sources/c/0": "de1d6f2e6af1c7e8",
         "sources/c/1": "870a87a73b25dc01",
         "sources/zarr.json": "d66c8cdb95cf21cb",
-        "zarr.json": "7c3bc9f8c5fa5162",
+        "zarr.json": "714608581c6a0f1a",
     },
     "real_naip_images_only": {
         "images/c/0/0/0/0": "83b2dd12bf76afd8",
@@ -114,7 +114,7 @@ PINNED: dict[str, dict[str, str]] = {
         "sources/c/4": "87f85067457bdfd4",
         "sources/c/5": "25d762644d0960c8",
         "sources/zarr.json": "eb1eccc04c2e0cb8",
-        "zarr.json": "23e9d7691fe0a369",
+        "zarr.json": "1ddf4e753cc2aa52",
     },
 }
 

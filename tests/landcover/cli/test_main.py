@@ -74,7 +74,7 @@ def incomplete_copy(store: str, dest: Path) -> str:
     meta = json.loads(meta_path.read_text())
     chips = meta["attributes"][ATTRS_KEY]
     chips["complete"] = False
-    chips["source_chips"].pop()  # the commit point of the last source
+    chips["source_chips"] = chips["source_chips"].rsplit(" ", 1)[0]  # the last one's commit
     meta_path.write_text(json.dumps(meta))
     return str(dest)
 
