@@ -7,7 +7,8 @@ whose every core runs a rank), and as 2 ranks on the local engine (`--nproc 2`, 
 thread per rank). Prints chips/s per rank count, the speed-up (goal >= 1.8x on 2 cores), the
 commit's share of rank 0's time (its log line: parts, MB, seconds, objects moved in), whether
 the two stores are byte-identical, and an estimate for a state (4,000 NAIP quarter-quads,
-~2.7 M chips) on 16 and 64 nodes from the measured per-rank rate and the measured commit rate.
+~2.7 M chips) on 16 and 64 nodes from the measured per-rank rate, the measured commit rate
+and the per-source cost of a commit (measured by bench_store_records.py's writer loop).
 
 The machine's own limit for 2 ranks is measured too: 2 unrelated one-process runs started
 together, each on one core and on the sources one rank of 2 cuts (no staging, no commit, no
@@ -32,6 +33,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench_store_records import commit_all
+
 from tiling.blobcopy import COPY_THREADS
 from tiling.commit import assign_sources
 from tiling.store import open_store
@@ -42,6 +45,7 @@ SHARD = 64  # `landcover tile`'s default --shard-size
 STATE_FILES = 4_000
 STATE_CHIPS = 2_700_000
 NODES = (16, 64)
+SOURCE_COMMITS = 200  # commits timed for the per-source cost (it stays flat: format 3)
 COMMIT_LINE = re.compile(
     r"committed (\d+) parts, ([\d.]+) MB in ([\d.]+) s .*?(\d+) interior objects moved in"
 )
@@ -191,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--copy-ms", type=float, default=50.0,
                         help="ms per server-side blob copy (Copy Blob From URL of a shard "
                         "object) [50]")  # fmt: skip
+    parser.add_argument("--put-ms", type=float, default=30.0,
+                        help="ms per blob PUT round trip: a commit's record, then its group "
+                        "attribute, one after the other [30]")  # fmt: skip
     args = parser.parse_args(argv)
     scenes = args.scenes or (4 if args.quick else 8)
     size = args.size or (2048 if args.quick else 4096)
@@ -219,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         identical = same_bytes(work / "one.zarr", work / "two.zarr")
         per_chip = store_bytes(work / "one.zarr") / one.chips
+        per_source = sorted(commit_all(str(work / "records.zarr"), SOURCE_COMMITS))
+        source_commit_s = per_source[len(per_source) // 2]
         print(f"load average after: {os.getloadavg()[0]:.1f}")
     report(
         one,
@@ -231,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
         args.commit_gbps,
         args.rename_ms,
         args.copy_ms,
+        source_commit_s,
+        args.put_ms,
     )
 
 
@@ -245,6 +256,8 @@ def report(
     gbps: float,
     rename_ms: float,
     copy_ms: float,
+    source_commit_s: float,
+    put_ms: float,
 ) -> None:
     print(f"\n{'ranks':>5}  {'wall s':>7}  {'in-rank s':>9}  {'CPU s':>6}  {'chips':>6}  "
           f"{'chips/s':>8}")  # fmt: skip
@@ -283,14 +296,20 @@ def report(
     shared = min(1.0, SHARD / (STATE_CHIPS / STATE_FILES))
     moves = 3 * STATE_CHIPS / SHARD  # images, labels and index objects per shard
     through = 2 * shared * state_bytes / (gbps * 1e9)
-    commit_fs = through + moves * rename_ms / 1e3
-    commit_blob = through + moves * copy_ms / 1e3 / COPY_THREADS
+    # Every source's commit writes its record, then the group attribute (the commit point):
+    # measured on this disk; on blob storage two round trips one after the other.
+    sources_fs = STATE_FILES * source_commit_s
+    sources_blob = STATE_FILES * (source_commit_s + 2 * put_ms / 1e3)
+    commit_fs = through + moves * rename_ms / 1e3 + sources_fs
+    commit_blob = through + moves * copy_ms / 1e3 / COPY_THREADS + sources_blob
     print(f"  commit bound through rank 0: {100 * shared:.0f} % of the bytes ({through / 60:.1f} "
           f"min at {gbps:g} GB/s; {commit_here * shared / 60:.1f} min at this disk's rate) and "
           f"{moves / 1e3:.0f} k objects moved in: on a shared file system "
           f"{commit_fs / 60:.1f} min (renames at {rename_ms:g} ms), on blob storage "
           f"{commit_blob / 60:.1f} min (server-side copies at {copy_ms:g} ms, "
-          f"{COPY_THREADS} in flight)")  # fmt: skip
+          f"{COPY_THREADS} in flight); both include {STATE_FILES} source commits "
+          f"({1e3 * source_commit_s:.1f} ms each measured here: {sources_fs / 60:.1f} min; "
+          f"{sources_blob / 60:.1f} min with 2 PUTs at {put_ms:g} ms)")  # fmt: skip
     for nodes in NODES:
         cut_s = STATE_CHIPS / (nodes * per_node * rate)
         print(f"  {nodes:3d} nodes: cutting {cut_s / 60:6.1f} min; wall ~"
