@@ -26,7 +26,7 @@ from pathlib import Path
 from cluster.engine import Job, is_url, job_redactor, threads_per_worker
 from cluster.failures import ERROR_DIR_ENV
 from cluster.machine import local_cpu_count, local_gpu_count
-from cluster.netns import NetworkLayout, plan_network
+from cluster.netns import NetworkLayout, plan_network, silent_nameservers
 from cluster.redact import REDACTED, Redactor
 from cluster.spec import ClusterSpec
 
@@ -147,10 +147,17 @@ def _network_lines(network: NetworkLayout | None) -> list[str]:
     if network is None:
         return []
     teardown = "; ".join(f"{_shell(c)} 2>/dev/null" for c in network.teardown_commands())
+    routes = network.unreachable_routes(silent_nameservers())
     return [
         f"# {network.describe()}",
         f"trap {shlex.quote(teardown)} EXIT",
         *(f"{_shell(c)} || exit 1" for c in network.setup_commands()),
+        *(
+            ["# name lookups fail at once: the nodes reach no nameserver of this host"]
+            if routes
+            else []
+        ),
+        *(f"{_shell(c)} || exit 1" for c in routes),
     ]
 
 

@@ -11,6 +11,12 @@ A process joins a node with `nsenter --net=/run/netns/NAME` (`NetworkLayout.ente
 namespace the node's interface has the same name, `NODE_INTERFACE`, which gloo and NCCL must be
 told (`node_env`): left to themselves they pick the hostname's address, 127.0.0.1, and hang.
 
+Name lookups from a node fail at once: c10d and gloo look up the name of each peer's address,
+and a namespace reaches no nameserver when the host does not forward, so each lookup waited
+~10 s for the resolver to time out (30 s of a 2-node job's start). Each namespace gets an
+`unreachable` route to the host's IPv4 nameservers (`unreachable_routes`), only where the host
+does not forward: there a packet from a node never left the host anyway.
+
 Shaping is `tbf` on both ends of each veth (this kernel has no netem, fq or cake): a node's
 egress on its side, its ingress on the bridge side. `tbf`'s own `latency` is a queue bound, not
 a delay; a link delay needs the kernel's `netem`, and is refused with a one-line error where the
@@ -32,6 +38,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from cluster._lifecycle import Started
 from cluster.errors import ClusterError, ClusterSpecError
@@ -212,6 +219,14 @@ class NetworkLayout:
         ]
         return [netem] + ([[*tc, "qdisc", "add", "dev", dev, "parent", "1:1", *tbf]] if tbf else [])
 
+    def unreachable_routes(self, servers: list[str]) -> list[list[str]]:
+        """Routes that make `servers` (nameservers) unreachable from every node at once."""
+        return [
+            ["ip", "-n", ns, "route", "add", "unreachable", f"{server}/32"]
+            for ns in self.namespaces
+            for server in servers
+        ]
+
     def teardown_commands(self) -> list[list[str]]:
         """The veths first (a namespace's removal frees its end later, in the background),
         then the namespaces and the bridge."""
@@ -257,6 +272,31 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
 
 
+def silent_nameservers(
+    resolv_conf: str = "/etc/resolv.conf", ip_forward: str = "/proc/sys/net/ipv4/ip_forward"
+) -> list[str]:
+    """The host's IPv4 nameservers a node cannot reach, beyond loopback: all of them when the
+    host does not forward (none when it does, or when either file cannot be read)."""
+    try:
+        if Path(ip_forward).read_text().strip() != "0":
+            return []
+        lines = Path(resolv_conf).read_text().splitlines()
+    except OSError:
+        return []
+    servers = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 2 or fields[0] != "nameserver":
+            continue
+        try:
+            address = ipaddress.ip_address(fields[1])
+        except ValueError:
+            continue
+        if address.version == 4 and not address.is_loopback and str(address) not in servers:
+            servers.append(str(address))
+    return servers
+
+
 def network_unavailable_reason() -> str | None:
     """Why emulated nodes cannot be built here (one line), or None when they can."""
     if os.geteuid() != 0:
@@ -283,6 +323,8 @@ class NodeNetwork(Started):
         self._up = True
         try:
             for cmd in self.layout.setup_commands():
+                _run(cmd)
+            for cmd in self.layout.unreachable_routes(silent_nameservers()):
                 _run(cmd)
         except BaseException:
             self.stop()

@@ -29,6 +29,7 @@ from cluster.netns import (
     parse_rate,
     plan_network,
     remove_by_prefix,
+    silent_nameservers,
 )
 from tests.cluster.fake_worker import fake_job
 from tests.conftest import REPO_ROOT
@@ -101,6 +102,9 @@ def test_network_in_cluster_json_puts_each_agent_in_its_own_namespace(tmp_path: 
     assert "links 1gbit" in plan.describe()
     script = plan.files()["torchrun.sh"]
     assert "trap " in script and "tbf rate 1gbit" in script
+    for server in silent_nameservers():  # this host's, when it does not forward
+        for ns in net.namespaces:
+            assert f"ip -n {ns} route add unreachable {server}/32 || exit 1" in script
     # without a network nothing changes: loopback, no namespaces
     plain = plan_job(parse_cluster_spec({"targetNodeCount": 2}), fake_job("s", "r"))
     assert isinstance(plain, LocalPlan) and plain.network is None
@@ -136,6 +140,42 @@ def test_a_shaped_link_carries_its_configured_rate_and_leaves_nothing_behind() -
         measured = _measure_bits_per_s(net, n_bytes=25 * 10**6)  # about 2 s at 100 Mbit/s
     print(f"100mbit link: measured {measured / 1e6:.1f} Mbit/s ({measured / rate:.3f})")
     assert abs(measured / rate - 1) <= 0.15
+    assert existing_names(layout.prefix) == []
+
+
+def test_nameservers_a_node_cannot_reach_are_those_of_a_host_that_does_not_forward(
+    tmp_path: Path,
+) -> None:
+    resolv, forward = tmp_path / "resolv.conf", tmp_path / "ip_forward"
+    resolv.write_text(
+        "# comment\nsearch example.org\nnameserver 10.255.255.53\nnameserver 127.0.0.53\n"
+        "nameserver fd00::1\nnameserver 10.255.255.53\nnameserver 192.0.2.7\nnameserver\n"
+    )
+    forward.write_text("0\n")
+    assert silent_nameservers(str(resolv), str(forward)) == ["10.255.255.53", "192.0.2.7"]
+    forward.write_text("1\n")  # a forwarding host may reach them: leave DNS alone
+    assert silent_nameservers(str(resolv), str(forward)) == []
+    assert silent_nameservers(str(tmp_path / "none"), str(tmp_path / "none")) == []
+    layout = plan_network(2)
+    assert layout.unreachable_routes(["192.0.2.7"]) == [
+        ["ip", "-n", ns, "route", "add", "unreachable", "192.0.2.7/32"] for ns in layout.namespaces
+    ]
+
+
+@pytest.mark.usefixtures("require_emulated_nodes")
+def test_every_node_fails_a_lookup_of_the_hosts_nameservers_at_once() -> None:
+    """Without these routes, each name lookup from a node (c10d and gloo make several) waits
+    ~10 s for the resolver to time out: 30 s of a 2-node job's start on this machine."""
+    layout = plan_network(2)
+    with NodeNetwork(layout):
+        for ns in layout.namespaces:
+            shown = subprocess.run(
+                ["ip", "-n", ns, "route", "show", "type", "unreachable"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            assert [a.removesuffix("/32") for a in shown if a[0].isdigit()] == silent_nameservers()
     assert existing_names(layout.prefix) == []
 
 
