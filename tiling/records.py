@@ -1,8 +1,9 @@
-"""Typed records of the chip store's `landcover_chips` attribute, shared by writer and reader.
+"""Typed records of a chip store's metadata, shared by writer and reader.
 
 `BandStats` keeps exact integer sums so that per-source statistics add up to the store's
-without rounding; `SourceRecord` is one tiled image, its place in the arrays and what is
-needed to check it later (fingerprint of the file, stored chunks per shard object).
+(in the `landcover_chips` attribute) without rounding; `SourceRecord` is one tiled image, its
+place in the arrays and what is needed to check it later (fingerprint of the file, stored
+chunks per shard object): an element of the `sources` array (`tiling.source_table`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ of it into RAM (`assign_chips_to_ranks`, `shard_bytes`, `load_shard_into_memory`
 
 This is the contract between tiling and training (docs/CONTRACTS.md); the format itself (the
 arrays, the `landcover_chips` attribute, `StoreSummary`) is defined in `tiling.store_format`
-and its public names are re-exported here. Every read checks what it reads
+and its public names are re-exported here; the per-source records are read by
+`tiling.source_table`. Every read checks what it reads
 (`tiling.shard_reader`): a lost or altered shard object is a `StoreCorruptError`, never zeros
 or wrong pixels. Writing lives in `tiling.writer`.
 """
