@@ -26,8 +26,7 @@ from tiling.source_table import (
     read_params,
     read_summary,
 )
-from tiling.store import array
-from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION
+from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, array
 from tiling.urls import is_local, local_path, storage_errors, zarr_store
 from tiling.writer import ChipStoreWriter
 

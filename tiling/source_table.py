@@ -38,6 +38,7 @@ from tiling.store_format import (
     ATTRS_KEY,
     FIRST_TABLE_VERSION,
     StoreSummary,
+    array,
     done_chips,
     done_prefix,
     store_meta,
@@ -179,16 +180,7 @@ def read_summary(group: zarr.Group, url: str) -> tuple[Mapping[str, Any], StoreS
 
 
 def _table(group: zarr.Group, url: str) -> zarr.Array[Any]:
-    try:
-        node = group[SOURCES_ARRAY]
-    except KeyError:
-        node = None
-    if not isinstance(node, zarr.Array):
-        raise StoreError(
-            f"{url}: chip store has no {SOURCES_ARRAY!r} array; rebuild it with `landcover tile "
-            "--overwrite`"
-        )
-    return node
+    return array(group, SOURCES_ARRAY, url)
 
 
 def _damaged(url: str, what: str) -> StoreCorruptError:

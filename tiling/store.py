@@ -42,6 +42,7 @@ from tiling.store_format import (
     SPLIT_VAL,
     Split,
     StoreSummary,
+    array,
 )
 from tiling.urls import storage_errors, zarr_store
 
@@ -190,19 +191,6 @@ def _layout(url: str, group: zarr.Group, summary: StoreSummary) -> StoreLayout:
         image_chunks=counts(False),
         label_chunks=counts(True),
     )
-
-
-def array(group: zarr.Group, name: str, url: str) -> zarr.Array[Any]:
-    """The array `name` of the store's group; `StoreError` if it is missing."""
-    try:
-        node = group[name]
-    except KeyError:
-        node = None
-    if not isinstance(node, zarr.Array):
-        raise StoreError(
-            f"{url}: chip store has no {name!r} array; rebuild it with `landcover tile`"
-        )
-    return node
 
 
 def read_rows(arr: zarr.Array[Any], lo: int, hi: int) -> npt.NDArray[Any]:

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import zarr
+
 from tiling.classes import ClassMap
 from tiling.errors import StoreError
 from tiling.records import BANDS, NUM_BANDS, BandStats, SourceRecord
@@ -47,6 +49,7 @@ __all__ = [
     "SPLIT_VAL",
     "Split",
     "StoreSummary",
+    "array",
     "done_chips",
     "done_prefix",
     "store_meta",
@@ -163,6 +166,19 @@ def summary_from_meta(meta: Mapping[str, Any], sources: Sequence[SourceRecord]) 
         complete=bool(meta.get("complete", False)),
         split_block_m=float(split["block_m"]) if isinstance(split, Mapping) else None,
     )
+
+
+def array(group: zarr.Group, name: str, url: str) -> zarr.Array[Any]:
+    """The array `name` of the store's group; `StoreError` if it is missing."""
+    try:
+        node = group[name]
+    except KeyError:
+        node = None
+    if not isinstance(node, zarr.Array):
+        raise StoreError(
+            f"{url}: chip store has no {name!r} array; rebuild it with `landcover tile`"
+        )
+    return node
 
 
 def done_chips(meta: Mapping[str, Any]) -> list[int]:

@@ -44,13 +44,14 @@ from tiling.records import BANDS, STATE_DONE, STATE_WRITING, BandStats, SourceRe
 from tiling.shard_reader import chunk_counts
 from tiling.shards import ChunkEncoder, EncodedChunk, decode_shard, encode_shard
 from tiling.source_table import open_source_table, put_record, trim_records
-from tiling.store import array, read_rows
+from tiling.store import read_rows
 from tiling.store_format import (
     ATTRS_KEY,
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_COLUMNS,
     StoreSummary,
+    array,
     summary_from_meta,
 )
 from tiling.urls import storage_errors

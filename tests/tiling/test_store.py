@@ -6,6 +6,7 @@ StoreTests); the subclasses only say where stores live.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -547,6 +548,20 @@ def as_version_1(url: str) -> None:
     group.update_attributes({ATTRS_KEY: {**attrs, "version": 1}})
 
 
+def assert_an_incomplete_one_is_not_resumed(cfg: TileConfig, *, version: int) -> None:
+    """The store at `cfg.out`, of an older format `version`, made incomplete: `tile` refuses
+    to resume it."""
+    group = zarr.open_group(cfg.out, mode="r+")
+    meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
+    group.update_attributes({ATTRS_KEY: {**meta, "complete": False}})
+    with pytest.raises(
+        StoreExistsError,
+        match=rf"{re.escape(cfg.out)} exists and was written by an older landcover \(chip "
+        rf"store format version {version}, now {FORMAT_VERSION}\); pass --overwrite to rebuild it",
+    ):
+        tile(cfg)
+
+
 def test_a_version_2_store_reads_the_same_and_is_not_resumed(
     scenes: Scenes, tmp_path: Path, reference: ChipStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -561,15 +576,7 @@ def test_a_version_2_store_reads_the_same_and_is_not_resumed(
     assert store.summary.integrity_checked and store.summary.format_version == 2
     assert store.summary == replace(reference.summary, format_version=2)
     store.verify()
-    group = zarr.open_group(out, mode="r+")
-    meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
-    group.update_attributes({ATTRS_KEY: {**meta, "complete": False}})
-    with pytest.raises(
-        StoreExistsError,
-        match=r"v2.zarr exists and was written by an older landcover \(chip store format "
-        rf"version 2, now {FORMAT_VERSION}\); pass --overwrite to rebuild it",
-    ):
-        tile(cfg)
+    assert_an_incomplete_one_is_not_resumed(cfg, version=2)
 
 
 def test_a_version_1_store_reads_with_one_warning_and_is_not_resumed(
@@ -591,13 +598,5 @@ def test_a_version_1_store_reads_with_one_warning_and_is_not_resumed(
     ref_images, ref_labels = reference.read_chips(reference.chip_ids("all"))
     assert np.array_equal(images, ref_images)
     assert labels is not None and ref_labels is not None and np.array_equal(labels, ref_labels)
-    group = zarr.open_group(out, mode="r+")
-    meta = dict(group.attrs[ATTRS_KEY])  # type: ignore[arg-type]
-    group.update_attributes({ATTRS_KEY: {**meta, "complete": False}})
-    with pytest.raises(
-        StoreExistsError,
-        match=r"v1.zarr exists and was written by an older landcover \(chip store format "
-        rf"version 1, now {FORMAT_VERSION}\); pass --overwrite to rebuild it",
-    ):
-        tile(cfg)
+    assert_an_incomplete_one_is_not_resumed(cfg, version=1)
     assert tile(tile_config(scenes, out, {}, overwrite=True)).summary.integrity_checked
