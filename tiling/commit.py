@@ -21,7 +21,6 @@ from typing import Any
 
 from tiling.errors import StoreError, TilingError
 from tiling.fingerprint import Fingerprint
-from tiling.params import StoreParams
 from tiling.parts import (
     CutSource,
     CutWindow,
@@ -82,10 +81,11 @@ def assign_sources(
 
 
 def stored_done_chips(
-    url: str, params: StoreParams, storage_options: Mapping[str, Any] | None = None
+    url: str, params_sha256: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[int]:
     """Chips of each source the store at `url` holds as done (an input-order prefix), for
-    these params.
+    the params of this digest (`StoreParams.digest()`, computed once by the caller: this is
+    polled, and the params hold every input's path).
 
     Empty when there is no store there, or one of another format version or written with
     other parameters (rank 0 will refuse or rebuild it; a rank that is not the writer must
@@ -106,7 +106,7 @@ def stored_done_chips(
         return []
     if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
         return []
-    if meta.get("version") != FORMAT_VERSION or meta.get("params_sha256") != params.digest():
+    if meta.get("version") != FORMAT_VERSION or meta.get("params_sha256") != params_sha256:
         return []
     try:
         return done_chips(meta)

@@ -259,7 +259,8 @@ def _fingerprints(
 
 def _done_reader(config: TileConfig, plan: TilePlan) -> Callable[[], list[int]]:
     """The chips of each source the store holds as committed, asked afresh each time."""
-    return lambda: stored_done_chips(config.out, plan.params, config.storage_options)
+    digest = plan.params.digest()
+    return lambda: stored_done_chips(config.out, digest, config.storage_options)
 
 
 def _cut_windows(

@@ -201,7 +201,7 @@ def test_a_rerun_after_ranks_died_equals_the_uninterrupted_store(
     monkeypatch.undo()
     assert puts == [1]
     assert [s.id for s in open_store(str(out)).summary.sources] == [0]
-    assert len(stored_done_chips(str(out), plan_tiling(cfg).params)) == 1
+    assert len(stored_done_chips(str(out), plan_tiling(cfg).params.digest())) == 1
     results = run_ranks(cfg, rerun_world)
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     assert results[0].sources_resumed == 1
