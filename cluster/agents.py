@@ -27,7 +27,9 @@ logger = logging.getLogger(__name__)
 
 # Seconds an agent waits after SIGTERM (it forwards it to its workers) before SIGKILL.
 STOP_GRACE_S = 10.0
-_POLL_S = 0.2
+# How often the launcher checks its agents (a waitpid each): it notices the job's end at most
+# this late, which a short tile or predict job sees in its wall time.
+_POLL_S = 0.05
 
 
 def run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:

@@ -30,6 +30,7 @@ from tiling.parts import (
     part_key,
 )
 from tiling.plan import SourcePlan, TilePlan
+from tiling.polling import poll_delays
 from tiling.records import SourceRecord
 from tiling.staging import PartStaging
 from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, done_chips
@@ -39,7 +40,7 @@ from tiling.writer import ChipStoreWriter
 logger = logging.getLogger(__name__)
 
 FIRST_POLL_S = 0.05
-MAX_POLL_S = 1.0  # one small request per second per waiting rank 0 on blob storage
+MAX_POLL_S = 1.0  # on blob storage: one small request per second per waiting rank 0
 WAIT_LOG_EVERY_S = 60.0
 # Rank 0 counts each chip it commits as this fraction of one it cuts. Measured with
 # benchmarks/bench_tile_ranks.py (2048 chips of 256 px on local disk) the commit takes
@@ -246,7 +247,7 @@ def _wait_for_part(
 ) -> tuple[SourcePart, float]:
     """Poll until the part of `item` is staged and checks out: (the part, seconds its read took)."""
     start = logged = time.perf_counter()
-    delay = FIRST_POLL_S
+    delays = poll_delays(staging.url, FIRST_POLL_S, MAX_POLL_S)
     while True:
         before = time.perf_counter()
         part = staging.get(item.record.id, item.key)
@@ -263,8 +264,7 @@ def _wait_for_part(
                 item.owner,
             )
             logged = now
-        time.sleep(delay)
-        delay = min(MAX_POLL_S, delay * 2)
+        time.sleep(next(delays))
 
 
 def reusable_parts(

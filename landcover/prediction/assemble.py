@@ -28,11 +28,13 @@ from landcover.prediction.outfiles import OutputPaths, TempOutputs, write_cogs
 from landcover.prediction.outgrid import OutputGrid
 from landcover.prediction.parts import CLASSES, PROBABILITIES, RECORD, PartRecord, Staging
 from landcover.prediction.ranks import RankShare
+from tiling.polling import poll_delays
 
 logger = logging.getLogger(__name__)
 
-# Polls start fast and slow down: rank 0 waits at most half again as long as the last part
-# took to arrive (0.1 s early on, 5 s once a state's hours-long parts are still running).
+# On blob storage polls start fast and slow down: rank 0 waits at most half again as long as
+# the last part took to arrive (0.1 s early on, 5 s once a state's hours-long parts are still
+# running). On a local or mounted path it looks every 0.05 s (tiling.polling).
 POLL_FIRST_S = 0.1
 POLL_GROWTH = 1.5
 POLL_MAX_S = 5.0
@@ -50,7 +52,8 @@ def wait_for_parts(
     staging area until all are there (the engine stops this rank if another one dies)."""
     pending = {share.rank: key for share, key in expected}
     found: dict[int, PartRecord] = {}
-    delay, reported = POLL_FIRST_S, time.monotonic()
+    delays = poll_delays(staging.url, POLL_FIRST_S, poll_max_s, POLL_GROWTH)
+    reported = time.monotonic()
     while True:
         present = staging.names()
         for rank, key in sorted(pending.items()):
@@ -67,8 +70,7 @@ def wait_for_parts(
             waiting = ", ".join(str(r) for r in sorted(pending)[:10])
             more = f" and {len(pending) - 10} more" if len(pending) > 10 else ""
             logger.info("waiting for the parts of rank(s) %s%s in %s", waiting, more, staging.url)
-        time.sleep(delay)
-        delay = min(delay * POLL_GROWTH, poll_max_s)
+        time.sleep(next(delays))
 
 
 def assemble(
