@@ -67,8 +67,11 @@ def assign_sources(
     a rank's work is the planned chips it cuts and, for rank 0, `commit_weight` times every
     chip dealt so far (it commits them all). Loads differ by about one source's chips, and
     because sources are dealt in input order every rank works near the front of the queue
-    the committer drains: rank 0 finds parts in the order it needs them. With many ranks,
-    rank 0 commits and cuts only the first source.
+    the committer drains: rank 0 finds parts in the order it needs them. The last source
+    never goes to rank 0 while another rank cuts any (it swaps with that rank's last one):
+    rank 0 commits it once everything is cut, and another rank's part is committed by
+    moving the shard objects in. With many ranks, rank 0 commits and cuts only the first
+    source.
     """
     loads = [0.0] * world_size
     owners = []
@@ -78,6 +81,11 @@ def assign_sources(
         loads[rank] += chips
         if world_size > 1:
             loads[0] += commit_weight * chips
+    others = [i for i, rank in enumerate(owners) if rank != 0]
+    if owners and owners[-1] == 0 and others:
+        # The last source is committed after all the cutting, on the run's critical path:
+        # another rank's part costs rank 0 a few renames there, its own a whole write.
+        owners[-1], owners[others[-1]] = owners[others[-1]], 0
     return owners
 
 

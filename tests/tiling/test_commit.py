@@ -87,7 +87,7 @@ def test_sources_are_dealt_by_planned_chips_in_input_order() -> None:
     def deal(chips: list[int], world: int) -> list[int]:
         return assign_sources(chips, world, commit_weight=0.0)
 
-    assert deal([10, 10, 10, 10, 10], 2) == [0, 1, 0, 1, 0]
+    assert deal([10, 10, 10, 10, 10], 2) == [0, 1, 0, 0, 1]  # the last swapped away from 0
     assert deal([100, 10, 10, 10, 10, 60], 2) == [0, 1, 1, 1, 1, 1]
     assert deal([5, 5], 3) == [0, 1]
     assert deal([5, 5, 5], 1) == [0, 0, 0]
@@ -97,6 +97,15 @@ def test_sources_are_dealt_by_planned_chips_in_input_order() -> None:
         for r in range(3)
     ]
     assert max(loads) - min(loads) <= 9  # at most one source's chips apart
+
+
+def test_rank_0_never_cuts_the_last_source_while_another_rank_cuts() -> None:
+    for chips, world in (([10] * 8, 2), ([10] * 5, 2), ([3, 9, 4, 7, 5], 2), ([10] * 9, 3)):
+        owners = assign_sources(chips, world)
+        assert owners[-1] != 0, (chips, world, owners)
+        assert owners[0] == 0  # rank 0 still cuts the first (its part is in memory at once)
+    assert assign_sources([10], 2) == [0]  # nobody else cuts: rank 0 keeps it
+    assert assign_sources([10, 10], 1) == [0, 0]
 
 
 def test_rank_0_cuts_less_by_the_commit_it_carries() -> None:
