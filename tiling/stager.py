@@ -21,6 +21,7 @@ from tiling.commit import WAIT_LOG_EVERY_S
 from tiling.interior import split_part
 from tiling.params import StoreParams
 from tiling.parts import SourcePart, run_key
+from tiling.polling import LOCAL_COUNT_MAX_S, poll_delays
 from tiling.staging import PartStaging
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ logger = logging.getLogger(__name__)
 # A rank other than 0 holds at most this many cut parts waiting for the chip counts before
 # them (the next one is staged whole at once).
 MAX_WAITING_PARTS = 2
-# A rank waiting for the chip counts before its source polls for them this often (doubling).
+# A rank waiting for the chip counts before its source polls for them this often (doubling;
+# on a local or mounted path at most every LOCAL_COUNT_MAX_S).
 FIRST_COUNT_POLL_S = 0.02
 MAX_COUNT_POLL_S = 0.5
 # Once a rank has cut all its sources, how long a part still waiting for the counts before
@@ -83,8 +85,13 @@ class Starts:
     ) -> int | None:
         """The row `source_id` starts at, once the chips of every source before it are known;
         None once `give_up()` says so first. `stop()` raises StopCuttingError."""
-        delay, start = FIRST_COUNT_POLL_S, time.perf_counter()
-        logged = start
+        start = logged = time.perf_counter()
+        delays = poll_delays(
+            self._staging.url,
+            FIRST_COUNT_POLL_S,
+            MAX_COUNT_POLL_S,
+            local_max_s=LOCAL_COUNT_MAX_S,
+        )
         while True:
             with self._lock:
                 missing = [j for j in range(source_id) if j not in self._known]
@@ -111,8 +118,7 @@ class Starts:
                     source_id,
                 )
                 logged = now
-            time.sleep(delay)
-            delay = min(MAX_COUNT_POLL_S, delay * 2)
+            time.sleep(next(delays))
 
 
 class Stager:

@@ -6,7 +6,7 @@ from itertools import islice
 
 import pytest
 
-from tiling.polling import LOCAL_MAX_S, poll_delays
+from tiling.polling import LOCAL_COUNT_MAX_S, LOCAL_MAX_S, poll_delays
 
 
 def test_a_local_path_is_polled_at_most_every_local_max_s(tmp_path: object) -> None:
@@ -14,6 +14,8 @@ def test_a_local_path_is_polled_at_most_every_local_max_s(tmp_path: object) -> N
         delays = list(islice(poll_delays(url, 0.05, 1.0), 20))
         assert max(delays) == LOCAL_MAX_S
         assert delays[0] < LOCAL_MAX_S  # it still starts faster than its cap
+    counts = list(islice(poll_delays(str(tmp_path), 0.02, 0.5, local_max_s=LOCAL_COUNT_MAX_S), 9))
+    assert counts[0] == 0.01 and max(counts) == LOCAL_COUNT_MAX_S
 
 
 def test_blob_storage_polls_slow_down_to_the_cap() -> None:
