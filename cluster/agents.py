@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped,unused-ignore]
@@ -111,9 +112,8 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
             )
         worker_error = first_worker_error(log_dir)
         if worker_error is not None:  # the first failing rank's own words
-            raise LaunchError(
-                f"{plan.redactor.text(worker_error.message)} (worker logs: {log_dir}/)"
-            )
+            said = replace(worker_error, message=plan.redactor.text(worker_error.message))
+            raise LaunchError(f"{said.message} (worker logs: {log_dir}/)", worker_error=said)
         cause = pumps[node].last_error if node < len(pumps) else None
         what = f"rank {node} failed" if plan.direct else f"training failed on simulated node {node}"
         raise LaunchError(

@@ -2,7 +2,9 @@
 
 A launcher that sets `LANDCOVER_ERROR_DIR` in the workers' environment asks every worker that
 fails to write its one-line error there, as `rank-<RANK>.error` (one JSON object:
-`{"rank": 1, "attempt": 0, "time_s": 1767225600.25, "message": "..."}`). After a failed job
+`{"rank": 1, "attempt": 0, "time_s": 1767225600.25, "message": "...", "bad_input": true}`;
+`bad_input`: the worker refused its input with one of our one-line errors, rather than
+crashing). After a failed job
 the launcher reports the earliest error of the last attempt: the rank that failed first is the
 cause; the others mostly fail because it did (a closed connection, a shared check raised on
 every rank), and printing all of them would say the same thing N times.
@@ -31,16 +33,22 @@ ERROR_SUFFIX = ".error"
 @dataclass(frozen=True, slots=True)
 class WorkerError:
     """One failed worker: its rank (None if it failed before knowing it), the launcher's
-    restart count, when it failed (seconds since the epoch) and its one-line message."""
+    restart count, when it failed (seconds since the epoch), its one-line message, and whether
+    it refused its input (a user's error, said the same by every rank) rather than crashed."""
 
     rank: int | None
     attempt: int
     time_s: float
     message: str
+    bad_input: bool = False
 
 
 def record_worker_error(
-    message: str, *, rank: int | None, environ: Mapping[str, str] | None = None
+    message: str,
+    *,
+    rank: int | None,
+    bad_input: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> Path | None:
     """Leave this worker's error where the launcher looks; None when no launcher asked.
 
@@ -54,7 +62,9 @@ def record_worker_error(
     except ValueError:
         attempt = 0
     first_line = message.strip().splitlines()[0] if message.strip() else "failed"
-    record = WorkerError(rank=rank, attempt=attempt, time_s=time.time(), message=first_line)
+    record = WorkerError(
+        rank=rank, attempt=attempt, time_s=time.time(), message=first_line, bad_input=bad_input
+    )
     name = f"rank-{rank}" if rank is not None else f"pid-{os.getpid()}"
     path = Path(directory) / f"{name}{ERROR_SUFFIX}"
     try:  # atomic: the launcher never reads half a record
@@ -80,6 +90,7 @@ def read_worker_errors(error_dir: str | Path) -> list[WorkerError]:
                     attempt=int(data.get("attempt", 0)),
                     time_s=float(data["time_s"]),
                     message=str(data["message"]),
+                    bad_input=data.get("bad_input") is True,
                 )
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiling.errors import SourceNotFoundError
-from tiling.stac import StacOptions, StacSource, is_stac_document, stac_sources
+from tiling.stac import stac_sources
+from tiling.stacquery import StacOptions, StacSource, is_stac_document
 from tiling.urls import filesystem, is_local, local_path, protocol, storage_errors
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".TIF", ".TIFF", ".vrt")

@@ -171,7 +171,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except USER_ERRORS as exc:
-            _leave_rank_error(ctx, str(exc))
+            _leave_rank_error(ctx, str(exc), bad_input=True)
             raise UserFacingError(str(exc), exit_code=2) from exc
         except KeyboardInterrupt:
             raise UserFacingError("interrupted", exit_code=130) from None
@@ -192,13 +192,16 @@ class LazyGroup(click.Group):
             ) from exc
 
 
-def _leave_rank_error(ctx: click.Context, message: str) -> None:
+def _leave_rank_error(ctx: click.Context, message: str, *, bad_input: bool = False) -> None:
     """A rank of a tile/predict job leaves its one-line error for the launcher that started
-    it (`cluster.failures`), storage secrets scrubbed (an fsspec error may quote them)."""
+    it (`cluster.failures`), storage secrets scrubbed (an fsspec error may quote them);
+    `bad_input`: one of our errors about the input, not a crash."""
     if RANK_KEY not in ctx.meta:
         return
     secrets = ctx.meta.get(RANK_SECRETS_KEY) or set()
-    record_worker_error(Redactor(secrets).text(message), rank=ctx.meta[RANK_KEY])
+    record_worker_error(
+        Redactor(secrets).text(message), rank=ctx.meta[RANK_KEY], bad_input=bad_input
+    )
 
 
 class UserFacingError(click.ClickException):

@@ -18,8 +18,7 @@ from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage
 from landcover.distenv import DistEnv
 from landcover.errors import RegionError
 from landcover.options import overwrite_option, storage_options_option
-from landcover.prediction.choices import RUNTIMES, TTA_MODES
-from landcover.prediction.outgrid import DEFAULT_MAX_PIXELS
+from landcover.prediction.choices import DEFAULT_MAX_PIXELS, RUNTIMES, TTA_MODES
 
 if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid
@@ -154,7 +153,16 @@ def predict_command(
     item per place; --stac-api searches the --region / --bbox. Hrefs are opened as they are
     (signing them, where a host needs it, is up to you).
     """
-    from landcover.prediction.outfiles import check_outputs
+    if region is not None and bbox is not None:
+        raise RegionError("give either --region or --bbox, not both")
+    if stac_inputs.api is not None and region is None and bbox is None:
+        raise RegionError(
+            f"--stac-api {stac_inputs.api}: give --region or --bbox, the area to search and map"
+        )
+    stac_inputs.check(images, area=True)
+    if nproc > 1:  # the ranks check the rest (outputs first, before the model loads)
+        launch_local_ranks(ctx, "predict", nproc)  # rank 0 writes the STAC item too
+        return
     from landcover.prediction.region import (
         DEFAULT_REGION_CRS,
         parse_bbox,
@@ -166,17 +174,11 @@ def predict_command(
     from landcover.prediction.stacitem import check_stac_item_target, write_stac_item
 
     dist = enter_rank(ctx) if rank_from_env else DistEnv()
-    if region is not None and bbox is not None:
-        raise RegionError("give either --region or --bbox, not both")
     parsed = None
     if region is not None:
         parsed = parse_region(region, crs=region_crs)
     elif bbox is not None:
         parsed = parse_bbox(bbox, crs=region_crs or DEFAULT_REGION_CRS)
-    if stac_inputs.api is not None and parsed is None:
-        raise RegionError(
-            f"--stac-api {stac_inputs.api}: give --region or --bbox, the area to search and map"
-        )
     if stac_item is not None:  # fail before the work, not after it
         check_stac_item_target(stac_item, overwrite=overwrite)
     area = None if parsed is None else parsed.to_crs(parse_crs("EPSG:4326")).geometry
@@ -204,11 +206,6 @@ def predict_command(
         max_pixels=max_pixels,
         zero_is_nodata=zero_is_nodata,
     )
-    if nproc > 1:
-        # Refused here in a second, not by every rank after it loaded the model.
-        check_outputs(out, probabilities, overwrite=overwrite, storage_options=storage_options)
-        launch_local_ranks(ctx, "predict", nproc)  # rank 0 writes the STAC item too
-        return
     # SIGTERM: cli.main's handler lets cleanup run
     result = predict_region(config, rank=dist.rank, world_size=dist.world_size)
     if not dist.is_main:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from tiling.errors import TilingError
-from tiling.inputs import Inputs, resolve_inputs
-from tiling.stac import DEFAULT_ASSET, PICKS, StacOptions, StacSearch, parse_bbox
+from tiling.stacquery import DEFAULT_ASSET, PICKS, StacOptions, StacSearch, parse_bbox
+
+if TYPE_CHECKING:
+    from tiling.inputs import Inputs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,9 +40,14 @@ class StacInputArgs:
     asset: str = DEFAULT_ASSET
     pick: str = "newest"
 
-    def options(self, *, intersects: Mapping[str, Any] | None = None) -> StacOptions:
-        """`StacOptions` for `resolve_inputs`; `intersects` (lon/lat GeoJSON) is the search
-        area of a command without --bbox (predict's region)."""
+    def check(self, images: Sequence[str], *, area: bool = False) -> None:
+        """Refuse what IMAGES and the STAC options get wrong by themselves, before anything is
+        read (the `--nproc` parent checks this much before it starts the ranks). `area`: the
+        command has its own search area (predict's --region / --bbox)."""
+        if not images and self.api is None:
+            raise click.UsageError(
+                "Missing argument 'IMAGES...': give GeoTIFFs, a STAC file, or --stac-api URL"
+            )
         if self.api is None:
             given = [
                 flag
@@ -55,17 +62,26 @@ class StacInputArgs:
                 raise TilingError(
                     f"{given[0]} applies only to a STAC API search; add --stac-api URL"
                 )
-            return StacOptions(asset=self.asset, pick=self.pick)
-        bbox = parse_bbox(self.bbox) if self.bbox is not None else None
-        if bbox is None and intersects is None:
+            StacOptions(asset=self.asset, pick=self.pick)
+            return
+        if self.bbox is not None:
+            parse_bbox(self.bbox)
+        elif not area:
             raise TilingError(
                 f"--stac-api {self.api}: give --bbox W,S,E,N (lon/lat) to search; without it "
                 "the search would return the whole collection"
             )
+        StacSearch(url=self.api, collections=self.collections)
+
+    def _options(self, *, intersects: Mapping[str, Any] | None = None) -> StacOptions:
+        """`StacOptions` for `resolve_inputs` (after `check`); `intersects` (lon/lat GeoJSON)
+        is the search area of a command without --bbox (predict's region)."""
+        if self.api is None:
+            return StacOptions(asset=self.asset, pick=self.pick)
         search = StacSearch(
             url=self.api,
             collections=self.collections,
-            bbox=bbox,
+            bbox=parse_bbox(self.bbox) if self.bbox is not None else None,
             intersects=intersects,
             datetime=self.datetime,
         )
@@ -79,11 +95,10 @@ class StacInputArgs:
         intersects: Mapping[str, Any] | None = None,
     ) -> Inputs:
         """IMAGES (rasters and STAC documents) and the search → raster paths and STAC items."""
-        if not images and self.api is None:
-            raise click.UsageError(
-                "Missing argument 'IMAGES...': give GeoTIFFs, a STAC file, or --stac-api URL"
-            )
-        options = self.options(intersects=intersects)
+        from tiling.inputs import resolve_inputs  # pystac, shapely, zarr: not for the parent
+
+        self.check(images, area=intersects is not None)
+        options = self._options(intersects=intersects)
         return resolve_inputs(images, storage_options=storage_options, stac=options)
 
 

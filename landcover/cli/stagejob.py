@@ -20,13 +20,15 @@ from __future__ import annotations
 import logging
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from cluster.engine import Job, LaunchOptions, launch_job
+from cluster.errors import LaunchError
 from cluster.redact import collect_secret_values
 from cluster.spec import local_spec
 from landcover.cli.app import RANK_KEY, RANK_SECRETS_KEY, SUBCOMMAND_ARGS
@@ -162,9 +164,10 @@ def logging_args_of(ctx: click.Context) -> list[str]:
 
 
 def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> None:
-    """Run this very command as `nproc` ranks on this machine (the local engine: torchrun
-    sets each one's RANK/WORLD_SIZE), streaming their output to stderr, then print rank 0's
-    summary lines on stdout; a failed rank ends it with that rank's one-line error."""
+    """Run this very command as `nproc` ranks on this machine (the local engine sets each
+    one's RANK/WORLD_SIZE), streaming their output to stderr, then print rank 0's summary
+    lines on stdout. A failed rank ends it with that rank's one-line error: where the ranks
+    refused their input (each checks it), the very line one process gives."""
     args = ctx.meta.get(SUBCOMMAND_ARGS)
     if args is None:
         raise StageError(
@@ -182,7 +185,13 @@ def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> None:
             logging_args=logging_args,
             extra=[SUMMARY_FLAG, str(summary)],
         )
-        launch_job(local_spec(nproc), job, LaunchOptions(on_output=None if quiet else _stderr))
+        try:
+            launch_job(local_spec(nproc), job, LaunchOptions(on_output=None if quiet else _stderr))
+        except LaunchError as exc:
+            cause = exc.worker_error
+            if cause is not None and cause.bad_input:  # said as one process says it
+                raise StageError(cause.message) from None
+            raise
         lines = summary.read_text(encoding="utf-8").splitlines() if summary.exists() else []
     for line in lines:
         click.echo(line)
@@ -203,6 +212,22 @@ def enter_rank(ctx: click.Context) -> DistEnv:
         level = logging.WARNING
     _log_as_rank(ctx, env.rank, level)
     return env
+
+
+@contextmanager
+def only_rank_0_warns(dist: DistEnv) -> Iterator[None]:
+    """Run a stage's planning, in which every rank reads the same inputs and would warn alike,
+    with the ranks other than 0 logging errors only: the job warns about its inputs once."""
+    if dist.is_main:
+        yield
+        return
+    root = logging.getLogger()
+    saved = root.level
+    root.setLevel(max(saved, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(saved)
 
 
 def _log_as_rank(ctx: click.Context, rank: int, level: int) -> None:

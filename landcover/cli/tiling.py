@@ -1,4 +1,8 @@
-"""`landcover synth` and `landcover tile`: thin wrappers over `tiling` (info: cli/info.py)."""
+"""`landcover synth` and `landcover tile`: thin wrappers over `tiling` (info: cli/info.py).
+
+The tiling stack (rasterio, zarr, shapely, pystac) is imported inside the commands, so that
+`tile --nproc N` starts its ranks without importing it: the ranks import it themselves.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +11,25 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
-from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
+from landcover.cli.stagejob import (
+    enter_rank,
+    launch_local_ranks,
+    only_rank_0_warns,
+    report,
+    stage_options,
+)
 from landcover.distenv import DistEnv
 from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
-from tiling.store import StoreSummary
-from tiling.synth import SynthConfig, synthesize_scenes
-from tiling.tile import TileConfig, TilePlan, available_cores, plan_tiling, tile
+
+if TYPE_CHECKING:
+    from tiling.store import StoreSummary
+    from tiling.tile import TilePlan
 
 DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
 
@@ -55,6 +66,7 @@ def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None
 @click.option("--seed", type=int, default=0, show_default=True)
 def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     """Write synthetic NAIP-like scenes and Chesapeake labels to OUT_DIR."""
+    from tiling.synth import SynthConfig, synthesize_scenes
 
     result = synthesize_scenes(
         SynthConfig(out_dir=out_dir, scenes=scenes, size_px=size_px, seed=seed)
@@ -121,7 +133,7 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     "when a file declares no nodata value and no mask (black collars of NAIP quads).",
 )
 @click.option(
-    "--workers", type=int, default=None, help=f"Reader threads [all cores: {available_cores()}]."
+    "--workers", type=int, default=None, help="Reader threads [the cores this process may use]."
 )
 @storage_options_option
 @overwrite_option
@@ -163,35 +175,39 @@ def tile_command(
     interrupted store; a complete store or one written with other options is refused unless
     --overwrite.
     """
+    stac_inputs.check(images)
+    if nproc > 1 and not dry_run:  # the ranks plan (rank 0 warns), fail alike, or do the work
+        launch_local_ranks(ctx, "tile", nproc)  # rank 0's summary line is printed once
+        return
+    from tiling.tile import TileConfig, available_cores, plan_tiling, tile
+
     dist = enter_rank(ctx) if rank_from_env else DistEnv()
     if dist.is_distributed and workers is None:  # the ranks on a node share its cores
         share = (os.cpu_count() or 1) // dist.local_world_size
         workers = max(1, min(available_cores(), share))  # affinity may have shared them already
-    inputs = stac_inputs.resolve(images, storage_options=storage_options)
-    config = TileConfig(
-        images=inputs.paths,
-        out=out,
-        labels=labels,
-        chip_size=chip_size,
-        stride=stride,
-        shard_size=shard_size,
-        min_valid=min_valid,
-        class_map=class_map,
-        num_classes=num_classes,
-        val_fraction=val_fraction,
-        workers=workers,
-        storage_options=dict(storage_options),
-        overwrite=overwrite,
-        zero_is_nodata=zero_nodata,
-    )
-    plan = plan_tiling(config)
+    with only_rank_0_warns(dist):
+        inputs = stac_inputs.resolve(images, storage_options=storage_options)
+        config = TileConfig(
+            images=inputs.paths,
+            out=out,
+            labels=labels,
+            chip_size=chip_size,
+            stride=stride,
+            shard_size=shard_size,
+            min_valid=min_valid,
+            class_map=class_map,
+            num_classes=num_classes,
+            val_fraction=val_fraction,
+            workers=workers,
+            storage_options=dict(storage_options),
+            overwrite=overwrite,
+            zero_is_nodata=zero_nodata,
+        )
+        plan = plan_tiling(config)
     if dry_run:
         if dist.is_main:
             for line in describe_plan(plan):
                 click.echo(line)
-        return
-    if nproc > 1:
-        launch_local_ranks(ctx, "tile", nproc)  # rank 0's summary line is printed once
         return
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
     with _progress_bar(plan.max_chips, enabled=not quiet and dist.is_main) as progress:

@@ -1,11 +1,12 @@
-"""The choices of `predict --runtime` and `--tta`, torch-free so that the CLI's options and the
-library's checks read the same names without `landcover predict --help` importing torch."""
+"""The choices and defaults of `predict`'s options (--runtime, --tta, --max-pixels), free of
+torch and GDAL so that the CLI's options and the library's checks read the same values without
+`landcover predict --help` (or the `--nproc` parent) importing them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["RUNTIMES", "TTA_MODES", "TTA_OPS"]
+__all__ = ["DEFAULT_MAX_PIXELS", "RUNTIMES", "TTA_MODES", "TTA_OPS"]
 
 # what runs the model: auto picks onnxruntime for *.onnx (landcover.prediction.runtime)
 RUNTIMES: tuple[str, ...] = ("auto", "torch", "onnxruntime")
@@ -18,3 +19,8 @@ TTA_OPS: Mapping[str, tuple[int, ...]] = {
     "d4": tuple(range(8)),
 }
 TTA_MODES: tuple[str, ...] = tuple(TTA_OPS)
+
+# Output grids above this many pixels are refused unless the caller raises the limit: 10
+# gigapixels is 100 x 100 km at 1 m (a 10 GB uint8 map before compression, hours of
+# inference); a --resolution typo such as 0.0001 m asks for 10^8 times the image's pixels.
+DEFAULT_MAX_PIXELS = 10_000_000_000

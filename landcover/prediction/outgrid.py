@@ -16,6 +16,7 @@ from rasterio.crs import CRS
 from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import PredictionError, RegionError
+from landcover.prediction.choices import DEFAULT_MAX_PIXELS
 from landcover.prediction.region import Region, reproject_geometry
 from tiling.grid import same_pixel_size, snap_px
 from tiling.sources import RasterInfo
@@ -28,10 +29,6 @@ TAG_MODEL = "LANDCOVER_MODEL"
 # Without a region, the union of the images must cover at least this share of its bounding
 # grid: images scattered over a continent would otherwise make a continent-sized raster.
 _MIN_UNION_COVER = 0.01
-# Output grids above this many pixels are refused unless the caller raises the limit: 10
-# gigapixels is 100 x 100 km at 1 m (a 10 GB uint8 map before compression, hours of
-# inference); a --resolution typo such as 0.0001 m asks for 10^8 times the image's pixels.
-DEFAULT_MAX_PIXELS = 10_000_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from landcover.prediction.blockstages import (
     PreparedBlock,
     prepare_block,
 )
+from landcover.prediction.choices import DEFAULT_MAX_PIXELS
 from landcover.prediction.distributed import RankRun, run_rank
 from landcover.prediction.outfiles import (
     OutputPaths,
@@ -58,12 +59,7 @@ from landcover.prediction.outfiles import (
     probability_profile,
     write_cogs,
 )
-from landcover.prediction.outgrid import (
-    DEFAULT_MAX_PIXELS,
-    GridPlan,
-    OutputGrid,
-    plan_output_grid,
-)
+from landcover.prediction.outgrid import GridPlan, OutputGrid, plan_output_grid
 from landcover.prediction.pipeline import run_pipeline
 from landcover.prediction.ranks import RankShare, whole_grid
 from landcover.prediction.region import Region, parse_crs

@@ -40,7 +40,7 @@ from landcover.classes import NODATA_CODE
 from landcover.errors import PredictionError
 from landcover.prediction.outgrid import TAG_CLASS_MAP
 from tiling.classes import ClassMap
-from tiling.stac import StacSource
+from tiling.stacquery import StacSource
 
 ASSET_KEY = "landcover"
 COG_MEDIA_TYPE = pystac.MediaType.COG

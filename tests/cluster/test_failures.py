@@ -43,3 +43,15 @@ def test_the_root_cause_is_the_earliest_error_of_the_last_attempt(tmp_path: Path
     clear_worker_errors(tmp_path)
     assert first_worker_error(tmp_path) is None
     assert first_worker_error(tmp_path / "missing") is None
+
+
+def test_a_refused_input_is_told_from_a_crash(tmp_path: Path) -> None:
+    """A rank that refused its input says so, and the launcher can say it as one process does;
+    records without the field (older workers, crashes) read as crashes."""
+    env = {ERROR_DIR_ENV: str(tmp_path)}
+    record_worker_error("no image files match 'x/*.tif'", rank=1, bad_input=True, environ=env)
+    first = first_worker_error(tmp_path)
+    assert first is not None and first.bad_input and first.rank == 1
+    write_record(tmp_path, 1, 0, 1.0, "internal error: KeyError: 'x'")
+    again = first_worker_error(tmp_path)
+    assert again is not None and not again.bad_input

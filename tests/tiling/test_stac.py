@@ -16,9 +16,10 @@ from tests.tiling.stacfiles import (
     write_item_collection,
 )
 from tests.tiling.test_store import snapshot
-from tiling.errors import SourceFormatError, SourceNotFoundError, StorageAccessError, TilingError
+from tiling.errors import SourceFormatError, SourceNotFoundError, StorageAccessError
 from tiling.inputs import expand_inputs, resolve_inputs
-from tiling.stac import StacOptions, StacSearch, one_per_place, parse_bbox
+from tiling.stac import one_per_place
+from tiling.stacquery import StacOptions, StacSearch
 from tiling.tile import TileConfig, tile
 
 
@@ -166,11 +167,6 @@ def test_an_api_that_does_not_answer_is_one_line() -> None:
         resolve_inputs([], stac=StacOptions(search=search))
 
 
-def test_a_search_needs_a_collection() -> None:
-    with pytest.raises(TilingError, match=r"needs --collection NAME"):
-        StacSearch("http://example.invalid/", ())
-
-
 def test_an_item_without_the_asset_names_the_assets_it_has(scenes: Scenes, tmp_path: Path) -> None:
     item = raster_item(scenes.images[0], item_id="a", year=2020, asset="visual")
     doc = write_item_collection([item], tmp_path / "items.json")
@@ -199,14 +195,6 @@ def test_a_json_that_is_not_stac_is_refused(tmp_path: Path, text: str, message: 
 def test_a_missing_stac_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(SourceNotFoundError, match=r"STAC file .*nope.json does not exist"):
         expand_inputs([str(tmp_path / "nope.json")])
-
-
-def test_bbox_text_is_checked() -> None:
-    assert parse_bbox("-76.6,39,-76.5,39.1") == (-76.6, 39.0, -76.5, 39.1)
-    with pytest.raises(TilingError, match=r"--bbox '1,2,3': expected four numbers"):
-        parse_bbox("1,2,3")
-    with pytest.raises(TilingError, match=r"need W < E"):
-        parse_bbox("5,0,1,1")
 
 
 def test_http_urls_are_taken_as_they_are() -> None:

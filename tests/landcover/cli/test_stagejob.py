@@ -113,6 +113,21 @@ def test_python_dash_m_landcover_is_the_command() -> None:
     assert done.stdout.startswith("Usage: landcover")
 
 
+def test_the_nproc_parent_starts_ranks_without_the_stack() -> None:
+    """`tile` and `predict` import the stack inside the command, after the `--nproc` parent
+    has started its ranks: each rank imports it, the parent never does (about a second of
+    every run's wall time, two with torch)."""
+    heavy = ("torch", "zarr", "rasterio", "pystac", "shapely", "pyproj")
+    code = (
+        "import sys, landcover.cli.tiling, landcover.cli.predict; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    assert done.stdout.strip() == "[]"
+
+
 def test_a_rank_run_in_process_leaves_logging_as_it_found_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import rasterio
 from click.testing import CliRunner, Result
 
 import tiling.stager
@@ -103,6 +104,37 @@ def test_nproc_2_writes_the_bytes_of_one_process(
     assert line in result.stdout.splitlines()
     assert line.startswith(f"wrote {out}: ") and line.endswith("with 2 ranks x 1 workers")
     assert "from 4 sources in" in line
+
+
+def test_nproc_2_refuses_bad_input_as_one_process_does(images: Path, tmp_path: Path) -> None:
+    """The ranks check the input (the parent starts them at once); they all refuse it, and
+    the user reads the one line one process gives, nothing written."""
+    out = tmp_path / "x.zarr"
+    missing = tmp_path / "missing"
+    two = run(*tile_args(missing, out, "--nproc", "2"))
+    one = run(*tile_args(missing, out))
+    assert two.exit_code == one.exit_code == 2
+    assert two.output == one.output
+    assert one.output.startswith(f"error: no image files match '{missing}/*.tif'")
+    assert not out.exists() and not Path(f"{out}.parts").exists()
+
+
+def test_nproc_2_warns_about_an_input_once(images: Path, tmp_path: Path) -> None:
+    """Every rank plans the same inputs; only rank 0 warns about them."""
+    folder = tmp_path / "with-small"
+    folder.mkdir()
+    for tif in images.glob("*.tif"):
+        (folder / tif.name).symlink_to(tif)
+    small = folder / "small.tif"
+    with rasterio.open(next(images.glob("*.tif"))) as src:
+        profile = {**src.profile, "width": 10, "height": 10}
+        with rasterio.open(small, "w", **profile) as dst:
+            dst.write(src.read(window=((0, 10), (0, 10))))
+    (tmp_path / "nlcd").symlink_to(images.parent / "nlcd")
+    result = run(*tile_args(folder, tmp_path / "two.zarr", "--nproc", "2"))
+    assert result.exit_code == 0, result.output
+    warning = f"{small}: 10 x 10 px is smaller than --chip-size 64; skipped"
+    assert result.output.count(warning) == 1, result.output
 
 
 @pytest.mark.slow
