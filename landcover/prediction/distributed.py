@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from landcover import __version__
 from landcover.prediction.assemble import assemble, wait_for_parts
@@ -27,7 +29,7 @@ from landcover.prediction.blocks import require_predicted_pixels
 from landcover.prediction.outfiles import OutputPaths
 from landcover.prediction.outgrid import GridPlan
 from landcover.prediction.parts import PartRecord, PartWriter, Staging, part_key
-from landcover.prediction.ranks import RankShare, sources_read, split_rows
+from landcover.prediction.ranks import RankShare, pooled_threads, sources_read, split_rows
 from tiling.fingerprint import fingerprint, fingerprints
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,9 @@ class RankRun:
     outputs: OutputPaths
     rank: int
     world_size: int
+    # The ranks that share this machine's cores (this one included): on the CPU they pool
+    # their threads (`pooled_threads`). None: this rank keeps the threads it has.
+    local_ranks: range | None = None
 
     def settings(self) -> dict[str, Any]:
         """What a part's pixels depend on besides the model and the images (JSON values):
@@ -112,7 +117,8 @@ def run_rank(run: RankRun, predict: PredictShare) -> tuple[int, npt.NDArray[np.i
     if record is not None:
         logger.info("rank %d: keeping its finished part in %s", run.rank, staging.url)
     else:
-        record = _write_part(run, staging, share, key, predict)
+        with _pooled_threads(run, shares):
+            record = _write_part(run, staging, share, key, predict)
     if run.rank != 0:
         return record.windows, np.asarray(record.class_pixels, dtype=np.int64)
     # Rank 0 accepts only the part each rank must write, so it needs every key: worked out
@@ -124,6 +130,27 @@ def run_rank(run: RankRun, predict: PredictShare) -> tuple[int, npt.NDArray[np.i
     require_predicted_pixels(class_pixels)
     assemble(staging, records, run.plan.grid, run.outputs, run.options.storage_options)
     return windows, class_pixels
+
+
+@contextmanager
+def _pooled_threads(run: RankRun, shares: Sequence[RankShare]) -> Iterator[None]:
+    """Run with this rank's share of its machine's threads (CPU), then restore the count."""
+    before = torch.get_num_threads()
+    if run.local_ranks is None or run.device_type != "cpu":
+        yield
+        return
+    threads = pooled_threads(shares, run.rank, run.local_ranks, before)
+    if threads != before:
+        logger.info(
+            "rank %d: %d thread(s), pooled with ranks of this machine that have no rows",
+            run.rank,
+            threads,
+        )
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _write_part(

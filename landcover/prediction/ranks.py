@@ -12,7 +12,10 @@ fewer of its wide rows to a rank than of its narrow tips.
 
 The split is a pure function of the plan, so every rank computes the same one without
 talking to the others. It cannot use more ranks than the grid has block rows with work in
-them; the others get empty shares (a smaller --block-size gives more rows).
+them; the others get empty shares (a smaller --block-size gives more rows). On the CPU the
+ranks of one machine then pool their threads (`pooled_threads`): a rank without rows leaves
+its cores to the ranks of its machine that have rows, so a region of one block row runs on
+every core whatever the number of ranks.
 """
 
 from __future__ import annotations
@@ -123,6 +126,20 @@ def _filled_up_to(costs: Sequence[int], bound: int) -> list[int]:
         total += cost
     cuts.append(len(costs))
     return cuts
+
+
+def pooled_threads(shares: Sequence[RankShare], rank: int, local_ranks: range, threads: int) -> int:
+    """The threads `rank` runs with when the ranks of its machine (`local_ranks`, each
+    started with `threads`) pool them: shared equally among those with rows to predict (the
+    first ones get the remainder); `threads` for a rank without rows."""
+    if rank not in local_ranks:
+        raise PredictionError(f"rank {rank} is not one of this machine's ranks {local_ranks}")
+    busy = [r for r in local_ranks if r < len(shares) and not shares[r].is_empty]
+    if rank not in busy:
+        return threads
+    pool = threads * len(local_ranks)
+    each, extra = divmod(pool, len(busy))
+    return each + (1 if busy.index(rank) < extra else 0)
 
 
 def sources_read(plan: GridPlan, share: RankShare, layout: WindowLayout) -> list[str]:

@@ -128,13 +128,21 @@ class PredictResult:
     elapsed_s: float
 
 
-def predict_region(config: PredictConfig, *, rank: int = 0, world_size: int = 1) -> PredictResult:
+def predict_region(
+    config: PredictConfig,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    local_ranks: range | None = None,
+) -> PredictResult:
     """Predict `config.region` (or the union of the images) and write `config.out` as a COG.
 
     With `world_size` > 1, each of the ranks 0..world_size-1 calls this with the same config:
     each predicts its whole block rows into a part beside the output; rank 0 then waits for
     every part and returns once the outputs are in place, identical to a one-process run's.
-    Only rank 0 shows a progress bar.
+    Only rank 0 shows a progress bar. `local_ranks`: the ranks on this machine (this one
+    included), which pool their CPU threads so that ranks without rows leave their cores to
+    the others (`landcover.prediction.ranks.pooled_threads`).
     """
     started = time.perf_counter()
     with warnings_to_log():
@@ -160,7 +168,9 @@ def predict_region(config: PredictConfig, *, rank: int = 0, world_size: int = 1)
         device = resolve_device(config.device)
         FreedMemory().reuse()  # before the model loads (see FreedMemory)
         with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
-            grid, plan, tally = _predict_and_write(config, outputs, device, rank, world_size)
+            grid, plan, tally = _predict_and_write(
+                config, outputs, device, rank, world_size, local_ranks
+            )
     result = PredictResult(
         out=outputs.out,
         probabilities=outputs.probabilities,
@@ -183,7 +193,12 @@ def predict_region(config: PredictConfig, *, rank: int = 0, world_size: int = 1)
 
 
 def _predict_and_write(
-    config: PredictConfig, outputs: OutputPaths, device: torch.device, rank: int, world_size: int
+    config: PredictConfig,
+    outputs: OutputPaths,
+    device: torch.device,
+    rank: int,
+    world_size: int,
+    local_ranks: range | None,
 ) -> tuple[OutputGrid, GridPlan, _Tally]:
     model, meta = load_window_model(
         config.model,
@@ -225,7 +240,15 @@ def _predict_and_write(
         )
     if world_size > 1:
         run = RankRun(
-            config, plan, layout, meta.num_classes, device.type, outputs, rank, world_size
+            config,
+            plan,
+            layout,
+            meta.num_classes,
+            device.type,
+            outputs,
+            rank,
+            world_size,
+            local_ranks,
         )
         windows, class_pixels = run_rank(
             run,

@@ -154,6 +154,36 @@ def test_a_half_written_part_is_not_trusted_and_a_finished_one_is_kept(
     assert not staging.exists()
 
 
+def test_a_rank_without_rows_leaves_its_threads_to_the_rank_with_rows(
+    scene: Path, random_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One block row for two ranks of one machine: rank 0 predicts it with both ranks'
+    threads, as one process would use the machine, then gives them back."""
+    import landcover.prediction.runner as runner
+
+    seen: list[int] = []
+    predict_into = runner._predict_into
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return predict_into(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_predict_into", spy)
+    before = torch.get_num_threads()
+    one = config_for(random_model, scene, tmp_path / "one.tif")  # one 2048 px block row
+    predict_region(one)
+    many = dataclasses.replace(one, out=str(tmp_path / "many.tif"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [
+            pool.submit(predict_region, many, rank=r, world_size=2, local_ranks=range(2))
+            for r in range(2)
+        ]
+        assert [f.result(timeout=300).windows for f in futures][1] == 0  # rank 1: no rows
+    assert seen == [before, 2 * before]
+    assert torch.get_num_threads() == before
+    assert outputs_bytes(one.out) == outputs_bytes(many.out)
+
+
 def test_ranks_refuse_a_rank_outside_the_world(
     scene: Path, random_model: Path, tmp_path: Path
 ) -> None:

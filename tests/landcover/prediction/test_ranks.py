@@ -18,7 +18,9 @@ from landcover.prediction.blend import WindowLayout
 from landcover.prediction.blocks import blocks
 from landcover.prediction.outgrid import GridPlan, OutputGrid, plan_output_grid
 from landcover.prediction.ranks import (
+    RankShare,
     balanced_bounds,
+    pooled_threads,
     row_costs,
     sources_read,
     split_rows,
@@ -137,3 +139,16 @@ def test_a_share_reads_the_images_under_its_rows_and_its_windows_reach(tmp_path:
     assert sources_read(plan, top, layout) == [str(paths[0]), str(paths[1])]
     assert sources_read(plan, middle, layout) == [str(p) for p in paths]
     assert sources_read(plan, bottom, layout) == [str(paths[1]), str(paths[2])]
+
+
+def test_ranks_without_rows_leave_their_threads_to_their_machines_busy_ranks() -> None:
+    # 2 machines x 3 ranks, 2 threads each; rows only for ranks 0, 1 and 3
+    shares = [RankShare(r, 0, 10) if r in (0, 1, 3) else RankShare(r, 10, 10) for r in range(6)]
+    first, second = range(0, 3), range(3, 6)
+    assert [pooled_threads(shares, r, first, 2) for r in first] == [3, 3, 2]
+    assert [pooled_threads(shares, r, second, 2) for r in second] == [6, 2, 2]
+    # a machine of one rank, or where every rank has rows, keeps what it has
+    assert pooled_threads(shares, 0, range(0, 1), 4) == 4
+    assert [pooled_threads(shares, r, range(0, 2), 1) for r in (0, 1)] == [1, 1]
+    with pytest.raises(PredictionError, match=r"rank 4 is not one of this machine's ranks"):
+        pooled_threads(shares, 4, first, 2)
