@@ -8,14 +8,16 @@ machine by `local_spec`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cluster.errors import ClusterSpecError
 from cluster.machine import local_cpu_count, local_gpu_count
 from cluster.netns import LinkShape
 from cluster.redact import Redactor
-from cluster.specfile import DataMode, EngineName, KubernetesApi
 from cluster.vmsizes import LOCAL
+
+if TYPE_CHECKING:  # the JSON schema's names (pydantic): not imported to run a spec
+    from cluster.specfile import DataMode, EngineName, KubernetesApi
 
 Priority = Literal["dedicated", "lowpriority"]
 

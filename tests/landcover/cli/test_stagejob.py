@@ -116,10 +116,12 @@ def test_python_dash_m_landcover_is_the_command() -> None:
 def test_the_nproc_parent_starts_ranks_without_the_stack() -> None:
     """`tile` and `predict` import the stack inside the command, after the `--nproc` parent
     has started its ranks: each rank imports it, the parent never does (about a second of
-    every run's wall time, two with torch)."""
-    heavy = ("torch", "zarr", "rasterio", "pystac", "shapely", "pyproj")
+    every run's wall time, two with torch). The local engine's spec needs no pydantic (only
+    reading a cluster.json does)."""
+    heavy = ("torch", "zarr", "rasterio", "pystac", "shapely", "pyproj", "pydantic")
     code = (
-        "import sys, landcover.cli.tiling, landcover.cli.predict; "
+        "import sys, landcover.cli.tiling, landcover.cli.predict, cluster.local; "
+        "from cluster.spec import local_spec; local_spec(2); "
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
     done = subprocess.run(
