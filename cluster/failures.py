@@ -2,12 +2,12 @@
 
 A launcher that sets `LANDCOVER_ERROR_DIR` in the workers' environment asks every worker that
 fails to write its one-line error there, as `rank-<RANK>.error` (one JSON object:
-`{"rank": 1, "attempt": 0, "time_s": 1767225600.25, "message": "...", "bad_input": true}`;
-`bad_input`: the worker refused its input with one of our one-line errors, rather than
-crashing). After a failed job
-the launcher reports the earliest error of the last attempt: the rank that failed first is the
-cause; the others mostly fail because it did (a closed connection, a shared check raised on
-every rank), and printing all of them would say the same thing N times.
+`{"rank": 1, "attempt": 0, "time_s": 1767225600.25, "message": "...", "bad_input": true}`,
+where `bad_input` says the worker refused its input with one of our one-line errors rather
+than crashed). After a failed job the launcher reports the earliest error of the last attempt:
+the rank that failed first is the cause; the others mostly fail because it did (a closed
+connection, a shared check raised on every rank), and printing all of them would say the same
+thing N times.
 
 Writer (the worker entry point) and reader (the local engine) share this one definition.
 `attempt` is torchrun's restart count, so an error of a group that was restarted and then
