@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -50,12 +51,14 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
     clear_worker_errors(log_dir)
     if plan.gpu_note:  # `train --nproc` prints no plan: say why the GPUs go unused
         logger.warning("%s", plan.gpu_note)
+    drop_logs = not options.keep_logs and plan.temporary_logs  # kept where a crash needs them
     logger.info(
-        "launching %d simulated node(s) x %d process(es)%s; logs in %s",
+        "launching %d simulated node(s) x %d process(es)%s; logs in %s%s",
         plan.spec.node_count,
         plan.spec.processes_per_node,
         ", started directly" if plan.direct else "",
         log_dir,
+        " (kept if a worker crashes)" if drop_logs else "",
     )
     started = time.monotonic()
     procs: list[subprocess.Popen[str]] = []
@@ -113,6 +116,9 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
         worker_error = first_worker_error(log_dir)
         if worker_error is not None:  # the first failing rank's own words
             said = replace(worker_error, message=plan.redactor.text(worker_error.message))
+            if drop_logs and said.bad_input:  # a refused input: its one line says it all
+                shutil.rmtree(log_dir, ignore_errors=True)
+                raise LaunchError(said.message, worker_error=said)
             raise LaunchError(f"{said.message} (worker logs: {log_dir}/)", worker_error=said)
         cause = pumps[node].last_error if node < len(pumps) else None
         what = f"rank {node} failed" if plan.direct else f"training failed on simulated node {node}"
@@ -122,13 +128,15 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
             + f"; logs: {plan.log_path(node)}"
         )
     logger.info("local job %s finished in %.1f s", plan.rdzv_id, wall_time_s)
+    if drop_logs:  # the caller streamed every line
+        shutil.rmtree(log_dir, ignore_errors=True)
     out = plan.job.output_dir
     return LaunchResult(
         engine="local",
         job_id=plan.rdzv_id,
         status="succeeded",
         run_dir=None if out is None or is_url(out) else out,
-        log_location=str(log_dir),
+        log_location=None if drop_logs else str(log_dir),
         wall_time_s=wall_time_s,
     )
 

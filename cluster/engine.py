@@ -144,6 +144,9 @@ class LaunchOptions:
     timeout_s: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    # False: the local engine removes a job's temporary log folder (a job without an output
+    # dir) unless a worker crashed, for a caller that streams the output (`--nproc`).
+    keep_logs: bool = True
 
 
 @dataclass(frozen=True, slots=True)

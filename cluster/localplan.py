@@ -68,6 +68,12 @@ class LocalPlan:
     def log_path(self, node: int) -> str:
         return str(Path(self.log_dir) / f"{self.unit}-{node}.log")
 
+    @property
+    def temporary_logs(self) -> bool:
+        """Whether the logs go to a folder of our own in the temporary directory (a job
+        without a local output dir), rather than to the job's `logs/`."""
+        return self.log_dir == _log_dir(None, self.rdzv_id)
+
     def describe(self) -> str:
         spec = self.spec
         r = self.redactor

@@ -186,7 +186,8 @@ def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> None:
             extra=[SUMMARY_FLAG, str(summary)],
         )
         try:
-            launch_job(local_spec(nproc), job, LaunchOptions(on_output=None if quiet else _stderr))
+            options = LaunchOptions(on_output=None if quiet else _stderr, keep_logs=False)
+            launch_job(local_spec(nproc), job, options)
         except LaunchError as exc:
             cause = exc.worker_error
             if cause is not None and cause.bad_input:  # said as one process says it

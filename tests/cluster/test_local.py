@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 from cluster import localplan
 from cluster.clusterjson import parse_cluster_spec
-from cluster.engine import LaunchOptions, launch_plan, plan_job
+from cluster.engine import Job, LaunchOptions, launch_plan, plan_job
 from cluster.errors import LaunchError
 from cluster.localplan import LocalPlan
 from cluster.machine import local_cpu_count
@@ -233,6 +234,43 @@ def test_the_first_failing_ranks_own_error_is_the_one_line_reported(tmp_path: Pa
     assert lines == ["[node 0] epoch 1 done"]
     logs = Path(plan.log_path(0)).read_text() + Path(plan.log_path(1)).read_text()
     assert "Traceback" in logs and "error: x.zarr: no chip store" in logs
+
+
+OUTCOMES = {
+    "succeeds": "print('done')",
+    "refuses": "record_worker_error(\"no image files match 'x/*.tif'\", rank=0, bad_input=True)\n"
+    "sys.exit(2)",
+    "crashes": "record_worker_error(\"internal error: KeyError: 'x'\", rank=0)\nsys.exit(3)",
+}
+
+
+@pytest.mark.parametrize("keep_logs", [True, False], ids=["kept", "streamed"])
+@pytest.mark.parametrize("outcome", list(OUTCOMES))
+def test_a_streamed_jobs_temporary_logs_stay_only_where_a_crash_needs_them(
+    outcome: str, keep_logs: bool
+) -> None:
+    """`--nproc` streams every line, so its job's logs in the temporary directory go once it
+    succeeds or its ranks refuse their input (the error is one line); a crash keeps them."""
+    job = Job(ENTRY_MODULE, ("x",), process_group=False)  # no output dir: temporary logs
+    plan = plan_job(local_spec(1), job)
+    assert isinstance(plan, LocalPlan) and plan.temporary_logs
+    script = "import sys\nfrom cluster.failures import record_worker_error\n" + OUTCOMES[outcome]
+    plan = replace(plan, agent_commands=((sys.executable, "-c", script),))
+    log_dir = Path(plan.log_dir)
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    options = LaunchOptions(env=env, keep_logs=keep_logs)
+    try:
+        if outcome == "succeeds":
+            result = launch_plan(plan, options)
+            assert result.log_location == (str(log_dir) if keep_logs else None)
+        else:
+            with pytest.raises(LaunchError) as info:
+                launch_plan(plan, options)
+            named = str(info.value).endswith(f"(worker logs: {log_dir}/)")
+            assert named == (keep_logs or outcome == "crashes")
+        assert log_dir.exists() == (keep_logs or outcome == "crashes")
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def test_secrets_reach_the_workers_only_through_their_environment(tmp_path: Path) -> None:
