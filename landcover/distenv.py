@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from landcover.errors import LaunchEnvError
@@ -48,6 +48,26 @@ class DistEnv:
     @property
     def nodes(self) -> int:
         return math.ceil(self.world_size / self.local_world_size)
+
+    @property
+    def local_ranks(self) -> range:
+        """The ranks on this machine, this one included (launchers number a machine's ranks
+        in a row: torchrun, SLURM's default block distribution)."""
+        first = self.rank - self.local_rank
+        return range(first, first + self.local_world_size)
+
+
+def pooled_share(busy: Sequence[int], rank: int, local_ranks: range, per_rank: int) -> int:
+    """The cores (threads) `rank` runs with when the ranks of its machine (`local_ranks`,
+    each given `per_rank`) pool them among the `busy` ones, those with work: an equal share,
+    the first busy ranks taking the remainder; `per_rank` for a rank that is not busy."""
+    if rank not in local_ranks:
+        raise LaunchEnvError(f"rank {rank} is not one of this machine's ranks {local_ranks}")
+    working = [r for r in local_ranks if r in busy]
+    if rank not in working:
+        return per_rank
+    each, extra = divmod(per_rank * len(local_ranks), len(working))
+    return each + (1 if working.index(rank) < extra else 0)
 
 
 def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:

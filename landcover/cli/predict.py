@@ -207,12 +207,8 @@ def predict_command(
         zero_is_nodata=zero_is_nodata,
     )
     # SIGTERM: cli.main's handler lets cleanup run
-    first_local = dist.rank - dist.local_rank  # a machine's ranks are numbered in a row
     result = predict_region(
-        config,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        local_ranks=range(first_local, first_local + dist.local_world_size),
+        config, rank=dist.rank, world_size=dist.world_size, local_ranks=dist.local_ranks
     )
     if not dist.is_main:
         return  # rank 0 speaks for the job

@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from landcover.cli.stagejob import (
     report,
     stage_options,
 )
-from landcover.distenv import DistEnv
+from landcover.distenv import DistEnv, pooled_share
 from landcover.options import overwrite_option, storage_options_option
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
 
@@ -182,7 +183,8 @@ def tile_command(
     from tiling.tile import TileConfig, available_cores, plan_tiling, tile
 
     dist = enter_rank(ctx) if rank_from_env else DistEnv()
-    if dist.is_distributed and workers is None:  # the ranks on a node share its cores
+    pooled = dist.is_distributed and workers is None  # the ranks on a node share its cores
+    if pooled:
         share = (os.cpu_count() or 1) // dist.local_world_size
         workers = max(1, min(available_cores(), share))  # affinity may have shared them already
     with only_rank_0_warns(dist):
@@ -204,6 +206,8 @@ def tile_command(
             zero_is_nodata=zero_nodata,
         )
         plan = plan_tiling(config)
+    if pooled:  # ranks without sources leave their cores to those with some
+        config = replace(config, workers=_pooled_workers(plan, dist, config.effective_workers))
     if dry_run:
         if dist.is_main:
             for line in describe_plan(plan):
@@ -221,6 +225,17 @@ def tile_command(
     summary = result.summary
     line = _summary_line(plan, summary, result.sources_resumed, result.elapsed_s, workers_text)
     report(summary_to, line)
+
+
+def _pooled_workers(plan: TilePlan, dist: DistEnv, per_rank: int) -> int:
+    """Reader threads for this rank when the ranks of its machine pool their cores: a rank
+    that owns no source (more ranks than sources) leaves its share to those that do; rank 0
+    always has work (it commits)."""
+    from tiling.commit import assign_sources
+
+    owners = set(assign_sources([s.grid.num_chips for s in plan.sources], dist.world_size))
+    busy = [r for r in dist.local_ranks if r == 0 or r in owners]
+    return pooled_share(busy, dist.rank, dist.local_ranks, per_rank)
 
 
 def _summary_line(

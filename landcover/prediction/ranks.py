@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from shapely.geometry import box
 
+from landcover.distenv import pooled_share
 from landcover.errors import PredictionError
 from landcover.prediction.blend import WindowLayout
 from landcover.prediction.blocks import blocks, owned_windows
@@ -130,16 +131,10 @@ def _filled_up_to(costs: Sequence[int], bound: int) -> list[int]:
 
 def pooled_threads(shares: Sequence[RankShare], rank: int, local_ranks: range, threads: int) -> int:
     """The threads `rank` runs with when the ranks of its machine (`local_ranks`, each
-    started with `threads`) pool them: shared equally among those with rows to predict (the
-    first ones get the remainder); `threads` for a rank without rows."""
-    if rank not in local_ranks:
-        raise PredictionError(f"rank {rank} is not one of this machine's ranks {local_ranks}")
+    started with `threads`) pool them among those with rows to predict
+    (`landcover.distenv.pooled_share`); `threads` for a rank without rows."""
     busy = [r for r in local_ranks if r < len(shares) and not shares[r].is_empty]
-    if rank not in busy:
-        return threads
-    pool = threads * len(local_ranks)
-    each, extra = divmod(pool, len(busy))
-    return each + (1 if busy.index(rank) < extra else 0)
+    return pooled_share(busy, rank, local_ranks, threads)
 
 
 def sources_read(plan: GridPlan, share: RankShare, layout: WindowLayout) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from landcover.distenv import DistEnv, read_dist_env
+from landcover.distenv import DistEnv, pooled_share, read_dist_env
 from landcover.errors import LaunchEnvError
 
 TORCHRUN_ENV = {
@@ -136,3 +136,20 @@ def test_bad_slurm_values_are_one_line(override: dict[str, str], message: str) -
         read_dist_env({**SLURM_ENV, **override})
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_machines_ranks_are_numbered_in_a_row() -> None:
+    env = DistEnv(rank=5, world_size=8, local_rank=1, local_world_size=4)
+    assert env.local_ranks == range(4, 8)
+    assert DistEnv().local_ranks == range(0, 1)
+
+
+def test_busy_ranks_pool_the_cores_of_their_machine() -> None:
+    # a machine of 3 ranks with 2 threads each; ranks 0 and 2 have work
+    machine = range(0, 3)
+    assert [pooled_share([0, 2], r, machine, 2) for r in machine] == [3, 2, 3]
+    assert [pooled_share([3], r, range(3, 6), 2) for r in range(3, 6)] == [6, 2, 2]
+    assert [pooled_share([0, 1], r, range(0, 2), 1) for r in (0, 1)] == [1, 1]  # all busy
+    assert pooled_share([], 0, range(0, 2), 4) == 4  # nobody busy: each keeps its own
+    with pytest.raises(LaunchEnvError, match=r"rank 4 is not one of this machine's ranks"):
+        pooled_share([4], 4, machine, 2)

@@ -4,6 +4,7 @@ real SLURM cluster, each store compared byte for byte with a one-process run."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.conftest import REPO_ROOT, two_node_slurm_job
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tests.tiling.rasters import Scenes, make_scenes
 from tests.tiling.test_store import snapshot
+from tiling.plan import available_cores
 from tiling.staging import PartStaging
 
 # Imported by every rank (PYTHONPATH): rank 1 is SIGKILLed right after staging its first part.
@@ -117,6 +119,24 @@ def test_nproc_2_refuses_bad_input_as_one_process_does(images: Path, tmp_path: P
     assert two.output == one.output
     assert one.output.startswith(f"error: no image files match '{missing}/*.tif'")
     assert not out.exists() and not Path(f"{out}.parts").exists()
+
+
+def test_a_rank_without_sources_leaves_its_cores_to_rank_0(images: Path, tmp_path: Path) -> None:
+    """One source for two ranks: rank 1 has nothing to cut, so rank 0 reads with both ranks'
+    share of the machine's cores (as one process would use them); the bytes are one process's."""
+    one_image = tmp_path / "one"
+    one_image.mkdir()
+    (one_image / "a.tif").symlink_to(images / "a.tif")
+    (tmp_path / "nlcd").symlink_to(images.parent / "nlcd")
+    args = tile_args(one_image, tmp_path / "two.zarr", "--nproc", "2")
+    at = args.index("--workers")
+    two = run(*args[:at], *args[at + 2 :])  # the ranks choose their readers
+    assert two.exit_code == 0, two.output
+    per_rank = max(1, min(available_cores(), (os.cpu_count() or 1) // 2))
+    assert two.stdout.rstrip().endswith(f"with 2 ranks x {2 * per_rank} workers")
+    one = run(*tile_args(one_image, tmp_path / "one.zarr"))
+    assert one.exit_code == 0, one.output
+    assert snapshot(str(tmp_path / "two.zarr"), {}) == snapshot(str(tmp_path / "one.zarr"), {})
 
 
 def test_nproc_2_warns_about_an_input_once(images: Path, tmp_path: Path) -> None:
