@@ -399,9 +399,9 @@ def memory(work: Path, *, base_px: int, block_px: int, batch: int) -> None:
     print()
     print(
         "RSS sampled every 10 ms with psutil in the child; 'start' = after imports and model "
-        "load. The RSS of a run swings by ~100 MiB as blocks pass through the pipeline, so "
-        "the peak (the largest sample) creeps up with the run's length; the median is the "
-        "level it swings around."
+        "load. The RSS of a run swings by ~100-150 MiB without drifting, so the peak (the "
+        "largest sample) creeps up with the run's length; the median is the level it swings "
+        "around."
     )
     print()
     print("| region | px | km² at 1 m | process | start MiB | median MiB | peak MiB | s | "
