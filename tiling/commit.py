@@ -89,6 +89,12 @@ def assign_sources(
     return owners
 
 
+def source_owners(plan: TilePlan, world_size: int) -> list[int]:
+    """The rank that cuts each of the plan's sources (`assign_sources` by planned chips), as
+    every rank of the job, and the CLI sharing a machine's cores among them, works it out."""
+    return assign_sources([s.grid.num_chips for s in plan.sources], world_size)
+
+
 def stored_done_chips(
     url: str, params_sha256: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[int]:

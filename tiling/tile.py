@@ -36,9 +36,9 @@ import rasterio.windows
 from tiling.chipstats import add_band_sums, count_classes
 from tiling.commit import (
     CommitStats,
-    assign_sources,
     check_rank,
     reusable_parts,
+    source_owners,
     stored_done_chips,
     write_sources,
 )
@@ -142,7 +142,7 @@ def tile(
     plan = plan or plan_tiling(config)
     workers = config.effective_workers
     staging = PartStaging(config.out, config.storage_options)
-    owners = assign_sources([s.grid.num_chips for s in plan.sources], world_size)
+    owners = source_owners(plan, world_size)
     mine = [s for s in plan.sources if owners[s.id] == rank]
     labels = plan.params.labels if rank == 0 else [lab.path for s in mine for lab in s.labels]
     prints = _fingerprints(config, plan.sources if rank == 0 else mine, labels, workers)

@@ -231,9 +231,9 @@ def _pooled_workers(plan: TilePlan, dist: DistEnv, per_rank: int) -> int:
     """Reader threads for this rank when the ranks of its machine pool their cores: a rank
     that owns no source (more ranks than sources) leaves its share to those that do; rank 0
     always has work (it commits)."""
-    from tiling.commit import assign_sources
+    from tiling.commit import source_owners
 
-    owners = set(assign_sources([s.grid.num_chips for s in plan.sources], dist.world_size))
+    owners = set(source_owners(plan, dist.world_size))
     busy = [r for r in dist.local_ranks if r == 0 or r in owners]
     return pooled_share(busy, dist.rank, dist.local_ranks, per_rank)
 
