@@ -8,8 +8,9 @@
    seamless output; capped by the overlap). On CUDA too if present.
    Then where the time goes: seconds per stage (read, normalise, infer, blend, argmax, write,
    COG) of one run in one thread and pipelined.
-2. Peak RSS of a prediction subprocess for a region 1x and 16x the area (same block size), and
-   of each rank of a 2-rank job on the same regions.
+2. RSS (median, 95th percentile, peak) of a prediction subprocess for a region 1x and 16x the
+   area (same block size), and of each rank of a 2-rank job on regions 4x those; each run 3
+   times.
 3. Seams: a small_unet trained here for a short time on synthetic scenes predicts a held-out
    scene (a) with ours (overlapping windows, smooth blending) and (b) with a naive predictor
    (non-overlapping chips, each run alone). Accuracy against the labels for pixels within
@@ -84,7 +85,9 @@ def main() -> None:
             stage_profile(work, side_px=side, block_px=side // 2)
         if "memory" in args.only:
             print()
-            memory(work, base_px=512 if quick else 768, block_px=256, batch=4)
+            memory(
+                work, base_px=512 if quick else 768, block_px=256, batch=4, repeat=1 if quick else 3
+            )
         if "seams" in args.only:
             print()
             seams(work, scene_px=512 if quick else 1024, train_s=train_s)
@@ -353,14 +356,15 @@ thread.join()
 samples.append(proc.memory_info().rss)
 samples.sort()
 print(json.dumps({"start": start, "peak": samples[-1], "median": samples[len(samples) // 2],
-                  "seconds": seconds}))
+                  "p95": samples[int(0.95 * (len(samples) - 1))], "seconds": seconds}))
 """
 
 
-def memory(work: Path, *, base_px: int, block_px: int, batch: int) -> None:
-    """Peak RSS for a region of base_px² and 16x that; the 1x region already spans several
-    blocks and full batches, so both runs hold the same buffers: any growth is the region's.
-    Then each rank of a 2-rank job on a region of (2 base_px)² and 16x that."""
+def memory(work: Path, *, base_px: int, block_px: int, batch: int, repeat: int) -> None:
+    """RSS for a region of base_px² and 16x that; the 1x region already spans several blocks
+    and full batches, so both runs hold the same buffers: any growth is the region's. Then
+    each rank of a 2-rank job on a region of (2 base_px)² and 16x that. Every run `repeat`
+    times, interleaved: a short run's statistics vary by tens of MiB from run to run."""
     model_path = work / "mem.pt"
     _save(
         model_path,
@@ -369,53 +373,70 @@ def memory(work: Path, *, base_px: int, block_px: int, batch: int) -> None:
         (110.0,) * 4,
         (60.0,) * 4,
     )
-    rows: list[tuple[int, int, int, dict[str, float]]] = []  # (factor, side, rank, record)
-    for world in (1, 2):
-        for factor in (1, 16):
-            # 2 ranks: twice the side, so that each rank's share of the 1x region is at least
-            # the one-process 1x region (its buffers and GDAL's block cache as full)
-            side = base_px * world * int(math.sqrt(factor))
-            image = _blocky_image(work / f"mem-{side}.tif", side)
-            out = work / f"mem-{factor}-{world}-out.tif"
-            args = [model_path, image, out, block_px, batch]
-            children = [  # the ranks of one job run together: rank 0 assembles their parts
-                subprocess.Popen(
-                    [sys.executable, "-c", _CHILD, *map(str, [*args, rank, world])],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                    env={**os.environ, "OMP_NUM_THREADS": "1"} if world > 1 else None,
-                )
-                for rank in range(world)
-            ]
-            for rank, child in enumerate(children):
-                stdout, _ = child.communicate()
-                if child.returncode != 0:
-                    raise SystemExit(f"the memory run of rank {rank} of {world} failed")
-                rows.append((factor, side, rank if world > 1 else -1, json.loads(stdout)))
+    runs: dict[tuple[int, int, int], list[dict[str, float]]] = {}  # (factor, side, rank)
+    for _ in range(repeat):
+        for world in (1, 2):
+            for factor in (1, 16):
+                # 2 ranks: twice the side, so that each rank's share of the 1x region is at
+                # least the one-process 1x region (its buffers and GDAL's block cache as full)
+                side = base_px * world * int(math.sqrt(factor))
+                image = work / f"mem-{side}.tif"
+                if not image.exists():
+                    _blocky_image(image, side)
+                out = work / f"mem-{factor}-{world}-out.tif"
+                args = [model_path, image, out, block_px, batch]
+                children = [  # the ranks of one job run together: rank 0 assembles the parts
+                    subprocess.Popen(
+                        [sys.executable, "-c", _CHILD, *map(str, [*args, rank, world])],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"} if world > 1 else None,
+                    )
+                    for rank in range(world)
+                ]
+                for rank, child in enumerate(children):
+                    stdout, _ = child.communicate()
+                    if child.returncode != 0:
+                        raise SystemExit(f"the memory run of rank {rank} of {world} failed")
+                    key = (factor, side, rank if world > 1 else -1)
+                    runs.setdefault(key, []).append(json.loads(stdout))
     print(
-        f"## Peak RSS, small_unet, block {block_px} px, batch {batch} (one subprocess per region, "
-        "then one per rank of a 2-rank job, one thread each)"
+        f"## RSS as the region grows, small_unet, block {block_px} px, batch {batch} (one "
+        "subprocess per region using both cores, then one per rank of a 2-rank job, one "
+        f"thread each); {repeat} runs each"
     )
     print()
     print(
         "RSS sampled every 10 ms with psutil in the child; 'start' = after imports and model "
         "load. The RSS of a run swings by ~100-150 MiB without drifting, so the peak (the "
         "largest sample) creeps up with the run's length; the median is the level it swings "
-        "around."
+        "around, the 95th percentile (p95) the top of the swing. Each cell: the mean over the "
+        "runs (their range); ratios are of the means."
     )
     print()
-    print("| region | px | km² at 1 m | process | start MiB | median MiB | peak MiB | s | "
-          "median vs 1x | peak vs 1x |")  # fmt: skip
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    base = {rank: r for factor, _, rank, r in rows if factor == 1}
+    print("| region | px | km² at 1 m | process | start MiB | median MiB | p95 MiB | peak MiB | "
+          "s | median vs 1x | p95 vs 1x | peak vs 1x |")  # fmt: skip
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     mib = 1024 * 1024
-    for factor, side, rank, r in rows:
+
+    def mean(records: list[dict[str, float]], key: str) -> float:
+        return sum(r[key] for r in records) / len(records)
+
+    def cell(records: list[dict[str, float]], key: str) -> str:
+        values = [r[key] / mib for r in records]
+        return f"{mean(records, key) / mib:.0f} ({min(values):.0f}-{max(values):.0f})"
+
+    base = {rank: records for (factor, _, rank), records in runs.items() if factor == 1}
+    for (factor, side, rank), records in runs.items():
         who = "one process" if rank < 0 else f"rank {rank} of 2"
+        ratios = " | ".join(
+            f"{mean(records, key) / mean(base[rank], key):.3f}" for key in ("median", "p95", "peak")
+        )
         print(
-            f"| {factor}x | {side} x {side} | {side * side / 1e6:.2f} | {who} | "
-            f"{r['start'] / mib:.0f} | {r['median'] / mib:.0f} | {r['peak'] / mib:.0f} "
-            f"| {r['seconds']:.1f} | {r['median'] / base[rank]['median']:.3f} "
-            f"| {r['peak'] / base[rank]['peak']:.3f} |"
+            f"| {factor}x | {side} x {side} | {side * side / 1e6:.2f} | {who} "
+            f"| {mean(records, 'start') / mib:.0f} | {cell(records, 'median')} "
+            f"| {cell(records, 'p95')} | {cell(records, 'peak')} "
+            f"| {mean(records, 'seconds'):.1f} | {ratios} |"
         )
     print()
     print(

@@ -56,7 +56,8 @@ from landcover.prediction.outfiles import OutputPaths, class_profile, describe_c
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 from landcover.prediction.parts import PartWriter, Staging
 from landcover.prediction.ranks import RankShare, row_costs, split_rows
-from landcover.prediction.runner import GDAL_CACHE_BYTES, PredictConfig
+from landcover.prediction.runner import PredictConfig
+from landcover.prediction.setup import GDAL_CACHE_BYTES
 from landcover.training.distributed import cpu_model_name
 from tiling.classes import get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes

@@ -65,7 +65,9 @@ from landcover.prediction.ranks import RankShare, whole_grid
 from landcover.prediction.region import Region, parse_crs
 from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
+    GDAL_CACHE_BYTES,
     FreedMemory,
+    block_cache_bytes,
     check_model,
     check_sources_fit,
     open_images,
@@ -79,10 +81,6 @@ from tiling.reader import RasterReader
 from tiling.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
-
-# GDAL's block cache defaults to 5% of RAM and would grow with the region while writing:
-# cap it so memory stays flat (tiles are written once, in order, so a cache barely helps).
-GDAL_CACHE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +298,9 @@ def _predict_into(
     show = config.progress if config.progress is not None else sys.stderr.isatty()
     with ExitStack() as stack:
         target = share.grid(grid)
+        out_bands = 1 + (meta.num_classes - 1 if tiles_prob is not None else 0)
+        cache = block_cache_bytes(config.block_px, target.width, out_bands)
+        stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache))
         dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(target)))
         describe_class_raster(dst, meta)
         prob = None

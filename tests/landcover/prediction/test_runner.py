@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -23,12 +24,13 @@ from rio_cogeo.cogeo import cog_validate
 
 from landcover import cli
 from landcover.errors import RegionError
+from landcover.prediction import runner
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, to_cog
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, plan_output_grid
 from landcover.prediction.region import Region
 from landcover.prediction.runner import PredictConfig, predict_region
-from landcover.prediction.setup import open_images
+from landcover.prediction.setup import GDAL_CACHE_BYTES, block_cache_bytes, open_images
 from tests.landcover.prediction.inputs import (
     CLASS_MAP,
     ORIGIN,
@@ -488,3 +490,38 @@ def test_pipelined_run_writes_the_same_bytes_as_one_thread(
     assert results[0] == results[1]
     classes = read(tmp_path / "pipelined" / "lc.tif")[0]
     assert len(np.unique(classes)) > 2 and (classes == 0).sum() > 1000
+
+
+def test_blocks_run_under_a_gdal_cache_sized_to_them(
+    random_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GDAL's cache is process-wide; the Env that sets it is the calling thread's, which runs
+    # the model (and releases freed memory after each block) and then writes the COGs.
+    seen: dict[str, list[object]] = {"blocks": [], "cogs": []}
+    release = runner.FreedMemory.release
+    write_cogs = runner.write_cogs
+
+    def recording_release(self: runner.FreedMemory) -> None:
+        seen["blocks"].append(rasterio.env.getenv().get("GDAL_CACHEMAX"))
+        release(self)
+
+    def recording_write_cogs(*args: Any) -> None:
+        seen["cogs"].append(rasterio.env.getenv().get("GDAL_CACHEMAX"))
+        write_cogs(*args)
+
+    monkeypatch.setattr(runner.FreedMemory, "release", recording_release)
+    monkeypatch.setattr(runner, "write_cogs", recording_write_cogs)
+    image = write_image(tmp_path / "in.tif", pixels(130, 170, seed=3))
+    predict_region(
+        PredictConfig(
+            str(random_model),
+            (str(image),),
+            str(tmp_path / "lc.tif"),
+            probabilities=str(tmp_path / "p.tif"),
+            block_px=32,
+            device="cpu",
+        )
+    )
+    expected = block_cache_bytes(32, 170, out_bands=CLASS_MAP.num_classes)
+    assert len(seen["blocks"]) > 1 and set(seen["blocks"]) == {expected}
+    assert seen["cogs"] == [GDAL_CACHE_BYTES] != [expected]

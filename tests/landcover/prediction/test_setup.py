@@ -1,6 +1,6 @@
 """What a prediction sets up in the process (landcover.prediction.setup): freed memory kept
-for the next batch, and handed back between blocks. The checks of inputs are tested through
-the runs in test_failures.py."""
+for the next batch, and handed back between blocks; GDAL's block cache sized to what the blocks
+read again. The checks of inputs are tested through the runs in test_failures.py."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ import subprocess
 import sys
 
 import pytest
+
+from landcover.prediction.outfiles import COG_BLOCK_PX
+from landcover.prediction.setup import (
+    GDAL_CACHE_BYTES,
+    MIN_BLOCK_CACHE_BYTES,
+    SOURCE_TILE_PX,
+    block_cache_bytes,
+)
 
 # Runs in a child: malloc settings are process-wide. Allocates and frees 64 MiB tensors (the
 # size of one activation of small_unet at batch 16) five times, as batches do; then a block
@@ -65,3 +73,20 @@ def test_freed_buffers_are_reused_and_released_once_rss_grows() -> None:
     # A block that needed more leaves RSS above the limit: the free pages go back.
     assert reuse["grown_mib"] - reuse["kept_mib"] > 48
     assert reuse["grown_mib"] - reuse["released_mib"] > 96
+
+
+def test_block_cache_holds_what_the_blocks_read_again_and_no_more() -> None:
+    mib = 2**20
+    # A tile-aligned 2048 px block: its window's source tiles (4 bands, a 512 px tile's
+    # margin each side), whatever the width; the output's tiles are finished block by block.
+    aligned = block_cache_bytes(2048, 100_000, out_bands=1)
+    assert aligned == 4 * (2048 + 2 * SOURCE_TILE_PX) ** 2
+    assert block_cache_bytes(2048, 1_000, out_bands=8) == aligned
+    # 256 px blocks leave a row of output tiles unfinished: they are held, per band written.
+    assert block_cache_bytes(256, 3 * COG_BLOCK_PX, out_bands=1) == MIN_BLOCK_CACHE_BYTES
+    row_of_tiles = 12 * COG_BLOCK_PX**2  # 12 tiles across 6,000 px
+    both = block_cache_bytes(256, 6_000, out_bands=1 + 5)
+    assert both == 4 * (256 + 2 * SOURCE_TILE_PX) ** 2 + 6 * row_of_tiles
+    # Between the floor and GDAL_CACHE_BYTES, however wide the grid or large the block.
+    assert block_cache_bytes(256, 10**6, out_bands=6) == GDAL_CACHE_BYTES == 64 * mib
+    assert block_cache_bytes(16, 100, out_bands=1) == MIN_BLOCK_CACHE_BYTES == 8 * mib
