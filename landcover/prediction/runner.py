@@ -299,7 +299,9 @@ def _predict_into(
     with ExitStack() as stack:
         target = share.grid(grid)
         out_bands = 1 + (meta.num_classes - 1 if tiles_prob is not None else 0)
-        cache = block_cache_bytes(config.block_px, target.width, out_bands)
+        cache = block_cache_bytes(
+            config.block_px, target.width, out_bands, in_bands=meta.in_channels
+        )
         stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache))
         dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(target)))
         describe_class_raster(dst, meta)

@@ -522,6 +522,6 @@ def test_blocks_run_under_a_gdal_cache_sized_to_them(
             device="cpu",
         )
     )
-    expected = block_cache_bytes(32, 170, out_bands=CLASS_MAP.num_classes)
+    expected = block_cache_bytes(32, 170, out_bands=CLASS_MAP.num_classes, in_bands=4)
     assert len(seen["blocks"]) > 1 and set(seen["blocks"]) == {expected}
     assert seen["cogs"] == [GDAL_CACHE_BYTES] != [expected]
