@@ -1,22 +1,27 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
 # Each creates .venv if missing and installs what it needs (torch/torchvision from the index,
-# as any user gets them; npm's azurite for the blob-store tests) before running.
+# as any user gets them; npm's azurite for the blob-store tests) before running. The versions
+# are those of requirements.lock, the set the suite last passed with; `make test-latest` tries
+# the newest that pyproject's ranges allow and rewrites the lock only when the suite passes.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LOCK   := requirements.lock
+LATEST_VENV := .venv-latest
+PYTEST_ARGS ?= -q
 AZURITE := .tools/node_modules/.bin/azurite
 DEMO_OUT ?= demo-output
 
-.PHONY: install demo test lint format bench clean cluster-up cluster-down
+.PHONY: install demo test test-latest lint format bench clean cluster-up cluster-down
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --constraint $(LOCK) -e '.[dev]'
 	touch $(STAMP)
 
 $(AZURITE):
@@ -27,7 +32,19 @@ demo: $(STAMP)
 	$(VENV)/bin/landcover demo --out $(DEMO_OUT)
 
 test: $(STAMP) $(AZURITE)
-	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -q
+	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The newest versions pyproject allows (as far as this machine's own pip settings let them),
+# in a venv of their own; the lock moves to them only if the whole suite passes.
+test-latest: $(AZURITE)
+	rm -rf $(LATEST_VENV)
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
+	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(LATEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	{ sed -n '/^#/p' $(LOCK); $(LATEST_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	@echo "requirements.lock now pins the versions above; run make test to install them in $(VENV)"
 
 # a real SLURM cluster of emulated nodes on this machine (root; README "Emulated nodes")
 NODES ?= 2
@@ -53,4 +70,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_predict.py
 
 clean:
-	rm -rf $(VENV) .tools $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LATEST_VENV) .tools $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache

@@ -19,6 +19,6 @@ subpackage.
 
 from landcover.api import predict, tile, train
 from landcover.errors import LandcoverError
+from landcover.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["LandcoverError", "__version__", "predict", "tile", "train"]

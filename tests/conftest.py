@@ -16,7 +16,27 @@ from cluster.netns import network_unavailable_reason
 from cluster.testbed import SlurmTestbed, slurm_testbed_unavailable_reason
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+HEADER_PACKAGES = ("torch", "torchvision", "numpy", "rasterio", "zarr")
 REAL_NAIP_DIR = REPO_ROOT / "tests" / "data" / "naip-real"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The versions that decide the suite's numbers, first in its output at any verbosity
+    (GDAL's is rasterio's own build)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import rasterio
+
+    found = []
+    for name in HEADER_PACKAGES:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} not installed")
+    found.insert(HEADER_PACKAGES.index("rasterio") + 1, f"GDAL {rasterio.__gdal_version__}")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("versions: " + ", ".join(found))
 
 
 @pytest.fixture(scope="session")

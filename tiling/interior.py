@@ -13,72 +13,17 @@ encoded bytes of a source pass through rank 0 only where a shard object mixes tw
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
 
 import numpy as np
 
 from tiling.params import StoreParams
+from tiling.parts import Interior, SourcePart
 from tiling.shards import ChunkEncoder, EncodedChunk, encode_shard
 from tiling.store_format import INDEX_COLUMNS
 
-if TYPE_CHECKING:
-    from tiling.parts import SourcePart
-
 # arrays with a shard object per shard index, in the order their objects are staged
 SHARDED_ARRAYS = ("images", "labels", "index")
-
-
-@dataclass(frozen=True, slots=True)
-class Interior:
-    """Where a source's interior shard objects are: its start row, the shard indices
-    [first, end) of the objects staged for it, and how many image and label chunks each
-    stores (an absent chunk, equal to the fill value, is not stored)."""
-
-    start: int
-    first: int
-    end: int
-    shard_size: int
-    image_chunks: tuple[int, ...]
-    label_chunks: tuple[int, ...]
-
-    @property
-    def shards(self) -> range:
-        return range(self.first, self.end)
-
-    @property
-    def rows(self) -> int:
-        """Chips held in the interior objects."""
-        return (self.end - self.first) * self.shard_size
-
-    @property
-    def head(self) -> int:
-        """Chips of the source before its first interior object."""
-        return self.first * self.shard_size - self.start
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "start": self.start,
-            "first": self.first,
-            "end": self.end,
-            "shard_size": self.shard_size,
-            "image_chunks": list(self.image_chunks),
-            "label_chunks": list(self.label_chunks),
-        }
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Interior:
-        interior = cls(
-            start=int(obj["start"]),
-            first=int(obj["first"]),
-            end=int(obj["end"]),
-            shard_size=int(obj["shard_size"]),
-            image_chunks=tuple(int(v) for v in obj["image_chunks"]),
-            label_chunks=tuple(int(v) for v in obj["label_chunks"]),
-        )
-        if interior.first * interior.shard_size < interior.start or interior.end <= interior.first:
-            raise ValueError(f"interior shards {interior.first}..{interior.end} do not fit")
-        return interior
 
 
 def interior_shards(start: int, chips: int, shard_size: int) -> range:

@@ -9,7 +9,7 @@ warped (`RasterReader.read_labels`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -19,12 +19,9 @@ from rasterio.crs import CRS
 from tiling.classes import NODATA_CODE, ClassMap
 from tiling.errors import LabelError
 from tiling.grid import aligned_offset
+from tiling.sources import Bounds, RasterInfo
 
-if TYPE_CHECKING:  # sources imports this module; the type is all that is needed here
-    from tiling.sources import RasterInfo
-
-# Bounds = (left, bottom, right, top) in the raster's CRS.
-Bounds = tuple[float, float, float, float]
+__all__ = ["footprint_in", "grid_offset", "label_codes", "match_labels"]
 
 # Marks raw values the class map does not know in `label_codes`'s uint8 table; never a class
 # code there (tables of more classes take the general path).

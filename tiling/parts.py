@@ -30,7 +30,6 @@ import numpy as np
 import numpy.typing as npt
 
 from tiling.fingerprint import Fingerprint
-from tiling.interior import Interior
 from tiling.params import StoreParams
 from tiling.plan import SourcePlan
 from tiling.records import NUM_BANDS, BandStats
@@ -42,6 +41,58 @@ _MAGIC = b"LCPART01"
 _HEAD = struct.Struct("<8sQ")  # magic, header length
 _TRAILER = struct.Struct("<I")  # crc32c of everything before it
 _ABSENT = -1  # a chunk equal to the fill value: not stored
+
+
+@dataclass(frozen=True, slots=True)
+class Interior:
+    """Where a source's interior shard objects are: its start row, the shard indices
+    [first, end) of the objects staged for it, and how many image and label chunks each
+    stores (an absent chunk, equal to the fill value, is not stored)."""
+
+    start: int
+    first: int
+    end: int
+    shard_size: int
+    image_chunks: tuple[int, ...]
+    label_chunks: tuple[int, ...]
+
+    @property
+    def shards(self) -> range:
+        return range(self.first, self.end)
+
+    @property
+    def rows(self) -> int:
+        """Chips held in the interior objects."""
+        return (self.end - self.first) * self.shard_size
+
+    @property
+    def head(self) -> int:
+        """Chips of the source before its first interior object."""
+        return self.first * self.shard_size - self.start
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "first": self.first,
+            "end": self.end,
+            "shard_size": self.shard_size,
+            "image_chunks": list(self.image_chunks),
+            "label_chunks": list(self.label_chunks),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Interior:
+        interior = cls(
+            start=int(obj["start"]),
+            first=int(obj["first"]),
+            end=int(obj["end"]),
+            shard_size=int(obj["shard_size"]),
+            image_chunks=tuple(int(v) for v in obj["image_chunks"]),
+            label_chunks=tuple(int(v) for v in obj["label_chunks"]),
+        )
+        if interior.first * interior.shard_size < interior.start or interior.end <= interior.first:
+            raise ValueError(f"interior shards {interior.first}..{interior.end} do not fit")
+        return interior
 
 
 class WindowTotals(Protocol):

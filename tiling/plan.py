@@ -22,9 +22,10 @@ from tiling.classes import DEFAULT_CLASS_MAP, IDENTITY, ClassMap, get_class_map
 from tiling.errors import TilingError
 from tiling.fingerprint import Fingerprint
 from tiling.grid import ChipGrid, ReadWindow, chip_grid
+from tiling.labels import match_labels
 from tiling.params import StoreParams
 from tiling.records import NUM_BANDS, STATE_WRITING, SourceRecord
-from tiling.sources import RasterInfo, expand_inputs, match_labels, open_image, open_label
+from tiling.sources import RasterInfo, expand_inputs, open_image, open_label
 from tiling.split import SplitRule, block_edge_m, chip_blocks, choose_split
 from tiling.store import SPLIT_TRAIN, SPLIT_VAL
 from tiling.urls import check_storage_options

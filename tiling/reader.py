@@ -34,8 +34,8 @@ from rasterio.crs import CRS
 from rasterio.enums import Resampling
 
 from tiling.classes import NODATA_CODE, ClassMap
-from tiling.labels import Bounds, grid_offset, label_codes
-from tiling.sources import RasterInfo, open_raster
+from tiling.labels import grid_offset, label_codes
+from tiling.sources import Bounds, RasterInfo, open_raster
 from tiling.urls import is_local
 
 __all__ = ["RasterReader"]

@@ -36,14 +36,13 @@ from rasterio.enums import MaskFlags
 
 from tiling.errors import LabelError, SourceFormatError, SourceNotFoundError
 from tiling.inputs import RASTER_SUFFIXES, expand_inputs
-from tiling.labels import Bounds, match_labels
 from tiling.urls import filesystem, is_local, local_path
 
 __all__ = [
     "RASTER_SUFFIXES",
+    "Bounds",
     "RasterInfo",
     "expand_inputs",
-    "match_labels",
     "open_image",
     "open_label",
     "open_raster",
@@ -52,6 +51,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 NAIP_BANDS = 4
+
+# (left, bottom, right, top) in the raster's CRS.
+Bounds = tuple[float, float, float, float]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from landcover import __version__
 from landcover.prediction.assemble import assemble, wait_for_parts
 from landcover.prediction.blend import WindowLayout
 from landcover.prediction.blocks import require_predicted_pixels
@@ -30,6 +29,7 @@ from landcover.prediction.outfiles import OutputPaths
 from landcover.prediction.outgrid import GridPlan
 from landcover.prediction.parts import PartRecord, PartWriter, Staging, part_key
 from landcover.prediction.ranks import RankShare, pooled_threads, sources_read, split_rows
+from landcover.version import __version__
 from tiling.fingerprint import fingerprint, fingerprints
 
 logger = logging.getLogger(__name__)

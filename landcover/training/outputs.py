@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-import landcover
 from cluster.machine import local_cpu_count
 from landcover.comm.counts import CommCounts
 from landcover.models.modelfile import ModelMeta
@@ -25,6 +24,7 @@ from landcover.training.records import EpochRecord, RunInfo
 from landcover.training.resume import ResumeState
 from landcover.training.rundir import jsonable, utc_now, write_run_json
 from landcover.training.sync import SyncStrategy
+from landcover.version import __version__
 
 __all__ = ["EpochStats", "epoch_record", "model_meta", "write_run_info"]
 
@@ -161,7 +161,7 @@ def write_run_info(
     """run.json (rank 0, once per process start); `ranks` is every rank's `Placement.where`."""
     env, schedule = place.env, optimization.schedule
     versions = {
-        "landcover": landcover.__version__,
+        "landcover": __version__,
         "torch": torch.__version__,
         # from the metadata: importing torchvision takes seconds
         "torchvision": importlib.metadata.version("torchvision"),

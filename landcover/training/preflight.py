@@ -27,7 +27,7 @@ from tiling.classes import ClassMap
 from tiling.store import StoreSummary, assign_chips_to_ranks, open_store
 
 if TYPE_CHECKING:
-    from landcover.training import TrainConfig
+    from landcover.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,106 @@
+"""The import graph of the three packages: one-way layers and no circles.
+
+`landcover` may import `tiling` and `cluster`; neither of them imports `landcover`, directly
+or through another module. No module reaches itself through its imports, counting the imports
+made only for type checking (a circle there is still two modules that cannot be read apart).
+The graph is grimp's (import-linter's engine), built from the sources without importing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import grimp
+import pytest
+
+PACKAGES = ("tiling", "landcover", "cluster")
+LOWER_LAYERS = ("tiling", "cluster")
+
+
+def import_circles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan's algorithm, iterative)."""
+    imports = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(imports):
+        if root in index:
+            continue
+        work: list[tuple[str, int]] = [(root, 0)]
+        while work:
+            module, i = work.pop()
+            if i == 0:
+                index[module] = low[module] = len(index)
+                stack.append(module)
+                on_stack.add(module)
+            targets = [t for t in imports[module] if t in imports]
+            if i < len(targets):
+                work.append((module, i + 1))
+                target = targets[i]
+                if target not in index:
+                    work.append((target, 0))
+                elif target in on_stack:
+                    low[module] = min(low[module], index[target])
+                continue
+            if work:  # returning to the caller: it inherits this module's low link
+                caller = work[-1][0]
+                low[caller] = min(low[caller], low[module])
+            if low[module] == index[module]:
+                members = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    members.append(member)
+                    if member == module:
+                        break
+                if len(members) > 1:
+                    circles.append(sorted(members))
+    return circles
+
+
+def describe(graph: grimp.ImportGraph, circle: Iterable[str]) -> str:
+    members = set(circle)
+    lines = []
+    for importer in sorted(members):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer) & members):
+            for detail in graph.get_import_details(importer=importer, imported=imported):
+                lines.append(f"{importer}:{detail['line_number']} -> {imported}")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph(*PACKAGES, cache_dir=None)
+
+
+def test_no_module_imports_itself_through_others(graph: grimp.ImportGraph) -> None:
+    circles = import_circles(graph)
+    assert not circles, "\n\n".join(describe(graph, c) for c in circles)
+
+
+@pytest.mark.parametrize("lower", LOWER_LAYERS)
+def test_lower_layers_never_import_landcover(graph: grimp.ImportGraph, lower: str) -> None:
+    chains = graph.find_shortest_chains(importer=lower, imported="landcover", as_packages=True)
+    assert not chains, [" -> ".join(chain) for chain in chains]
+
+
+def test_a_circle_and_an_upward_import_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks above on a package made to break both rules."""
+    root = tmp_path / "layered"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "a.py").write_text("from layered import b\n")
+    (root / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from layered import a\n")  # fmt: skip
+    (root / "low.py").write_text("def f():\n    from layered import top\n")
+    (root / "top.py").write_text("")
+    (root / "ok.py").write_text("from layered import low\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = grimp.build_graph("layered", cache_dir=None)
+    assert import_circles(made) == [["layered.a", "layered.b"]]
+    assert made.find_shortest_chains(importer="layered.low", imported="layered.top")
