@@ -13,15 +13,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import rasterio.warp
 from rasterio.crs import CRS
+from shapely import STRtree, box
 
 from tiling.classes import NODATA_CODE, ClassMap
+from tiling.crs import crs_key, transformer
 from tiling.errors import LabelError
 from tiling.grid import aligned_offset
 from tiling.sources import Bounds, RasterInfo
 
-__all__ = ["footprint_in", "grid_offset", "label_codes", "match_labels"]
+__all__ = ["LabelIndex", "footprint_in", "grid_offset", "label_codes", "match_labels"]
 
 # Marks raw values the class map does not know in `label_codes`'s uint8 table; never a class
 # code there (tables of more classes take the general path).
@@ -30,10 +31,10 @@ _UNKNOWN_CODE = 255
 
 def footprint_in(info: RasterInfo, crs: CRS) -> Bounds:
     """The raster's bounds transformed into `crs` (edges densified, so curved edges count)."""
-    if info.crs == crs:
+    if crs_key(info.crs) == crs_key(crs):
         return info.bounds
-    left, bottom, right, top = rasterio.warp.transform_bounds(
-        info.crs, crs, *info.bounds, densify_pts=21
+    left, bottom, right, top = transformer(info.crs, crs).transform_bounds(
+        *info.bounds, densify_pts=21
     )
     return (left, bottom, right, top)
 
@@ -42,17 +43,55 @@ def _overlap(a: Bounds, b: Bounds) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
+class LabelIndex:
+    """Label rasters grouped by CRS, each group's footprints in an STRtree.
+
+    Matching an image costs one footprint transform per label CRS and one tree query, not a
+    transform per label raster: planning thousands of images against thousands of label
+    tiles stays O(N log N). The matches are those of the pairwise rule (`_overlap` of the
+    image's footprint in the label's CRS with the label's bounds), in the labels' order.
+    """
+
+    def __init__(self, labels: Sequence[RasterInfo]) -> None:
+        self._labels = tuple(labels)
+        self._bounds = [lab.bounds for lab in self._labels]
+        members: dict[str, list[int]] = {}
+        crs_of: dict[str, CRS] = {}
+        for i, lab in enumerate(self._labels):
+            key = crs_key(lab.crs)
+            members.setdefault(key, []).append(i)
+            crs_of.setdefault(key, lab.crs)
+        self._groups = [
+            (crs_of[key], np.asarray(ids), STRtree([box(*self._bounds[i]) for i in ids]))
+            for key, ids in members.items()
+        ]
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def match(self, image: RasterInfo) -> tuple[RasterInfo, ...]:
+        """The label rasters whose footprint overlaps the image; `LabelError` if none does."""
+        hits: list[int] = []
+        for crs, ids, tree in self._groups:
+            footprint = footprint_in(image, crs)
+            for k in tree.query(box(*footprint)):
+                i = int(ids[k])
+                if _overlap(footprint, self._bounds[i]):
+                    hits.append(i)
+        if not hits:
+            b = image.bounds
+            raise LabelError(
+                f"{image.path}: no label raster overlaps it (image bounds {b[0]:.0f}, "
+                f"{b[1]:.0f}, {b[2]:.0f}, {b[3]:.0f} in {image.crs_name}); pass --labels that "
+                "cover it, or omit --labels for an images-only store"
+            )
+        return tuple(self._labels[i] for i in sorted(hits))
+
+
 def match_labels(image: RasterInfo, labels: Sequence[RasterInfo]) -> tuple[RasterInfo, ...]:
-    """The label rasters whose footprint overlaps the image; `LabelError` if none does."""
-    hits = tuple(lab for lab in labels if _overlap(footprint_in(image, lab.crs), lab.bounds))
-    if not hits:
-        b = image.bounds
-        raise LabelError(
-            f"{image.path}: no label raster overlaps it (image bounds {b[0]:.0f}, {b[1]:.0f}, "
-            f"{b[2]:.0f}, {b[3]:.0f} in {image.crs_name}); pass --labels that cover it, "
-            "or omit --labels for an images-only store"
-        )
-    return hits
+    """The label rasters whose footprint overlaps the image; `LabelError` if none does.
+    (One image: to match many, build a `LabelIndex` once.)"""
+    return LabelIndex(labels).match(image)
 
 
 def grid_offset(image: RasterInfo, lab: RasterInfo) -> tuple[int, int] | None:

@@ -22,7 +22,7 @@ from tiling.classes import DEFAULT_CLASS_MAP, IDENTITY, ClassMap, get_class_map
 from tiling.errors import TilingError
 from tiling.fingerprint import Fingerprint
 from tiling.grid import ChipGrid, ReadWindow, chip_grid
-from tiling.labels import match_labels
+from tiling.labels import LabelIndex
 from tiling.params import StoreParams
 from tiling.records import NUM_BANDS, STATE_WRITING, SourceRecord
 from tiling.sources import RasterInfo, expand_inputs, open_image, open_label
@@ -223,10 +223,11 @@ def plan_tiling(config: TileConfig) -> TilePlan:
     edge_m = block_edge_m(
         config.chip_size, config.split_block_chips, [image.resolution_m for image in kept]
     )
+    label_index = LabelIndex(labels)
     placed = []
     for image in kept:
         grid = chip_grid(image.height, image.width, config.chip_size, stride, where=image.path)
-        matched = match_labels(image, labels) if labels else ()
+        matched = label_index.match(image) if labels else ()
         placed.append((image, grid, matched, chip_blocks(image, grid, edge_m)))
     rule = choose_split(
         np.concatenate([b.reshape(-1, 2) for *_, b in placed]),

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pyproj import Transformer
 
+from tiling.crs import transformer
 from tiling.errors import TilingError
 from tiling.grid import ChipGrid
 from tiling.sources import RasterInfo
@@ -68,7 +68,7 @@ def chip_blocks(image: RasterInfo, grid: ChipGrid, edge_m: float) -> npt.NDArray
     t = image.transform
     xs = t.a * col_px + t.b * row_px + t.c
     ys = t.d * col_px + t.e * row_px + t.f
-    to_grid = Transformer.from_crs(image.crs, SPLIT_CRS, always_xy=True)
+    to_grid = transformer(image.crs, SPLIT_CRS)
     gx, gy = to_grid.transform(xs, ys)
     gx, gy = np.asarray(gx, dtype=np.float64), np.asarray(gy, dtype=np.float64)
     if not (np.isfinite(gx).all() and np.isfinite(gy).all()):

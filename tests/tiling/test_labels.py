@@ -1,5 +1,6 @@
-"""Raw label values to class codes (tiling.labels.label_codes): the uint8 table path gives
-exactly what the class map's general `apply` gives, and names unknown values the same way."""
+"""Label rasters against images (tiling.labels): raw label values to class codes (the uint8
+table path gives exactly what the class map's general `apply` gives, and names unknown values
+the same way), and the label index that matches images to label rasters."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rasterio.crs import CRS
 
 from tiling.classes import available_class_maps, get_class_map
 from tiling.errors import LabelError
-from tiling.labels import label_codes
+from tiling.labels import LabelIndex, footprint_in, label_codes
 from tiling.sources import RasterInfo
 
 
@@ -79,3 +80,85 @@ def test_a_nodata_value_outside_uint8_is_still_honoured() -> None:
     raw = np.array([[1, -1], [3, -1]], dtype=np.int16)
     codes = label_codes(raw, replace(label_info(-1), dtype="int16"), cmap)
     assert np.array_equal(codes, cmap.apply(np.array([[1, 0], [3, 0]]), nodata=0))
+
+
+# -- matching images to label rasters -----------------------------------------------------------
+
+UTM18 = CRS.from_epsg(26918)
+ALBERS = CRS.from_epsg(5070)
+
+
+def raster(path: str, crs: CRS, x: float, y: float, size_m: float) -> RasterInfo:
+    return RasterInfo(
+        path=path, crs=crs, transform=Affine(1, 0, x, 0, -1, y), height=int(size_m),
+        width=int(size_m), count=1, dtype="uint8", nodata=None, block_shape=(1, 1),
+        mask_kind="none",
+    )  # fmt: skip
+
+
+def pairwise_matches(image: RasterInfo, labels: list[RasterInfo]) -> tuple[RasterInfo, ...]:
+    """The rule the index must give: every label whose bounds overlap the image's footprint
+    in that label's CRS, in the labels' order."""
+    hits = []
+    for lab in labels:
+        a, b = footprint_in(image, lab.crs), lab.bounds
+        if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
+            hits.append(lab)
+    return tuple(hits)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_label_index_matches_exactly_what_the_pairwise_rule_matches(seed: int) -> None:
+    """Labels in two CRSs (UTM and Albers), of mixed sizes, some far away, shuffled."""
+    rng = np.random.default_rng(seed)
+    left, bottom, right, top = footprint_in(raster("a", UTM18, 370_000, 4_300_000, 3000), ALBERS)
+    labels = [
+        raster(f"u{k}", UTM18, 370_000 + rng.uniform(-2000, 3000), 4_300_000 + rng.uniform(-3000,
+               2000), rng.uniform(50, 1500))
+        for k in range(12)
+    ] + [
+        raster(f"a{k}", ALBERS, rng.uniform(left - 2000, right), rng.uniform(bottom, top + 2000),
+               rng.uniform(50, 1500))
+        for k in range(12)
+    ]  # fmt: skip
+    labels = [labels[i] for i in rng.permutation(len(labels))]
+    index = LabelIndex(labels)
+    for k in range(20):
+        image = raster(f"i{k}", UTM18, 370_000 + rng.uniform(0, 2500),
+                       4_300_000 - rng.uniform(0, 2500), rng.uniform(20, 500))  # fmt: skip
+        expected = pairwise_matches(image, labels)
+        if expected:
+            assert index.match(image) == expected
+        else:
+            with pytest.raises(LabelError, match="no label raster overlaps it"):
+                index.match(image)
+
+
+def test_matching_transforms_each_image_once_per_label_crs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thousands of images against thousands of label tiles in two CRSs: one footprint
+    transform per image and label CRS, never one per pair, and one transformer per CRS pair."""
+    import tiling.crs
+    import tiling.labels
+
+    calls = {"footprint": 0}
+    real = tiling.labels.footprint_in
+
+    def counting(info: RasterInfo, crs: CRS) -> tuple[float, float, float, float]:
+        calls["footprint"] += 1
+        return real(info, crs)
+
+    monkeypatch.setattr(tiling.labels, "footprint_in", counting)
+    tiling.crs._cached.cache_clear()
+    images = [raster(f"i{k}", UTM18, 370_000 + 250 * (k % 50), 4_300_000 - 250 * (k // 50), 256)
+              for k in range(2500)]  # fmt: skip
+    labels = [raster(f"u{k}", UTM18, 370_000 + 500 * (k % 30), 4_300_000 - 500 * (k // 30), 500)
+              for k in range(1500)]  # fmt: skip
+    far = [raster(f"a{k}", ALBERS, 10 * k, 0, 5) for k in range(1500)]  # nowhere near
+    index = LabelIndex(labels + far)
+    matched = [index.match(image) for image in images]
+    assert calls["footprint"] == 2 * len(images)
+    assert tiling.crs._cached.cache_info().misses == 1  # UTM -> Albers; UTM -> UTM needs none
+    assert all(1 <= len(m) <= 4 and all(lab.path.startswith("u") for lab in m) for m in matched)

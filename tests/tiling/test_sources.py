@@ -18,13 +18,9 @@ from tests.tiling.rasters import (
     write_raster,
 )
 from tiling.errors import LabelError, SourceFormatError, SourceNotFoundError
+from tiling.labels import match_labels
 from tiling.reader import RasterReader
-from tiling.sources import (
-    expand_inputs,
-    match_labels,
-    open_image,
-    open_label,
-)
+from tiling.sources import expand_inputs, open_image, open_label
 
 ALPHA_NIR = ("m_3211605_ne_11_060_20200415.tif", "m_4208701_ne_16_060_20200902.tif")
 NODATA_ZERO = "m_3610332_se_13_060_20200903-downsampled.tif"
