@@ -31,6 +31,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -51,8 +52,10 @@ from cluster.engine import (
     LaunchOptions,
     LaunchResult,
     Plan,
+    input_ref,
     is_url,
     job_redactor,
+    output_ref,
     threads_per_worker,
 )
 from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
@@ -142,6 +145,29 @@ def _yaml(document: Any) -> str:
     return str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=1000))
 
 
+_BINDING = re.compile(r"(\$\{\{.*?\}\})")
+
+
+def _command_word(arg: str, job: Job) -> str:
+    """One word of the job's command for the shell Azure ML runs it in: shell-quoted, but for
+    its `${{inputs.NAME}}` / `${{outputs.NAME}}` references, which Azure ML replaces by the
+    mounted paths before the shell reads the command. Any other `${{` is refused: Azure ML
+    would read it as a binding and fail the job."""
+    bindings = {input_ref(n) for n in job.inputs} | {output_ref(n) for n in job.outputs}
+    words = []
+    for part in _BINDING.split(arg):
+        if part in bindings:
+            words.append(part)
+        elif "${{" in part:
+            raise ClusterError(
+                f"job argument {arg!r} holds '${{{{', which Azure ML reads as an input or output "
+                "binding: remove it from the argument"
+            )
+        elif part:
+            words.append(shlex.quote(part))
+    return "".join(words) or "''"
+
+
 class AzureMLEngine:
     def plan(self, spec: ClusterSpec, job: Job) -> AzureMLPlan:
         if spec.azureml is None:
@@ -167,8 +193,7 @@ class AzureMLEngine:
                 )
         environment = plan_environment(aml, job.entry_module)
         command = " ".join(
-            a if a.startswith("${{") else shlex.quote(a)
-            for a in ["python", "-m", job.entry_module, *job.argv]
+            _command_word(a, job) for a in ["python", "-m", job.entry_module, *job.argv]
         )
         if environment.install_command is not None:
             command = f"{environment.install_command} && {command}"

@@ -40,7 +40,10 @@ kernel's netem (refused at launch where the kernel has none). See `cluster.netns
 ClusterTrainingRuntime, or with `runtimeKind` "TrainingRuntime" the namespaced runtime, that it
 runs on) or "pytorchjob" (the training operator's v1 PyTorchJob). `storageSecretKeys` (TrainJob
 only) lists the keys of `storageSecret` given to the pods; by default the usual storage
-variables, each optional.
+variables, each optional. Names and quantities are checked as the API server checks them:
+`namespace` a DNS-1123 label, `runtime` and `storageSecret` DNS-1123 subdomains, `cpu` and
+`memory` positive resource quantities ("4", "500m", "16Gi"). `azureml.experimentName` and
+`computeName` follow Azure ML's rules for names.
 
 Legacy form (the original Batch AI tutorial's cluster.json)::
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cluster._atomic import write_text_atomic
+from cluster._atomic import write_texts_atomic
 from cluster.errors import ClusterError
 from cluster.machine import local_cpu_count
 from cluster.redact import Redactor, collect_secret_values
@@ -197,16 +198,76 @@ def launch_job(spec: ClusterSpec, job: Job, options: LaunchOptions | None = None
     return launch_plan(plan_job(spec, job), options)
 
 
+PLAN_FILE = "plan.txt"
+# plan.txt's last line lists the files the plan wrote, so that the next plan written into the
+# directory with --overwrite removes those it does not write itself (a job.yaml left beside a
+# new torchrun.sh would submit the stale plan) and nothing else.
+_PLAN_FILES_PREFIX = "# files of this plan: "
+
+
 def write_plan_files(plan: Plan, out_dir: str | Path, *, overwrite: bool = False) -> list[Path]:
-    """Write the plan's files (redacted) into out_dir, each atomically; refuses to replace
-    existing files unless overwrite."""
+    """Write the plan's files (redacted) into out_dir, all or nothing, and return their paths.
+    Refuses existing files (symlinks included) unless `overwrite`, and never replaces one that
+    appeared meanwhile; with `overwrite`, afterwards removes the files that the previous plan
+    written there listed in its plan.txt and this one does not write."""
     directory = Path(out_dir)
-    files = {"plan.txt": plan.describe() + "\n", **plan.files()}
+    names = [PLAN_FILE, *plan.files()]
+    listing = f"{_PLAN_FILES_PREFIX}{json.dumps(names)}\n"
+    files = {PLAN_FILE: plan.describe() + "\n" + listing, **plan.files()}
     targets = [directory / name for name in files]
-    existing = [p for p in targets if p.exists()]
+    existing = [p for p in targets if os.path.lexists(p)]
     if existing and not overwrite:
         raise ClusterError(f"{existing[0]} exists; pass --overwrite to replace the plan files")
-    directory.mkdir(parents=True, exist_ok=True)
-    for target, text in zip(targets, files.values(), strict=True):
-        write_text_atomic(target, text, mode=0o755 if target.suffix == ".sh" else None)
+    stale = set(_previous_plan_files(directory / PLAN_FILE)) - set(names) if overwrite else set()
+    modes = [0o755 if t.suffix == ".sh" else None for t in targets]
+    try:
+        write_texts_atomic(
+            list(zip(targets, files.values(), modes, strict=True)), overwrite=overwrite
+        )
+    except FileExistsError as exc:  # appeared since the check above: kept
+        raise ClusterError(
+            f"{exc.filename} exists; pass --overwrite to replace the plan files"
+        ) from None
+    for name in sorted(stale):
+        _remove_plan_file(directory, name)
     return targets
+
+
+def _remove_plan_file(directory: Path, name: str) -> None:
+    """Remove `directory/name`, then its folders below `directory` that it leaves empty."""
+    path = directory / name
+    if path.is_dir() and not path.is_symlink():
+        return  # a plan writes files: a directory there is the user's
+    path.unlink(missing_ok=True)
+    for folder in path.parents:
+        if folder == directory:
+            break
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (other files live there) or gone: kept
+            break
+
+
+def _previous_plan_files(plan_txt: Path) -> list[str]:
+    """The file names (relative paths inside its directory, never above it) that the plan.txt
+    of an earlier plan lists; none when there is no such plan.txt."""
+    try:
+        lines = plan_txt.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    if not lines or not lines[-1].startswith(_PLAN_FILES_PREFIX):
+        return []
+    try:
+        names = json.loads(lines[-1].removeprefix(_PLAN_FILES_PREFIX))
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(names, list):
+        return []
+    return [
+        n
+        for n in names
+        if isinstance(n, str)
+        and n.strip("/")
+        and not Path(n).is_absolute()
+        and all(part not in ("", ".", "..") for part in n.split("/"))
+    ]

@@ -151,14 +151,16 @@ def shm_mount() -> dict[str, Any]:
 
 
 def torchrun_args(spec: ClusterSpec, job: Job) -> list[str]:
-    """torchrun's arguments after the node shape: restarts, then the worker module and argv."""
-    return [
-        "--max-restarts",
-        str(spec.max_restarts),
-        "-m",
-        job.entry_module,
-        *job.bound_argv(),
-    ]
+    """torchrun's arguments after the node shape: restarts, then the worker module and argv,
+    as a container's args carry them (`container_literal`)."""
+    args = ["--max-restarts", str(spec.max_restarts), "-m", job.entry_module, *job.bound_argv()]
+    return [container_literal(arg) for arg in args]
+
+
+def container_literal(text: str) -> str:
+    """`text` as a container's command or args must give it for the process to get it: the
+    kubelet replaces `$(NAME)` by the variable NAME and `$$` by `$`, so every `$` is doubled."""
+    return text.replace("$", "$$")
 
 
 def pod_notes(spec: ClusterSpec, job: Job) -> list[str]:

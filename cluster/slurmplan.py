@@ -15,6 +15,11 @@ directory when the output is a URL.
 The job's secret environment (the storage options) is never written into the script: the
 submitting process exports it and sbatch passes its environment on (`--export=ALL`); the
 script only checks that it is there.
+
+Quoting: every shell word is `shlex.quote`d; an `#SBATCH` value is double-quoted where it
+needs it (sbatch reads double quotes and backslashes as a shell would, and an unquoted `#` as
+a comment), and a path in a log file pattern has its `%` doubled (`%j`, `%t` are SLURM's). A
+log directory with a line break or a backslash (which turns SLURM's patterns off) is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cluster.engine import Job, is_url, job_redactor, threads_per_worker
+from cluster.errors import ClusterError
 from cluster.failures import ERROR_DIR_ENV
 from cluster.redact import REDACTED, Redactor
 from cluster.spec import ClusterSpec, SlurmSpec
@@ -33,6 +39,12 @@ SCRIPT_NAME = "slurm.sbatch"
 # registered ports most services use, below Linux's ephemeral range (32768-60999)
 MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 10000
+# what a log directory cannot hold, and why: it is written into #SBATCH lines and srun patterns
+_UNCARRIED = (
+    ("\n", "a line break ends an #SBATCH line"),
+    ("\r", "a line break ends an #SBATCH line"),
+    ("\\", "a backslash turns SLURM's %j and %t patterns off"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +117,12 @@ def _slurm(spec: ClusterSpec) -> SlurmSpec:
 def plan_slurm(spec: ClusterSpec, job: Job) -> SlurmPlan:
     """The sbatch script for `job` on `spec`, and the notes a user should read."""
     log_dir = _log_dir(job.output_dir, spec.name)
+    for bad, why in _UNCARRIED:
+        if bad in log_dir:
+            raise ClusterError(
+                f"log directory {log_dir!r} holds {bad!r}, which an sbatch script cannot carry "
+                f"({why}): choose an output path without it"
+            )
     threads = threads_per_worker(spec)
     plan = SlurmPlan(
         spec=spec,
@@ -142,9 +160,10 @@ def _directives(plan: SlurmPlan) -> list[str]:
         options.append(f"--partition={slurm.partition}")
     if slurm.account:
         options.append(f"--account={slurm.account}")
+    batch_log = _log_pattern(log_dir, "slurm-%j.out")
     options += [
-        f"--output={log_dir / 'slurm-%j.out'}",
-        f"--error={log_dir / 'slurm-%j.out'}",
+        _directive_value("--output", batch_log),
+        _directive_value("--error", batch_log),
         # the secrets reach the job through the submitting environment
         "--export=ALL",
     ]
@@ -152,8 +171,23 @@ def _directives(plan: SlurmPlan) -> list[str]:
     return [f"#SBATCH {option}" for option in options]
 
 
+def _log_pattern(log_dir: Path, name: str) -> str:
+    """`log_dir/name` as a SLURM file pattern: `name`'s %j, %t stay patterns, the directory's
+    own % are doubled (SLURM's escape for a literal %)."""
+    return f"{str(log_dir).replace('%', '%%')}/{name}"
+
+
+def _directive_value(option: str, value: str) -> str:
+    """`--option=value` as an #SBATCH line carries it: double-quoted when it holds a space, a
+    quote, a backslash or a `#` (sbatch reads the line as a shell would, `#` as a comment)."""
+    if not any(c.isspace() or c in "\"'\\#" for c in value):
+        return f"{option}={value}"
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{option}="{escaped}"'
+
+
 def _srun_line(plan: SlurmPlan) -> str:
-    rank_log = Path(plan.log_dir) / "job-%j-rank-%t.log"
+    rank_log = _log_pattern(Path(plan.log_dir), "job-%j-rank-%t.log")
     return shlex.join(
         [
             "srun",

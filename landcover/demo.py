@@ -30,7 +30,7 @@ from shapely.ops import transform as shapely_transform
 
 from cluster.clusterjson import load_cluster_spec
 from cluster.spec import ClusterSpec, local_spec
-from landcover.atomic import write_text_atomic
+from landcover.atomic import check_can_create_in, write_text_atomic
 from landcover.errors import LandcoverError
 from landcover.evaluation import EvaluateConfig, Evaluation, evaluate_prediction, write_report
 from landcover.prediction.region import parse_region
@@ -255,6 +255,7 @@ def claim_out_dir(path: Path) -> Path:
     marker listing DEMO_ENTRIES. Raises LandcoverError before removing anything."""
     if path.exists() and not path.is_dir():
         raise LandcoverError(f"{path}: exists and is not a directory; choose another --out")
+    check_can_create_in(path, option="--out")
     owned = _marker_entries(path / DEMO_MARKER)
     present = {entry.name for entry in path.iterdir()} if path.is_dir() else set()
     foreign = sorted((present & set(DEMO_ENTRIES)) - owned)

@@ -11,14 +11,22 @@ environment is checked before anything heavy is imported.
 
 Every stage reads it here: the training worker, and `landcover tile|predict --rank-from-env`
 (the ranks of a distributed tile or predict job).
+
+The network interface the ranks of a multi-node job talk on is decided here too
+(`choose_socket_interface`): the launcher's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME when it set
+one, else the interface whose address this machine sends from to reach MASTER_ADDR (the
+kernel's route, `interface_toward`). Left to itself gloo binds to the address the host name
+resolves to, 127.0.0.1 on many machines, and the other nodes cannot reach it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from landcover.errors import LaunchEnvError
@@ -36,6 +44,9 @@ class DistEnv:
     master_addr: str | None = None
     master_port: int | None = None
     node_name: str | None = None  # the scheduler's name of this node (SLURM), if it gives one
+    # GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME as the launcher set them (None: not set)
+    gloo_socket_ifname: str | None = None
+    nccl_socket_ifname: str | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -119,7 +130,105 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         master_addr=master_addr,
         master_port=master_port,
         node_name=env.get("SLURMD_NODENAME", "").strip() or None,
+        gloo_socket_ifname=env.get(SOCKET_IFNAME_VARIABLES["gloo"], "").strip() or None,
+        nccl_socket_ifname=env.get(SOCKET_IFNAME_VARIABLES["nccl"], "").strip() or None,
     )
+
+
+# the variable each backend takes its network interface from
+SOCKET_IFNAME_VARIABLES = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+@dataclass(frozen=True, slots=True)
+class SocketInterface:
+    """A network interface of this machine and its address on it."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class SocketChoice:
+    """The interface a backend's ranks talk on: `variable` (GLOO_SOCKET_IFNAME or
+    NCCL_SOCKET_IFNAME) is to be set to `interface` when `chosen` (here, from the route to the
+    master); the launcher's own value otherwise; `interface` None leaves the pick to the backend
+    (one node, or no route found)."""
+
+    variable: str
+    interface: str | None = None
+    address: str | None = None
+    chosen: bool = False
+
+    def describe(self) -> str:
+        """E.g. `interface eth0 (10.0.0.5, on the route to the master)`."""
+        if self.interface is None:
+            return "the interface gloo/NCCL pick from the host name"
+        where = "on the route to the master" if self.chosen else f"from {self.variable}"
+        address = f"{self.address}, " if self.address else ""
+        return f"interface {self.interface} ({address}{where})"
+
+
+def choose_socket_interface(
+    env: DistEnv,
+    backend: str,
+    *,
+    toward: Callable[[str], SocketInterface | None] | None = None,
+) -> SocketChoice:
+    """The interface `backend` ("gloo" or "nccl") should use on this node: the launcher's
+    setting, else, in a job of several nodes, the one on the route to MASTER_ADDR
+    (`interface_toward`, or `toward` in tests); a job on one node keeps the backend's own."""
+    variable = SOCKET_IFNAME_VARIABLES[backend]
+    given = env.nccl_socket_ifname if backend == "nccl" else env.gloo_socket_ifname
+    if given is not None:
+        return SocketChoice(variable, given)
+    if env.nodes < 2 or env.master_addr is None:
+        return SocketChoice(variable)
+    found = (toward or interface_toward)(env.master_addr)
+    if found is None:
+        return SocketChoice(variable)
+    return SocketChoice(variable, found.name, found.address, chosen=True)
+
+
+def interface_toward(
+    host: str,
+    *,
+    source_address: Callable[[str], str] | None = None,
+    interfaces: Mapping[str, Sequence[str]] | None = None,
+) -> SocketInterface | None:
+    """The interface whose address this machine sends from to reach `host`, by the kernel's
+    routes (`source_address`: a UDP socket's connect() picks it and sends nothing), among
+    `interfaces` (name → addresses, psutil's by default). None when `host` does not resolve,
+    has no route, or is reached over loopback (then the host is this machine, named by a
+    loopback name: no route says which interface the other nodes reach)."""
+    try:
+        address = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)[0][4][0]
+        source = (source_address or _source_address)(str(address))
+    except OSError:
+        return None
+    if ipaddress.ip_address(source).is_loopback:
+        return None
+    for name, addresses in (interfaces or _interface_addresses()).items():
+        if source in addresses:
+            return SocketInterface(name, source)
+    return None
+
+
+def _source_address(address: str) -> str:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))  # a UDP connect() routes, it sends nothing
+        return str(probe.getsockname()[0])
+
+
+def _interface_addresses() -> dict[str, list[str]]:
+    """Every interface of this machine and its IPv4 and IPv6 addresses (psutil)."""
+    import psutil  # type: ignore[import-untyped]
+
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {
+        name: [a.address.split("%")[0] for a in found if a.family in families]
+        for name, found in psutil.net_if_addrs().items()
+    }
 
 
 # srun's task variables, and the least each may be

@@ -46,6 +46,17 @@ class OutputExistsError(LandcoverError, FileExistsError):
     """An output file exists and --overwrite was not given."""
 
 
+class OutputError(LandcoverError):
+    """An output that cannot be written where it was asked for: a directory where a file goes,
+    a directory that takes no new files, a full disk, or two outputs of one command at one
+    path."""
+
+
+class OutputBusyError(LandcoverError):
+    """An output another run is writing now (it holds the output's lock,
+    `landcover.outputlock`)."""
+
+
 class TuneError(LandcoverError):
     """A search space or a study directory that `landcover tune` cannot use."""
 

@@ -1,6 +1,8 @@
 """Click options and parameter types shared by the commands and by `TrainConfig` (which
 generates the training options): JSON objects, storage options and their worker environment,
---overwrite, an output directory (--out DIR) and a cluster.json (--cluster)."""
+--overwrite, an output directory (--out DIR) and a cluster.json (--cluster), and the one check
+of where a command can write (`check_output_url`: local paths everywhere, az:// where the
+command uploads)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+from landcover.errors import OutputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,6 +72,56 @@ def storage_options_env(storage_options: Mapping[str, Any]) -> dict[str, str]:
     return {STORAGE_OPTIONS_ENV: json.dumps(dict(storage_options), sort_keys=True)}
 
 
+def check_output_url(url: str, *, option: str, remote: bool = False) -> None:
+    """Refuse, before any work, an output `url` (given as `option`) of a scheme the command
+    cannot write: every command writes local paths (and file:// URLs); `remote` ones also
+    az:// (abfs://, abfss://). Any other scheme (s3://, http://, memory://, a typo) would fail
+    late, vanish with the process (memory://) or land in a local folder named after the
+    scheme ("az:/container/..."). Raises `OutputError`."""
+    from tiling.urls import AZURE_PROTOCOLS, is_local, protocol  # zarr: only when checking
+
+    scheme = protocol(url)
+    # "run:1" is a local name; only "scheme://" makes a URL of it
+    if "://" not in url or is_local(url) or (remote and scheme in AZURE_PROTOCOLS):
+        return
+    if remote:
+        supported = "a local path or an az://container/path URL (also abfs://, abfss://)"
+    else:
+        supported = "a local path (this output cannot go to object storage)"
+    raise OutputError(f"{option} {url}: cannot write {scheme}:// URLs; give {supported}")
+
+
+def output_url_callback(*, remote: bool = False) -> Callable[..., Any]:
+    """A click callback for an output option or argument that passes its value to
+    `check_output_url` (None, an option not given, passes) and returns it unchanged."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            check_output_url(str(value), option=_param_label(param), remote=remote)
+        return value
+
+    return check
+
+
+class LocalOutputPath(click.Path):
+    """`click.Path` for an output that must be local: `check_output_url` on the text as given,
+    before click makes a Path of it (which would show "az://c/x" as "az:/c/x")."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            check_output_url(value, option=_param_label(param))
+        return super().convert(value, param, ctx)
+
+
+def _param_label(param: click.Parameter | None) -> str:
+    """How the messages name a parameter: its flag (--out) or its metavar (OUT_DIR)."""
+    if param is None:
+        return "output"
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
+
+
 def overwrite_option(f: F) -> F:
     """`--overwrite`: replace existing output (never done silently)."""
     return click.option("--overwrite", is_flag=True, help="Replace existing output.")(f)
@@ -76,7 +130,8 @@ def overwrite_option(f: F) -> F:
 def out_dir_option(
     help: str, *, required: bool = False, default: str | None = None
 ) -> Callable[[F], F]:
-    """`--out DIR` (parameter `out_dir`, a Path): the directory a command writes into."""
+    """`--out DIR` (parameter `out_dir`, a Path): the local directory a command writes into
+    (a URL is refused: `LocalOutputPath`)."""
     return _path_option(
         "--out", "out_dir", help, directory=True, required=required, default=default
     )
@@ -96,10 +151,11 @@ def _path_option(
     required: bool = False,
     default: str | None = None,
 ) -> Callable[[F], F]:
+    path_type = LocalOutputPath if directory else click.Path
     return click.option(
         flag,
         name,
-        type=click.Path(file_okay=not directory, dir_okay=directory, path_type=Path),
+        type=path_type(file_okay=not directory, dir_okay=directory, path_type=Path),
         required=required,
         default=default,
         show_default=default is not None,

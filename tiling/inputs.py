@@ -1,18 +1,37 @@
 """Expanding inputs: paths, quoted globs, directories, URLs and STAC documents or searches into
-raster paths, in order."""
+raster paths, in order, each input once.
+
+One file can be named many ways: `a.tif` and `./a.tif` or `/data/a.tif`, a symlink and its
+target, a STAC href and the path a glob found, `https://Host/a.tif` and `https://host/a.tif`.
+Read twice, it would count twice (twice the chips, in both splits; twice the pixels in a
+score), so every name is reduced to the input it stands for (`input_identity`) and each input
+is kept once, under the first name given, with a warning naming both.
+"""
 
 from __future__ import annotations
 
 import glob as globlib
+import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from tiling.errors import SourceNotFoundError
+from tiling.records import NUM_BANDS
 from tiling.stac import stac_sources
 from tiling.stacquery import StacOptions, StacSource, is_stac_document
-from tiling.urls import filesystem, is_local, local_path, protocol, storage_errors
+from tiling.urls import (
+    AZURE_PROTOCOLS,
+    filesystem,
+    is_local,
+    local_path,
+    protocol,
+    storage_errors,
+)
+
+logger = logging.getLogger(__name__)
 
 RASTER_SUFFIXES = (".tif", ".tiff", ".TIF", ".TIFF", ".vrt")
 
@@ -44,7 +63,7 @@ def resolve_inputs(
     by href; `tiling.stac`). Duplicates dropped.
     """
     stac = stac or StacOptions()
-    found: list[str] = []
+    kept: dict[Any, str] = {}  # input_identity -> the name it is read under
     documents = [p for p in patterns if is_stac_document(p)]
     for pattern in patterns:
         if pattern in documents:
@@ -55,12 +74,69 @@ def resolve_inputs(
                 f"no {what} files match {pattern!r}; check the path "
                 "(quote globs so the shell does not expand them, e.g. 'naip/*.tif')"
             )
-        found.extend(m for m in matches if m not in found)
-    items: tuple[StacSource, ...] = ()
+        for match in matches:
+            _keep_once(match, kept, what)
+    items: list[StacSource] = []
     if documents or stac.search is not None:
-        items = stac_sources(documents, stac, storage_options=storage_options)
-        found.extend(s.href for s in items if s.href not in found)
-    return Inputs(paths=tuple(found), stac_items=items)
+        bands = NUM_BANDS if what == "image" else None
+        for source in stac_sources(documents, stac, storage_options=storage_options, bands=bands):
+            name = _keep_once(source.href, kept, what)
+            if all(name != s.href for s in items):
+                items.append(replace(source, href=name))  # the name its raster is read under
+    return Inputs(paths=tuple(kept.values()), stac_items=tuple(items))
+
+
+def input_identity(path: str) -> Any:
+    """What a path or URL reads, the same for every name of it: a local file's device and
+    inode (symlinks, `./`, `..`, relative and absolute paths, hard links alike); a URL with
+    its scheme (and an HTTP host) in lower case, without a default port, `.` and `..`
+    segments or a fragment, Azure's az://, abfs:// and abfss:// as one."""
+    if is_local(path):
+        local = local_path(path)
+        try:
+            stat = os.stat(local)
+        except OSError:
+            return ("file", os.path.realpath(local))
+        return ("inode", stat.st_dev, stat.st_ino)
+    split = urlsplit(path)
+    scheme = split.scheme.lower()
+    scheme = "az" if scheme in AZURE_PROTOCOLS else scheme
+    host = split.netloc
+    if scheme in LITERAL_PROTOCOLS:  # DNS names know no case; the default port is implied
+        host = (split.hostname or "").lower()
+        if split.port is not None and (scheme, split.port) not in (("http", 80), ("https", 443)):
+            host = f"{host}:{split.port}"
+    return (scheme, host, _without_dot_segments(split.path) or "/", split.query)
+
+
+def _without_dot_segments(path: str) -> str:
+    """A URL path with `.` and `..` segments resolved (RFC 3986, 5.2.4); `//` is kept, an
+    object store's key may hold it."""
+    kept: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if len(kept) > 1:
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    if path.endswith(("/.", "/..")):
+        kept.append("")
+    return "/".join(kept)
+
+
+def _keep_once(name: str, kept: dict[Any, str], what: str) -> str:
+    """Add `name` to `kept` unless its input is there already under another name (or the
+    same): then a warning names both, and the name it is read under is returned."""
+    identity = input_identity(name)
+    first = kept.get(identity)
+    if first is None:
+        kept[identity] = name
+        return name
+    if first == name:
+        logger.warning("%s %s is given twice; reading it once", what, name)
+    else:
+        logger.warning("%s %s is the same file as %s; reading it once", what, name, first)
+    return first
 
 
 def expand_inputs(

@@ -68,17 +68,35 @@ class StoreParams:
 
 
 def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
-    """The options that differ between a stored `StoreParams.to_json()` and a wanted one."""
+    """The options that differ between a stored `StoreParams.to_json()` and a wanted one, each
+    with both values: `chip_size 64 (now 80)`, `images differ (now with c.tif, without b.tif)`."""
     out = []
-    for key in sorted(set(stored) | set(wanted)):
+    # mappings last: the split rule is derived from the options named before it
+    keys = sorted(set(stored) | set(wanted), key=lambda k: (isinstance(stored.get(k), dict), k))
+    for key in keys:
         a, b = stored.get(key), wanted.get(key)
         if a == b:
             continue
-        if isinstance(a, (list, dict)) or isinstance(b, (list, dict)):
+        if isinstance(a, list) and isinstance(b, list):
+            out.append(f"{key} differ ({_list_change(a, b)})")
+        elif isinstance(a, (list, dict)) or isinstance(b, (list, dict)):
             out.append(f"{key} differ")
         else:
             out.append(f"{key} {a} (now {b})")
     return out
+
+
+def _list_change(stored: list[Any], wanted: list[Any]) -> str:
+    """What a list of inputs gains and loses: `now with c.tif (and 2 more), without b.tif`."""
+    parts = []
+    for word, items in (
+        ("with", [x for x in wanted if x not in stored]),
+        ("without", [x for x in stored if x not in wanted]),
+    ):
+        if items:
+            more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+            parts.append(f"{word} {items[0]}{more}")
+    return "now " + ", ".join(parts) if parts else "in another order"
 
 
 def create_arrays(group: zarr.Group, params: StoreParams) -> None:

@@ -4,6 +4,11 @@ One policy for every case: a complete store, one written with other options or b
 format, or one whose inputs changed since their sources were tiled is refused with the fix
 (--overwrite, or rerunning the original command); a directory that is not a chip store is
 never replaced. Resuming cuts the store back to its done sources (`truncate_to_done`).
+
+A rerun may change only the options of TILE_RERUN_MAY_CHANGE (where the store is, how many
+workers cut it, credentials, --overwrite); every other TileConfig option decides the chips
+and must match the store's (`StoreParams`, and the class table itself: `--num-classes` of
+an identity map), or the rerun is refused naming the option and both values.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 import zarr
 
+from tiling.classes import IDENTITY, ClassMap
 from tiling.errors import SourceChangedError, StoreError, StoreExistsError
 from tiling.fingerprint import Fingerprint
 from tiling.params import ARRAY_NAMES, StoreParams, create_arrays, differences
@@ -31,6 +37,23 @@ from tiling.urls import is_local, local_path, storage_errors, zarr_store
 from tiling.writer import ChipStoreWriter
 
 logger = logging.getLogger(__name__)
+
+# Every TileConfig field is in one of the two (tests/tiling/test_resume.py).
+TILE_RERUN_MAY_CHANGE = ("out", "workers", "storage_options", "overwrite")
+TILE_RERUN_MUST_MATCH = (
+    "images",
+    "labels",
+    "chip_size",
+    "stride",
+    "shard_size",
+    "min_valid",
+    "class_map",
+    "num_classes",
+    "val_fraction",
+    "split_block_chips",
+    "compression_level",
+    "zero_is_nodata",
+)
 
 
 def open_writer(
@@ -113,10 +136,13 @@ def _resume(
         diffs = differences(stored_params, params.to_json())
     else:  # nothing was tiled; only the digest of the options is recorded
         diffs = ["the options differ"] if meta.get("params_sha256") != params.digest() else []
+    if not diffs:
+        diffs = _class_table_change(summary.class_map, params.class_map)
     if diffs:
         raise StoreExistsError(
             f"{url} exists and was written with other options ({'; '.join(diffs[:3])}); "
-            "rerun the original command to resume it, or pass --overwrite to replace it"
+            "rerun the original command to resume it, or pass --overwrite to replace it, or "
+            "choose another --out"
         )
     if summary.complete:
         raise StoreExistsError(
@@ -140,6 +166,17 @@ def _resume(
     writer = ChipStoreWriter(url, group, params, sources)
     writer.truncate_to_done()
     return writer
+
+
+def _class_table_change(stored: ClassMap | None, wanted: ClassMap | None) -> list[str]:
+    """The class table of the store against the one a rerun would label with, when their names
+    agree (`StoreParams` records the name only): `--num-classes` of an identity map, or a
+    named table that another landcover defines otherwise."""
+    if stored is None or wanted is None or stored.to_json() == wanted.to_json():
+        return []
+    if stored.name == IDENTITY:
+        return [f"num_classes {stored.num_classes} (now {wanted.num_classes})"]
+    return [f"class_map {stored.name}: its class table differs from the store's"]
 
 
 def _refuse_changed_inputs(

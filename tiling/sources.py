@@ -36,7 +36,7 @@ from rasterio.enums import MaskFlags
 
 from tiling.errors import LabelError, SourceFormatError, SourceNotFoundError
 from tiling.inputs import RASTER_SUFFIXES, expand_inputs
-from tiling.urls import filesystem, is_local, local_path
+from tiling.urls import check_remote_file, filesystem, is_local, local_path
 
 __all__ = [
     "RASTER_SUFFIXES",
@@ -109,6 +109,7 @@ def open_raster(
     except rasterio.errors.RasterioIOError as exc:
         if is_local(path) and not os.path.exists(local_path(path)):
             raise SourceNotFoundError(f"{path}: no such file; check the path") from None
+        check_remote_file(path, storage_options)  # a 404 or a dead host is not a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
         raise SourceFormatError(
             f"{path}: not a readable GeoTIFF ({reason}); re-download it or leave it out"

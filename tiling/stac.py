@@ -3,10 +3,11 @@
 Wherever a command takes GeoTIFFs it also takes a STAC document (`*.json` / `*.geojson`: an
 ItemCollection or FeatureCollection such as a saved search, a single item, or a static
 `catalog.json` / `collection.json` whose items are walked) and a STAC API search
-(`StacSearch`, run with pystac-client). Each item gives the href of one asset (`image` by
-default); relative hrefs are resolved against the document that holds them, and the href is
-then opened like any other path or URL (fsspec/GDAL). Signing URLs (e.g. the Planetary
-Computer's SAS tokens) is the caller's business: sign them before saving the search.
+(`StacSearch`, paged in `tiling.stacsearch`). Every document read, a catalog's children
+included, is checked field by field first (`tiling.stacdoc`). Each item gives the href of one
+asset (`image` by default); relative hrefs are resolved against the document that holds them,
+and the href is then opened like any other path or URL (fsspec/GDAL). Signing URLs (e.g. the
+Planetary Computer's SAS tokens) is the caller's business: sign them before saving the search.
 
 Repeat coverage of one place (NAIP is flown every two or three years) must not double up, so
 one item is kept per *place* (`one_per_place`). Two items are the same place when
@@ -38,9 +39,11 @@ from pystac.stac_io import DefaultStacIO
 from pystac.utils import make_absolute_href
 from shapely.geometry.base import BaseGeometry
 
-from tiling.errors import SourceFormatError, SourceNotFoundError, StorageAccessError
-from tiling.stacquery import StacOptions, StacSearch, StacSource
-from tiling.urls import is_local, local_path, storage_errors
+from tiling.errors import SourceFormatError, SourceNotFoundError, TilingError
+from tiling.stacdoc import asset_href, check_document
+from tiling.stacquery import StacOptions, StacSource
+from tiling.stacsearch import search_items
+from tiling.urls import is_local, local_path, remote_failure, storage_errors
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +57,10 @@ def stac_sources(
     options: StacOptions,
     *,
     storage_options: Mapping[str, Any] | None = None,
+    bands: int | None = None,
 ) -> tuple[StacSource, ...]:
-    """The chosen items of `documents` and of `options.search`, one per place, sorted by href."""
+    """The chosen items of `documents` and of `options.search`, one per place, sorted by href;
+    `bands`: the bands the assets must have where they list theirs (None: any)."""
     io = FsspecStacIO(storage_options)
     items: list[tuple[pystac.Item, str]] = []
     for document in documents:
@@ -64,7 +69,9 @@ def stac_sources(
         items.extend((item, options.search.url) for item in search_items(options.search))
     chosen = one_per_place([item for item, _ in items], options.pick)
     kept = {id(item) for item in chosen}
-    sources = [_source(item, where, options.asset) for item, where in items if id(item) in kept]
+    sources = [
+        _source(item, where, options.asset, bands) for item, where in items if id(item) in kept
+    ]
     dropped = len(items) - len(sources)
     if dropped:
         logger.info("STAC: kept %d items, %d repeat(s) of a place dropped", len(sources), dropped)
@@ -80,9 +87,34 @@ class FsspecStacIO(DefaultStacIO):
 
     def read_text_from_href(self, href: str) -> str:
         if is_local(href):
-            return local_path(href).read_text(encoding="utf-8")
-        with storage_errors(href), fsspec.open(href, "r", **self.storage_options) as f:
-            return str(f.read())
+            try:
+                return local_path(href).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise SourceNotFoundError(
+                    f"STAC file {href} does not exist; check the path"
+                ) from None
+        try:
+            with storage_errors(href), fsspec.open(href, "r", **self.storage_options) as f:
+                return str(f.read())
+        except FileNotFoundError as exc:  # fsspec's HTTP says so for a 404 and a dead host
+            raise remote_failure(href, exc) or SourceNotFoundError(
+                f"STAC file {href} does not exist; check the URL"
+            ) from None
+
+    def read_json(self, source: pystac.link.HREF, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The JSON of a document, checked (`tiling.stacdoc`): a malformed one, or a child
+        that a catalog links, is one line naming it and the field."""
+        href = str(source.href if isinstance(source, pystac.Link) else source)
+        text = self.read_text(source, *args, **kwargs)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SourceFormatError(
+                f"{href}: not JSON ({exc.msg} at line {exc.lineno}); pass a STAC "
+                "ItemCollection, item, catalog.json or collection.json"
+            ) from None
+        check_document(data, href)
+        return data  # type: ignore[no-any-return]
 
 
 def read_items(document: str, io: pystac.StacIO | None = None) -> list[pystac.Item]:
@@ -91,60 +123,55 @@ def read_items(document: str, io: pystac.StacIO | None = None) -> list[pystac.It
     href = _absolute(document)
     try:
         data = io.read_json(href)
-    except FileNotFoundError:
-        raise SourceNotFoundError(f"STAC file {document} does not exist; check the path") from None
-    except json.JSONDecodeError as exc:
-        raise SourceFormatError(
-            f"{document}: not JSON ({exc.msg} at line {exc.lineno}); pass a STAC ItemCollection, "
-            "item, catalog.json or collection.json"
-        ) from None
+    except TilingError as exc:  # named by its absolute href: name it as it was given
+        raise type(exc)(str(exc).replace(href, document, 1)) from None
     kind = data.get("type") if isinstance(data, dict) else None
+    items: list[pystac.Item] | None = None
     try:
         if isinstance(data, dict) and pystac.ItemCollection.is_item_collection(data):
             # Items of a saved search rarely have a self link: relative asset hrefs are
             # resolved against the document instead (`_source`).
-            return list(pystac.ItemCollection.from_dict(data, preserve_dict=False))
-        if kind in ("Feature", "Catalog", "Collection"):
+            items = list(pystac.ItemCollection.from_dict(data, preserve_dict=False))
+        elif kind in ("Feature", "Catalog", "Collection"):
             stac_object = pystac.read_file(href, stac_io=io)
             if isinstance(stac_object, pystac.Item):
-                return [stac_object]
-            if isinstance(stac_object, pystac.Catalog):
-                return list(stac_object.get_items(recursive=True))
+                items = [stac_object]
+            elif isinstance(stac_object, pystac.Catalog):
+                items = list(stac_object.get_items(recursive=True))
     except pystac.STACError as exc:
+        # a child document that failed our checks: its own line, naming it and the field
+        cause = next((e for e in _causes(exc) if isinstance(e, TilingError)), None)
+        if cause is not None:
+            raise type(cause)(f"{cause} (reached from {document})") from None
         raise SourceFormatError(f"{document}: not valid STAC ({exc})") from None
-    raise SourceFormatError(
-        f"{document}: JSON but not STAC (type {kind!r}); pass a STAC ItemCollection / "
-        "FeatureCollection of items, an item, a catalog.json or a collection.json"
-    )
-
-
-def search_items(search: StacSearch) -> list[pystac.Item]:
-    """Run a STAC API item search with pystac-client; an empty result is an error."""
-    from pystac_client import Client
-    from pystac_client.exceptions import APIError
-
-    try:
-        client = Client.open(search.url)
-        found = client.search(
-            collections=list(search.collections),
-            bbox=list(search.bbox) if search.bbox is not None else None,
-            intersects=dict(search.intersects) if search.intersects is not None else None,
-            datetime=search.datetime,
-            max_items=search.max_items,
-        )
-        items = list(found.items())
-    except (APIError, OSError, pystac.STACError, NotImplementedError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageAccessError(
-            f"--stac-api {search.url}: search failed ({type(exc).__name__}: {first}); "
-            "check the URL, --collection and --datetime"
+    except TilingError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # what the checks miss
+        raise SourceFormatError(
+            f"{document}: not valid STAC ({type(exc).__name__}: {exc}); fix the document or "
+            "leave it out"
         ) from None
+    if items is None:
+        raise SourceFormatError(
+            f"{document}: JSON but not STAC (type {kind!r}); pass a STAC ItemCollection / "
+            "FeatureCollection of items, an item, a catalog.json or a collection.json"
+        )
     if not items:
-        raise SourceNotFoundError(
-            f"STAC search of {search.describe()} found no items; widen --bbox or --datetime, "
-            "or check the collection name"
+        raise SourceFormatError(
+            f"{document}: holds no STAC items ({kind or 'FeatureCollection'} without items); "
+            "pass a document that lists the images"
         )
     return items
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exceptions `exc` was raised from, innermost last."""
+    chain: list[BaseException] = []
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain
 
 
 def item_dates(item: pystac.Item) -> tuple[datetime | None, datetime | None]:
@@ -206,14 +233,16 @@ def _absolute(where: str) -> str:
     return str(local_path(where).absolute()) if is_local(where) else where
 
 
-def _source(item: pystac.Item, where: str, asset: str) -> StacSource:
+def _source(item: pystac.Item, where: str, asset: str, bands: int | None) -> StacSource:
     if asset not in item.assets:
         keys = ", ".join(sorted(item.assets)) or "none"
         raise SourceFormatError(
-            f"STAC item {item.id} (from {where}) has no asset {asset!r} (its assets: {keys}); "
+            f"STAC item {item.id} (from {item.get_self_href() or where}) has no asset "
+            f"{asset!r} (its assets: {keys}); "
             "pass --stac-asset with one of those"
         )
     target = item.assets[asset]
+    asset_href(item, asset, item.get_self_href() or where, bands=bands)  # empty: refused
     href = target.get_absolute_href() or make_absolute_href(target.href, _absolute(where))
     if href.startswith("file://"):
         href = str(local_path(href))

@@ -17,6 +17,9 @@ from tiling.errors import TilingError
 STAC_SUFFIXES = (".json", ".geojson")
 DEFAULT_ASSET = "image"
 PICKS = ("newest", "oldest", "all")
+# Items an API search may return (`--max-items`): a county's NAIP over a decade is a few
+# hundred; a search that would page through a whole collection (millions) is refused.
+DEFAULT_MAX_ITEMS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +31,15 @@ class StacSearch:
     bbox: tuple[float, float, float, float] | None = None  # lon/lat W, S, E, N
     intersects: Mapping[str, Any] | None = None  # a GeoJSON geometry in lon/lat
     datetime: str | None = None  # RFC 3339 instant or range, e.g. "2018/2021"
-    max_items: int | None = None
+    max_items: int = DEFAULT_MAX_ITEMS  # more is an error (`tiling.stacsearch`)
 
     def __post_init__(self) -> None:
         if not self.collections:
             raise TilingError(
                 f"--stac-api {self.url} needs --collection NAME (e.g. --collection naip)"
             )
+        if self.max_items < 1:
+            raise TilingError(f"--max-items {self.max_items} must be >= 1")
 
     def describe(self) -> str:
         parts = [f"collections {','.join(self.collections)}"]

@@ -95,7 +95,7 @@ def synthesize_scenes(config: SynthConfig) -> SynthResult:
     size, res = config.size_px, config.resolution_m
     with rasterio.Env(GDAL_PAM_ENABLED="NO"):  # no .aux.xml beside files we rename
         names = _scene_names(config, crs, cols)
-        naip_dir, label_dir = Path(config.out_dir) / "naip", Path(config.out_dir) / "labels"
+        naip_dir, label_dir = scene_folders(config.out_dir)
         image_paths = [naip_dir / name for name in names]
         label_paths = [label_dir / name.replace(".tif", "_lc.tif") for name in names]
         _check_no_foreign_rasters(naip_dir, image_paths)
@@ -130,6 +130,11 @@ def synthesize_scenes(config: SynthConfig) -> SynthResult:
 
 
 # --- configuration and names -------------------------------------------------------------
+
+
+def scene_folders(out_dir: Path) -> tuple[Path, Path]:
+    """The folders `synthesize_scenes` writes into: (OUT/naip, OUT/labels)."""
+    return Path(out_dir) / "naip", Path(out_dir) / "labels"
 
 
 def _validate(config: SynthConfig) -> tuple[CRS, CRS | None]:
@@ -212,6 +217,14 @@ def _check_no_foreign_rasters(folder: Path, ours: Sequence[Path]) -> None:
             f"{folder} holds {len(foreign)} other .tif file(s) (e.g. {foreign[0].name}) that "
             "would mix with the synthetic scenes; choose an empty output folder or remove them"
         )
+    # A rerun rewrites its own files; a link or a folder at one of their names is not one.
+    for path in ours:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a symbolic link" if path.is_symlink() else "not a file"
+            raise TilingError(
+                f"{path} is {kind}, so not a scene an earlier run wrote; choose an empty "
+                "output folder or remove it"
+            )
 
 
 # --- writing -------------------------------------------------------------------------------

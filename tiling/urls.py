@@ -9,6 +9,7 @@ fork is bound to the parent's event loop and hangs in the child.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -22,7 +23,7 @@ import zarr.storage
 from zarr.abc.store import ByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
-from tiling.errors import StorageAccessError, TilingError
+from tiling.errors import SourceNotFoundError, StorageAccessError, TilingError
 
 logger = logging.getLogger(__name__)
 
@@ -209,3 +210,91 @@ def storage_errors(url: str) -> Iterator[None]:
                 "check the URL, the account and --storage-options"
             ) from exc
         raise
+
+
+# Exception classes, by name, that mean the host did not answer: aiohttp's (fsspec's HTTP),
+# requests' and urllib3's (pystac-client), so that neither client library need be importable.
+_CONNECTION_ERRORS = frozenset(
+    {"ClientConnectorError", "ConnectionError", "NewConnectionError", "ConnectTimeoutError"}
+)
+
+
+def remote_failure(url: str, exc: BaseException, *, name: str | None = None) -> TilingError | None:
+    """The one-line error for a request to remote `url` that failed with `exc`, found in `exc`
+    and the exceptions it chains: "not found (HTTP 404)" (SourceNotFoundError), "access denied
+    (HTTP 403)", another HTTP status, or "cannot connect to HOST (reason)" (StorageAccessError);
+    None when none of them says so (then the file itself is at fault). The message starts with
+    `name` (default: the URL)."""
+    name = url if name is None else name
+    chain = _exception_chain(exc)
+    for error in chain:
+        if isinstance(error, (ConnectionError, socket.gaierror)) or any(
+            cls.__name__ in _CONNECTION_ERRORS for cls in type(error).__mro__
+        ):
+            split = urlsplit(url)
+            host = split.hostname or url
+            host = f"{host}:{split.port}" if split.port else host
+            reasons = [_os_reason(e) for e in chain if isinstance(e, OSError) and e.strerror]
+            why = f" ({reasons[0]})" if reasons else ""
+            return StorageAccessError(
+                f"{name}: cannot connect to {host}{why}; check the URL and the network"
+            )
+    for error in chain:
+        status = getattr(error, "status", None) or getattr(error, "status_code", None)
+        if isinstance(status, int) and status >= 400:
+            if status in (404, 410):
+                return SourceNotFoundError(f"{name}: not found (HTTP {status}); check the URL")
+            if status in (401, 403):
+                return StorageAccessError(
+                    f"{name}: access denied (HTTP {status}); check the URL's signature or "
+                    "token (signed URLs expire) and --storage-options"
+                )
+            kind = "server error" if status >= 500 else "request refused"
+            return StorageAccessError(
+                f"{name}: {kind} (HTTP {status}); check the URL, or try again later"
+            )
+    if any(isinstance(e, FileNotFoundError) for e in chain):
+        return SourceNotFoundError(f"{name}: not found; check the URL")
+    return None
+
+
+def check_remote_file(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Ask the storage behind remote `url` for the file; raise `remote_failure`'s error when
+    it is missing or its host does not answer. Returns for a local path, or a file that is
+    there. Called after a read failed, to say why in words a user can act on."""
+    if is_local(url):
+        return
+    fs, path = filesystem(url, storage_options)
+    try:
+        fs.info(path)
+    except Exception as exc:
+        error = remote_failure(url, exc)
+        if error is not None:
+            raise error from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageAccessError(
+            f"{url}: storage error ({type(exc).__name__}: {first}); check the URL and "
+            "--storage-options"
+        ) from None
+
+
+def _os_reason(error: OSError) -> str:
+    """ "Connection refused" rather than asyncio's "Connect call failed ('host', port)"."""
+    if isinstance(error.errno, int) and error.errno > 0:  # a gaierror's are negative
+        return os.strerror(error.errno)
+    return str(error.strerror)
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception it refers to: causes, contexts, urllib3's `reason`,
+    aiohttp's `os_error`, and exceptions among the arguments (requests wraps that way)."""
+    chain: list[BaseException] = []
+    pending: list[object] = [exc]
+    while pending:
+        error = pending.pop(0)
+        if not isinstance(error, BaseException) or any(error is seen for seen in chain):
+            continue
+        chain.append(error)
+        pending += [error.__cause__, error.__context__, *error.args]
+        pending += [getattr(error, "reason", None), getattr(error, "os_error", None)]
+    return chain

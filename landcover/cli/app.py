@@ -2,8 +2,9 @@
 
 Subcommands live in `landcover.cli.*` modules and are imported only when invoked, so
 `landcover info` does not pay for importing torch. Errors of our packages (bad input) are
-printed as one line on stderr with exit code 2; anything else is a bug and still gets one
-line (exit 3) unless `-v` asks for the traceback.
+printed as one line on stderr with exit code 2, as is a file system's refusal to store a file
+(full, read-only, no permission); anything else is a bug and still gets one line (exit 3)
+unless `-v` asks for the traceback.
 
 The process, whatever the command:
 - SIGTERM (a scheduler's cancel, `kill`, a container stop) raises `Terminated` in the main
@@ -17,6 +18,7 @@ The process, whatever the command:
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import logging
 import os
@@ -34,6 +36,7 @@ import click
 from cluster.errors import ClusterError
 from cluster.failures import record_worker_error
 from cluster.redact import Redactor
+from landcover.atomic import WRITE_FAILURE_ERRNOS, write_failure_message
 from landcover.errors import LandcoverError
 from landcover.warnlog import WarningLogger
 from tiling.errors import TilingError
@@ -183,6 +186,10 @@ class LazyGroup(click.Group):
             if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
                 _silence_stdout()
                 raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+            if isinstance(exc, OSError) and exc.errno in WRITE_FAILURE_ERRNOS:
+                message = refused_by_file_system(exc)
+                _leave_rank_error(ctx, message, bad_input=True)
+                raise UserFacingError(message, exit_code=2) from exc
             _leave_rank_error(ctx, f"internal error: {type(exc).__name__}: {exc}")
             if ctx.obj and ctx.obj.get("verbose", 0) > 0:
                 raise
@@ -190,6 +197,16 @@ class LazyGroup(click.Group):
                 f"internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
                 exit_code=3,
             ) from exc
+
+
+def refused_by_file_system(exc: OSError) -> str:
+    """The one line for a file system's refusal (full, read-only, no permission) that no
+    writer of ours turned into an error naming its output, e.g. an append to a log: the path
+    and the fix."""
+    path = exc.filename or "a file"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{path}: {exc.strerror or 'permission denied'}; check its permissions"
+    return write_failure_message(path, exc)
 
 
 def _leave_rank_error(ctx: click.Context, message: str, *, bad_input: bool = False) -> None:

@@ -31,6 +31,7 @@ from cluster.engine import (
 )
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
+from landcover.atomic import check_can_create_in
 from landcover.cli.stagejob import STAGES, StageError, logging_args_of, stage_job
 from landcover.errors import TrainingError
 from landcover.options import cluster_json_option, out_dir_option, overwrite_option
@@ -113,6 +114,10 @@ def cluster_stage(ctx: click.Context, stage_args: Sequence[str]) -> tuple[Job, s
     assert stage_command is not None
     with stage_command.make_context(stage, list(args), parent=ctx) as parsed:
         params = dict(parsed.params)
+    if stage == "predict":
+        from landcover.cli.predict import check_distinct_outputs
+
+        check_distinct_outputs(params)
     job = stage_job(
         stage,
         args,
@@ -165,6 +170,8 @@ def plan_command(
     train_args: tuple[str, ...],
 ) -> None:
     """Print exactly what `launch` would do (secrets redacted)."""
+    if out_dir is not None:
+        check_can_create_in(out_dir, option="--out")
     spec = load_cluster_spec(cluster_json)
     staged = cluster_stage(click.get_current_context(), train_args)
     job = staged[0] if staged else cluster_training(train_args, spec, entry_module)[0]
@@ -268,7 +275,10 @@ def _launch_and_report(
 )
 @cluster_json_option("cluster.json to run on (default: this machine, one node, N processes).")
 @click.option(
-    "--overwrite", is_flag=True, help="Redo every run (default: reuse the finished ones)."
+    "--overwrite",
+    is_flag=True,
+    help="Redo every run, removing the runs the previous sweep.json recorded (default: reuse "
+    "the finished runs that had the same threads per worker).",
 )
 @_entry_module_option
 @_train_args_argument
@@ -293,6 +303,7 @@ def scale_command(
     lists them. More workers than cores runs, but is marked oversubscribed. A rerun reuses
     the runs that finished.
     """
+    check_can_create_in(out_dir, option="--out")
     config = SweepConfig(
         store=store,
         workers=parse_worker_counts(workers_text),

@@ -6,10 +6,13 @@ import logging
 from typing import Any
 
 import click
+from click.core import ParameterSource
+
+from landcover.errors import ExportError
 
 # Imports torch: paid only when `landcover export` runs (the group loads commands lazily).
 from landcover.models.export import DEFAULT_OPSET, EXPORT_FORMATS, export_model
-from landcover.options import overwrite_option, storage_options_option
+from landcover.options import output_url_callback, overwrite_option, storage_options_option
 
 logger = logging.getLogger(__name__)
 
@@ -23,17 +26,25 @@ logger = logging.getLogger(__name__)
     required=True,
     help="onnx (onnxruntime, TensorRT, ...) or torchscript (LibTorch).",
 )
-@click.option("--out", required=True, help="Output file, e.g. model.onnx (local path).")
+@click.option(
+    "--out",
+    required=True,
+    callback=output_url_callback(),
+    help="Output file, e.g. model.onnx (local path).",
+)
 @click.option(
     "--opset",
-    type=click.IntRange(min=7),
+    type=int,
     default=DEFAULT_OPSET,
     show_default=True,
-    help="ONNX opset; below 18 the exporter's graph is converted down.",
+    help="ONNX opset of the file, from 18 (the exporter's own) to the newest the installed "
+    "onnx knows; above 18 the graph is converted up. --format onnx only.",
 )
 @overwrite_option
 @storage_options_option
+@click.pass_context
 def export_command(
+    ctx: click.Context,
     model: str,
     export_format: str,
     out: str,
@@ -42,6 +53,10 @@ def export_command(
     storage_options: dict[str, Any],
 ) -> None:
     """Export MODEL (a model.pt) for other runtimes; batch, height and width stay dynamic."""
+    if export_format != "onnx" and ctx.get_parameter_source("opset") is ParameterSource.COMMANDLINE:
+        raise ExportError(
+            f"--opset {opset} applies to --format onnx only; drop it for --format {export_format}"
+        )
     result = export_model(
         model,
         out,

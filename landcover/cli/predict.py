@@ -7,18 +7,28 @@ predicts its block rows, rank 0 writes the COG and alone prints the summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from landcover.atomic import require_distinct
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
 from landcover.distenv import DistEnv
-from landcover.errors import RegionError
-from landcover.options import overwrite_option, storage_options_option
-from landcover.prediction.choices import DEFAULT_MAX_PIXELS, RUNTIMES, TTA_MODES
+from landcover.errors import EvaluationError, RegionError
+from landcover.options import output_url_callback, overwrite_option, storage_options_option
+from landcover.outputlock import exclusive_outputs
+from landcover.prediction.choices import (
+    DEFAULT_MAX_PIXELS,
+    RESOLUTION_LIMIT_FACTOR,
+    RESOLUTION_WARN_FACTOR,
+    RUNTIMES,
+    TTA_MODES,
+)
 
 if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid
@@ -30,7 +40,12 @@ logger = logging.getLogger(__name__)
 @click.argument("model")
 @click.argument("images", nargs=-1)
 @stac_input_options(search_bbox=False)
-@click.option("--out", required=True, help="Output land-cover COG: a local path or an az:// URL.")
+@click.option(
+    "--out",
+    required=True,
+    callback=output_url_callback(remote=True),
+    help="Output land-cover COG: a local path or an az:// URL.",
+)
 @click.option(
     "--region",
     default=None,
@@ -48,8 +63,10 @@ logger = logging.getLogger(__name__)
     "--resolution",
     type=float,
     default=None,
-    help="Output pixel size in --dst-crs units [default: the model's resolution]. "
-    "Grids above --max-pixels are refused.",
+    help="Output pixel size in --dst-crs units [default: the model's resolution]. More than "
+    f"{RESOLUTION_LIMIT_FACTOR:g}x coarser or finer than the model's is refused, more than "
+    f"{RESOLUTION_WARN_FACTOR:g}x warned about (the model sees objects at another scale than "
+    "it learnt); grids above --max-pixels are refused.",
 )
 @click.option(
     "--max-pixels",
@@ -90,11 +107,13 @@ logger = logging.getLogger(__name__)
 @click.option(
     "--probabilities",
     default=None,
+    callback=output_url_callback(remote=True),
     help="Also write per-class probabilities (uint8, scale 1/254, 255 = nodata) as a COG.",
 )
 @click.option(
     "--stac-item",
     default=None,
+    callback=output_url_callback(),
     metavar="PATH",
     help="Also write a STAC item describing the COG here (e.g. lc.json): footprint, dates of "
     "the input items, projection, raster band and classification:classes.",
@@ -155,12 +174,22 @@ def predict_command(
     """
     if region is not None and bbox is not None:
         raise RegionError("give either --region or --bbox, not both")
+    if region_crs is not None and region is None and bbox is None:
+        raise RegionError(
+            f"--region-crs {region_crs} applies to --region or --bbox coordinates; give one of "
+            "them or drop --region-crs (the default region is the union of the images)"
+        )
     if stac_inputs.api is not None and region is None and bbox is None:
         raise RegionError(
             f"--stac-api {stac_inputs.api}: give --region or --bbox, the area to search and map"
         )
     stac_inputs.check(images, area=True)
+    check_distinct_outputs(ctx.params)
     if nproc > 1:  # the ranks check the rest (outputs first, before the model loads)
+        # A run writing them now is refused before the ranks start (rank 0 takes the lock);
+        # an output that cannot be written at all is left to the ranks' own check.
+        with contextlib.suppress(OSError), exclusive_outputs((out, probabilities), "predict"):
+            pass
         launch_local_ranks(ctx, "predict", nproc)  # rank 0 writes the STAC item too
         return
     from landcover.prediction.region import (
@@ -187,6 +216,7 @@ def predict_command(
         storage_options=storage_options,
         intersects=None if area is None else area.__geo_interface__,
     )
+    check_distinct_outputs(ctx.params, images=inputs.paths)  # globs and STAC hrefs resolved
     config = PredictConfig(
         model=model,
         images=inputs.paths,
@@ -224,6 +254,18 @@ def predict_command(
         report(summary_to, f"wrote {stac_item}")
 
 
+def check_distinct_outputs(params: Mapping[str, Any], *, images: Sequence[str] = ()) -> None:
+    """Refuse, before any work, two of the outputs of `predict` (its parsed `params`) at one
+    file, or an output at the model or at one of `images` (default: IMAGES as given)."""
+    outputs = [(f"--{name.replace('_', '-')}", params.get(name)) for name in _OUTPUT_PARAMS]
+    sources = images or params.get("images") or ()
+    inputs = [("model", str(params["model"])), *(("image", str(p)) for p in sources)]
+    require_distinct(outputs, inputs=inputs)
+
+
+_OUTPUT_PARAMS = ("out", "probabilities", "stac_item")
+
+
 def _summary_line(
     out: str, grid: OutputGrid, valid_pixels: int, images: int, elapsed_s: float
 ) -> str:
@@ -250,7 +292,11 @@ def _summary_line(
     help="Remap of the truth's raw codes [default: the prediction's class map].",
 )
 @click.option(
-    "--out", "out_dir", default=None, help="Write metrics.json, metrics.md and confusion.png here."
+    "--out",
+    "out_dir",
+    default=None,
+    callback=output_url_callback(),
+    help="Write metrics.json, metrics.md and confusion.png here (a local directory).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @overwrite_option
@@ -271,6 +317,14 @@ def evaluate_command(
         evaluate_prediction,
         write_report,
     )
+    from tiling.urls import check_storage_options
+
+    if overwrite and out_dir is None:
+        raise EvaluationError(
+            "--overwrite replaces the report of --out DIR, and no --out was given; add "
+            "--out DIR or drop --overwrite"
+        )
+    check_storage_options([prediction, *truth, *([out_dir] if out_dir else [])], storage_options)
 
     config = EvaluateConfig(
         prediction=prediction,

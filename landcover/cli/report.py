@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from landcover.atomic import check_can_create_in
 from landcover.options import out_dir_option, overwrite_option
 from landcover.scaling.projection import DEFAULT_NETWORK, parse_network
 from landcover.scaling.report import (
@@ -77,6 +78,7 @@ def scaling_command(
 
     RUN_DIRS are `landcover train --out` directories or sweep directories holding them.
     """
+    check_can_create_in(out_dir, option="--out")
     chosen = parse_network(network) if network is not None else None
     runs = load_runs(run_dirs)
     report = build_scaling_report(runs, project_to=project_to, network=chosen)

@@ -1,9 +1,10 @@
 """The STAC input options of `landcover tile` and `landcover predict`, gathered into one value.
 
-`stac_input_options` adds `--stac-api`, `--collection`, `--datetime`, `--stac-asset`,
-`--stac-pick` (and, for `tile`, `--bbox`: `predict` searches its own --region / --bbox) and
-hands the command a single `stac_inputs: StacInputArgs`; `StacInputArgs.resolve` expands
-IMAGES and the search into raster paths with `tiling.inputs.resolve_inputs`.
+`stac_input_options` adds `--stac-api`, `--collection`, `--datetime`, `--max-items`,
+`--stac-asset`, `--stac-pick` (and, for `tile`, `--bbox`: `predict` searches its own
+--region / --bbox) and hands the command a single `stac_inputs: StacInputArgs`;
+`StacInputArgs.resolve` expands IMAGES and the search into raster paths with
+`tiling.inputs.resolve_inputs`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from tiling.errors import TilingError
-from tiling.stacquery import DEFAULT_ASSET, PICKS, StacOptions, StacSearch, parse_bbox
+from tiling.stacquery import (
+    DEFAULT_ASSET,
+    DEFAULT_MAX_ITEMS,
+    PICKS,
+    StacOptions,
+    StacSearch,
+    is_stac_document,
+    parse_bbox,
+)
 
 if TYPE_CHECKING:
     from tiling.inputs import Inputs
@@ -39,6 +48,7 @@ class StacInputArgs:
     datetime: str | None = None
     asset: str = DEFAULT_ASSET
     pick: str = "newest"
+    max_items: int | None = None  # None: DEFAULT_MAX_ITEMS
 
     def check(self, images: Sequence[str], *, area: bool = False) -> None:
         """Refuse what IMAGES and the STAC options get wrong by themselves, before anything is
@@ -55,6 +65,7 @@ class StacInputArgs:
                     ("--collection", self.collections),
                     ("--bbox", self.bbox),
                     ("--datetime", self.datetime),
+                    ("--max-items", self.max_items),
                 )
                 if value
             ]
@@ -63,6 +74,7 @@ class StacInputArgs:
                     f"{given[0]} applies only to a STAC API search; add --stac-api URL"
                 )
             StacOptions(asset=self.asset, pick=self.pick)
+            self._check_stac_documents(images)
             return
         if self.bbox is not None:
             parse_bbox(self.bbox)
@@ -71,7 +83,27 @@ class StacInputArgs:
                 f"--stac-api {self.api}: give --bbox W,S,E,N (lon/lat) to search; without it "
                 "the search would return the whole collection"
             )
-        StacSearch(url=self.api, collections=self.collections)
+        StacSearch(url=self.api, collections=self.collections, max_items=self._max_items)
+
+    def _check_stac_documents(self, images: Sequence[str]) -> None:
+        """Refuse --stac-asset / --stac-pick away from their defaults when no input is STAC (no
+        --stac-api, no STAC document among IMAGES): rasters given as such have no assets."""
+        if any(is_stac_document(p) for p in images):
+            return
+        defaults = StacInputArgs()
+        for flag, value, default in (
+            ("--stac-asset", self.asset, defaults.asset),
+            ("--stac-pick", self.pick, defaults.pick),
+        ):
+            if value != default:
+                raise TilingError(
+                    f"{flag} {value} applies only to STAC inputs (a STAC JSON file among "
+                    "IMAGES, or --stac-api URL), and IMAGES hold none; drop it"
+                )
+
+    @property
+    def _max_items(self) -> int:
+        return DEFAULT_MAX_ITEMS if self.max_items is None else self.max_items
 
     def _options(self, *, intersects: Mapping[str, Any] | None = None) -> StacOptions:
         """`StacOptions` for `resolve_inputs` (after `check`); `intersects` (lon/lat GeoJSON)
@@ -84,6 +116,7 @@ class StacInputArgs:
             bbox=parse_bbox(self.bbox) if self.bbox is not None else None,
             intersects=intersects,
             datetime=self.datetime,
+            max_items=self._max_items,
         )
         return StacOptions(asset=self.asset, pick=self.pick, search=search)
 
@@ -140,6 +173,14 @@ def stac_input_options(*, search_bbox: bool) -> Callable[[F], F]:
             help="Date or range of the --stac-api search, e.g. 2018/2021 or 2019-06-01/..",
         ),
         click.option(
+            "--max-items",
+            type=click.IntRange(min=1),
+            default=None,
+            metavar="N",
+            help=f"Refuse a --stac-api search that matches more than N items (default "
+            f"{DEFAULT_MAX_ITEMS}): narrow it, or raise N. Each page read is logged.",
+        ),
+        click.option(
             "--stac-asset",
             default=DEFAULT_ASSET,
             show_default=True,
@@ -164,6 +205,7 @@ def stac_input_options(*, search_bbox: bool) -> Callable[[F], F]:
                 collections=tuple(kwargs.pop("collections")),
                 bbox=kwargs.pop("bbox") if search_bbox else None,
                 datetime=kwargs.pop("datetime"),
+                max_items=kwargs.pop("max_items"),
                 asset=kwargs.pop("stac_asset"),
                 pick=kwargs.pop("stac_pick"),
             )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from landcover.atomic import check_can_create_in
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import (
     enter_rank,
@@ -25,7 +26,12 @@ from landcover.cli.stagejob import (
     stage_options,
 )
 from landcover.distenv import DistEnv, pooled_share
-from landcover.options import overwrite_option, storage_options_option
+from landcover.options import (
+    LocalOutputPath,
+    output_url_callback,
+    overwrite_option,
+    storage_options_option,
+)
 from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
 
 if TYPE_CHECKING:
@@ -54,7 +60,7 @@ def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None
 
 
 @click.command("synth")
-@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out_dir", type=LocalOutputPath(file_okay=False, path_type=Path))
 @click.option("--scenes", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option(
     "--size",
@@ -67,8 +73,10 @@ def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None
 @click.option("--seed", type=int, default=0, show_default=True)
 def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     """Write synthetic NAIP-like scenes and Chesapeake labels to OUT_DIR."""
-    from tiling.synth import SynthConfig, synthesize_scenes
+    from tiling.synth import SynthConfig, scene_folders, synthesize_scenes
 
+    for folder in scene_folders(out_dir):  # before the world is built
+        check_can_create_in(folder)
     result = synthesize_scenes(
         SynthConfig(out_dir=out_dir, scenes=scenes, size_px=size_px, seed=seed)
     )
@@ -90,7 +98,12 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     help="Label rasters: a file, directory or quoted glob (repeatable). Matched to "
     "images by footprint, warped onto the image grid. Omit for an images-only store.",
 )
-@click.option("--out", required=True, help="Store URL: path, NFS path, az://container/x.zarr.")
+@click.option(
+    "--out",
+    required=True,
+    callback=output_url_callback(remote=True),
+    help="Store URL: path, NFS path, az://container/x.zarr.",
+)
 @click.option("--chip-size", type=int, default=256, show_default=True, help="Chip side in px.")
 @click.option("--stride", type=int, default=None, help="Step between chips in px [chip size].")
 @click.option(

@@ -13,6 +13,7 @@ worker's command line or in a log.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
@@ -27,6 +28,8 @@ from cluster.redact import Redactor, collect_secret_values
 from cluster.spec import local_spec
 from landcover.cli.app import USER_ERRORS, UserFacingError, log_warnings, terminate_on_sigterm
 from landcover.errors import TrainingError
+from landcover.options import check_output_url
+from landcover.outputlock import exclusive_outputs
 from landcover.training.config import config_from_params, train_options
 from landcover.training.launch import training_job
 
@@ -40,10 +43,15 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     """Train a segmentation model on chip store STORE, writing RUN_DIR (--out)."""
     from landcover.training import train
     from landcover.training.preflight import check_local_training
+    from tiling.urls import check_storage_options
 
     config = config_from_params(params)
     if nproc < 1:
         raise TrainingError(f"--nproc {nproc} must be >= 1")
+    # This process or its local workers write RUN_DIR: a local directory. (A launcher may
+    # give a job other places, e.g. an Azure ML output: `landcover cluster launch`.)
+    check_output_url(config.out_dir, option="--out")
+    check_storage_options([config.store_url, config.out_dir], config.storage_options)
     if nproc == 1:
         result = train(config)
         if math.isnan(result.best_val_miou):  # a store without val chips
@@ -54,6 +62,8 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
         return
     # Fail here, with one clean line, rather than in N workers.
     check_local_training(config, world_sizes=(nproc,))
+    with contextlib.suppress(OSError), exclusive_outputs([config.out_dir], "train"):
+        pass  # a run writing RUN_DIR now: refused before the workers start (rank 0 takes it)
     root = ctx.find_root().obj or {}
     verbose, quiet = int(root.get("verbose", 0)), bool(root.get("quiet", False))
     spec = local_spec(nproc)

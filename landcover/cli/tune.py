@@ -10,6 +10,7 @@ import click
 
 from cluster.clusterjson import load_cluster_spec
 from cluster.engine import LaunchOptions
+from landcover.atomic import check_can_create_in
 from landcover.options import cluster_json_option, out_dir_option
 from landcover.training.launch import WORKER_MODULE
 from landcover.tuning.results import TrialRow, format_trials_table
@@ -60,6 +61,7 @@ def tune_command(
     Each trial trains into OUT/trial-NNN. Rerunning the command resumes the search until
     --trials have finished. Other training options go after `--`.
     """
+    check_can_create_in(out_dir, option="--out")
     require_optuna()
     config = TuneConfig(
         store=store,

@@ -34,6 +34,7 @@ from tiling.classes import (
 from tiling.errors import TilingError
 from tiling.reader import RasterReader
 from tiling.sources import RasterInfo, expand_inputs, open_label
+from tiling.urls import check_remote_file
 
 __all__ = ["EvaluateConfig", "evaluate_prediction"]
 
@@ -56,7 +57,9 @@ def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
     if config.block_px < 1:
         raise EvaluationError(f"block size {config.block_px} px: must be positive")
     with rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024):
-        grid, pred_class_map, tagged = _open_prediction(config.prediction)
+        grid, pred_class_map, tagged = _open_prediction(
+            config.prediction, storage_options=config.storage_options
+        )
         truth_map = _truth_class_map(config.class_map, pred_class_map)
         if truth_map.num_classes != pred_class_map.num_classes:
             raise EvaluationError(
@@ -128,14 +131,22 @@ def _check_codes(
     )
 
 
-def _open_prediction(path: str) -> tuple[OutputGrid, ClassMap, bool]:
+def _open_prediction(
+    path: str, *, storage_options: Mapping[str, Any]
+) -> tuple[OutputGrid, ClassMap, bool]:
     try:
         with rasterio.open(path) as ds:
-            if ds.count != 1 or ds.dtypes[0] != "uint8" or ds.crs is None:
+            if ds.count != 1 or ds.dtypes[0] != "uint8":
                 raise EvaluationError(
                     f"{path}: expected a 1-band uint8 georeferenced land-cover raster "
                     f"(found {ds.count} bands of {ds.dtypes[0]}); pass the output of "
                     "`landcover predict`"
+                )
+            if ds.crs is None:
+                raise EvaluationError(
+                    f"{path}: the map has no CRS, so it cannot be laid over the truth; assign "
+                    f"the CRS it was predicted in (e.g. gdal_edit.py -a_srs EPSG:26918 {path}) "
+                    "or pass the output of `landcover predict`, which has one"
                 )
             t = ds.transform
             if t.b != 0 or t.d != 0:
@@ -145,6 +156,7 @@ def _open_prediction(path: str) -> tuple[OutputGrid, ClassMap, bool]:
             grid = OutputGrid(ds.crs, t, int(ds.width), int(ds.height))
             tag = ds.tags().get(TAG_CLASS_MAP)
     except rasterio.errors.RasterioIOError as exc:
+        check_remote_file(path, storage_options)  # a 404 or a dead host: say that instead
         raise EvaluationError(
             f"{path}: cannot open the prediction ({exc})".splitlines()[0]
         ) from None

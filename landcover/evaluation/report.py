@@ -14,7 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from landcover.atomic import refuse_existing, write_bytes_atomic, write_text_atomic
+from landcover.atomic import (
+    check_can_create_in,
+    refuse_existing,
+    write_bytes_atomic,
+    write_files_atomic,
+)
 from landcover.errors import EvaluationError
 from landcover.evaluation.scores import Evaluation
 
@@ -30,8 +35,9 @@ REPORT_FILES = ("metrics.json", "metrics.md", "confusion.png")
 
 
 def check_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> list[Path]:
-    """The report's file paths in `out_dir`, refused when `out_dir` is not a directory or,
-    unless `overwrite`, already holds one of them. Cheap: call it before evaluating."""
+    """The report's file paths in `out_dir`, refused when `out_dir` is not a directory,
+    unless `overwrite` already holds one of them, or takes no new files. Cheap: call it
+    before evaluating."""
     target = Path(out_dir)
     if target.exists() and not target.is_dir():
         raise EvaluationError(
@@ -40,23 +46,31 @@ def check_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> 
         )
     paths = [target / name for name in REPORT_FILES]
     refuse_existing(paths, overwrite=overwrite)
+    check_can_create_in(target, option="--out")
     return paths
 
 
 def write_report(
     evaluation: Evaluation, out_dir: str | os.PathLike[str], *, overwrite: bool = False
 ) -> list[Path]:
-    """metrics.json, metrics.md and confusion.png in `out_dir`, each replaced atomically once
-    all three are rendered (a failing plot replaces nothing)."""
+    """metrics.json, metrics.md and confusion.png in `out_dir`, all three or none, put in
+    place once all are rendered and written (a failing plot or a full disk replaces nothing;
+    without `overwrite`, a file that appeared since the check is never replaced)."""
     paths = check_report_target(out_dir, overwrite=overwrite)
     png = confusion_png(evaluation)
     try:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise EvaluationError(f"--out {out_dir}: cannot create it ({exc.strerror})") from None
-    write_text_atomic(paths[0], json.dumps(evaluation.to_json(), indent=2) + "\n")
-    write_text_atomic(paths[1], _markdown_report(evaluation))
-    write_bytes_atomic(paths[2], png)
+    texts = (json.dumps(evaluation.to_json(), indent=2) + "\n", _markdown_report(evaluation))
+    write_files_atomic(
+        [
+            (paths[0], lambda tmp: Path(tmp).write_text(texts[0], encoding="utf-8")),
+            (paths[1], lambda tmp: Path(tmp).write_text(texts[1], encoding="utf-8")),
+            (paths[2], lambda tmp: Path(tmp).write_bytes(png)),
+        ],
+        overwrite=overwrite,
+    )
     return paths
 
 

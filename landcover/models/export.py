@@ -15,9 +15,12 @@ multiple) and crops, as the model itself would: same logits at any size of at le
 stride (8 px for small_unet, 32 px for the ResNet U-Nets).
 
 ONNX uses torch's dynamo exporter (`torch.onnx.export(..., dynamo=True)`, built on
-`torch.export` and onnxscript); its operators start at opset 18 (the default here). A lower
-`--opset` is converted down by ONNX's version converter. TorchScript (deprecated by PyTorch,
-kept for C++/LibTorch users) is a trace of the same wrapper.
+`torch.export` and onnxscript); its operators start at opset 18 (the default here). A higher
+`--opset`, up to the newest the installed onnx knows (`supported_opsets`), is converted up by
+the version converters of onnxscript and onnx; a lower one is refused, since converting down
+fails on the reflect `Pad` (opset 18) that every registered model exports. The file's opset is
+checked against the one asked for. TorchScript (deprecated by PyTorch, kept for C++/LibTorch
+users) is a trace of the same wrapper.
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landcover.atomic import refuse_existing, write_atomic, write_bytes_atomic
+from landcover.atomic import check_output_file, require_distinct, write_atomic, write_bytes_atomic
 from landcover.errors import ExportError, LandcoverError, ModelFileError
 from landcover.models.modelfile import ModelMeta, load_model_file, meta_from_json, meta_to_json
+from tiling.urls import check_storage_options
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -52,6 +56,7 @@ __all__ = [
     "meta_from_onnx_props",
     "model_kind",
     "require_onnx",
+    "supported_opsets",
 ]
 
 EXPORT_FORMATS = ("onnx", "torchscript")
@@ -62,6 +67,8 @@ INPUT_NAME = "pixels"
 OUTPUT_NAME = "logits"
 DYNAMIC_AXES = ("batch", "height", "width")
 ONNX_EXTRA = "pip install 'landcover[onnx]'"
+# What export takes, for the messages about other files
+EXPORT_SOURCE = "the model.pt of its training run (RUN_DIR/model.pt from `landcover train`)"
 
 ModelKind = Literal["model", "onnx", "torchscript"]
 
@@ -101,6 +108,23 @@ def require_onnx(module: str) -> Any:
         raise ExportError(f"{module} is not installed; {ONNX_EXTRA}") from None
 
 
+def supported_opsets() -> range:
+    """The ONNX opsets `export_model` writes: from `DEFAULT_OPSET`, where the exporter's own
+    operators start, to the newest the installed onnx knows (its version converter's limit)."""
+    onnx = require_onnx("onnx")
+    return range(DEFAULT_OPSET, int(onnx.defs.onnx_opset_version()) + 1)
+
+
+def _check_opset(opset: int) -> None:
+    """Refuse an `--opset` outside `supported_opsets`, naming the range."""
+    opsets = supported_opsets()
+    if opset not in opsets:
+        raise ExportError(
+            f"--opset {opset}: the installed exporter writes ONNX opsets {opsets.start} to "
+            f"{opsets.stop - 1}; choose one of them (default {DEFAULT_OPSET})"
+        )
+
+
 def export_model(
     model_url: str,
     out: str | os.PathLike[str],
@@ -114,9 +138,19 @@ def export_model(
     metadata inside; refuses an existing `out` unless `overwrite`, writes atomically."""
     if format not in EXPORT_FORMATS:
         raise ExportError(f"--format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
-    if opset < 7:
-        raise ExportError(f"--opset {opset}: ONNX opsets start at 7; the default is 18")
-    refuse_existing([out], overwrite=overwrite)
+    check_storage_options([model_url, os.fspath(out)], storage_options)
+    if format == "onnx":
+        _check_opset(opset)
+    kind = model_kind(model_url, storage_options=storage_options)
+    if kind != "model":
+        name = "ONNX" if kind == "onnx" else "TorchScript"
+        raise ExportError(
+            f"{model_url} is an exported {name} file; export takes a landcover model file: "
+            f"give {EXPORT_SOURCE}"
+        )
+    require_distinct([("--out", os.fspath(out))], inputs=[("model", model_url)])
+    name_like = "model.onnx" if format == "onnx" else "model.torchscript"
+    check_output_file(out, option="--out", overwrite=overwrite, example=name_like)
     if format == "onnx":
         for module in ("onnx", "onnxscript"):
             require_onnx(module)
@@ -130,12 +164,14 @@ def export_model(
         with _quiet_jit():
             traced = torch.jit.trace(graph, example)  # type: ignore[no-untyped-call]
             torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_EXTRA_FILE: meta_json})
-        write_bytes_atomic(out, buffer.getvalue())
+        write_bytes_atomic(out, buffer.getvalue(), overwrite=overwrite)
         return ExportResult(os.fspath(out), format, None, meta)
     actual: list[int] = []
     try:
         write_atomic(
-            out, lambda tmp: actual.append(_write_onnx(graph, example, tmp, opset, meta_json))
+            out,
+            lambda tmp: actual.append(_write_onnx(graph, example, tmp, opset, meta_json)),
+            overwrite=overwrite,
         )
     except LandcoverError:
         raise
@@ -157,7 +193,8 @@ def _exportable(model: nn.Module) -> nn.Module:
 def _write_onnx(
     graph: nn.Module, example: torch.Tensor, path: str, opset: int, meta_json: str
 ) -> int:
-    """Export `graph` to `path`, add the metadata; returns the file's opset."""
+    """Export `graph` to `path`, add the metadata; returns the file's opset, which is
+    `opset` (`ExportError` when the version converter could not convert the graph)."""
     onnx = require_onnx("onnx")
     multiple = int(getattr(graph, "multiple", 1))
     batch = torch.export.Dim("batch")
@@ -181,22 +218,35 @@ def _write_onnx(
     proto = onnx.load(path)
     onnx.helper.set_model_props(proto, {ONNX_METADATA_KEY: meta_json})
     onnx.save(proto, path)
-    return next(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    written = next(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    if written != opset:  # the converters log their failure and keep the exporter's opset
+        raise ExportError(
+            f"--opset {opset}: the ONNX version converter could not convert the graph (it "
+            f"stays at opset {written}); choose another --opset, e.g. {DEFAULT_OPSET}"
+        )
+    return written
 
 
 @contextlib.contextmanager
 def _quiet_jit() -> Iterator[None]:
     # torch.jit/onnx deprecation notes, tracer warnings about the U-Nets' size branch (always
     # false behind _PadToMultiple) and the ONNX optimiser's log of its passes (INFO, dozens of
-    # lines) say nothing a user can act on.
-    loggers = [logging.getLogger(name) for name in ("onnx_ir", "onnxscript", "torch.onnx")]
+    # lines) say nothing a user can act on; nor do the version converters' warnings, whose
+    # outcome `_write_onnx` checks.
+    quiet_levels = {
+        "onnx_ir": logging.WARNING,
+        "onnxscript": logging.WARNING,
+        "onnxscript.version_converter": logging.ERROR,
+        "torch.onnx": logging.WARNING,
+    }
+    loggers = [logging.getLogger(name) for name in quiet_levels]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # type: ignore[attr-defined]
         warnings.simplefilter("ignore", UserWarning)
         for lg in loggers:
-            lg.setLevel(logging.WARNING)
+            lg.setLevel(quiet_levels[lg.name])
         try:
             yield
         finally:
@@ -237,22 +287,36 @@ def load_torchscript(
     except (RuntimeError, OSError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise ModelFileError(f"{url}: cannot load the TorchScript file ({reason})") from None
-    payload = _json_or_none(extra[TORCHSCRIPT_EXTRA_FILE])
+    payload = _metadata_json(
+        extra[TORCHSCRIPT_EXTRA_FILE], where=url, holder=f"extra file {TORCHSCRIPT_EXTRA_FILE}"
+    )
     meta = meta_from_json(payload, where=url, not_ours=_not_exported(url, "TorchScript"))
     return module.eval(), meta
 
 
 def meta_from_onnx_props(props: Mapping[str, str], where: str) -> ModelMeta:
     """The metadata of an ONNX file from `landcover export`, from its `metadata_props`."""
-    payload = _json_or_none(props.get(ONNX_METADATA_KEY, ""))
+    holder = f"metadata_props {ONNX_METADATA_KEY!r}"
+    payload = _metadata_json(props.get(ONNX_METADATA_KEY, ""), where=where, holder=holder)
     return meta_from_json(payload, where=where, not_ours=_not_exported(where, "ONNX"))
 
 
-def _json_or_none(text: str | bytes) -> object:
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
+def _metadata_json(text: str | bytes, *, where: str, holder: str) -> object:
+    """The parsed landcover metadata of an exported file, None when it has none;
+    `ModelFileError` naming the file and `holder` (where in the file the metadata sits) when
+    that text is not JSON."""
+    if not text:
         return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes
+        reason = (
+            f"{exc.msg} at character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else exc
+        )
+        raise ModelFileError(
+            f"{where}: its landcover metadata ({holder}) is corrupt, not JSON ({reason}); "
+            f"export it again from {EXPORT_SOURCE}"
+        ) from None
 
 
 def _not_exported(where: str, kind: str) -> str:

@@ -24,7 +24,7 @@ from landcover.models.segmentation import (
 )
 from landcover.models.unet import build_small_unet, build_unet_resnet
 
-__all__ = ["DEFAULT_MODEL", "ModelBuilder", "available", "build_model"]
+__all__ = ["DEFAULT_MODEL", "ModelBuilder", "available", "build_model", "check_model_name"]
 
 ModelBuilder = Callable[[int, int, str | None], nn.Module]
 """(in_channels, num_classes, pretrained) -> model."""
@@ -47,13 +47,19 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def check_model_name(name: str) -> ModelBuilder:
+    """The builder of model `name`; UnknownModelError listing `available()` if none."""
+    builder = _REGISTRY.get(name)
+    if builder is None:
+        raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(available())}")
+    return builder
+
+
 def build_model(
     name: str, *, in_channels: int = 4, num_classes: int, pretrained: str | None = None
 ) -> nn.Module:
     """Build a registered model; forward maps (B, in_channels, H, W) to (B, num_classes, H, W)."""
-    builder = _REGISTRY.get(name)
-    if builder is None:
-        raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(available())}")
+    builder = check_model_name(name)
     if in_channels < 1:
         raise TrainingError(f"in_channels={in_channels}: a model needs at least one input band")
     if num_classes < 1:

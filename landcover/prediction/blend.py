@@ -167,6 +167,23 @@ class LogitBlender:
         return cached
 
 
+def class_probabilities(scores: torch.Tensor) -> torch.Tensor:
+    """`torch.softmax(scores, dim=0)` of (classes, height, width) scores, taken in
+    whole-plane elementwise steps (the maximum, each class's exponential, their sum in class
+    order, the quotients), so that a pixel's probabilities do not depend on how torch shares
+    the planes out among threads: the last bits of torch's softmax over the outer dimension
+    change with the thread count, and a rank with its share of the cores would round
+    another probability than one process with all of them."""
+    top = scores[0].clone()
+    for c in range(1, scores.shape[0]):
+        torch.maximum(top, scores[c], out=top)
+    exps = (scores - top).exp_()
+    total = exps[0].clone()
+    for c in range(1, scores.shape[0]):
+        total.add_(exps[c])
+    return exps.div_(total)
+
+
 def argmax_classes(scores: torch.Tensor) -> torch.Tensor:
     """`scores.argmax(dim=0)` of (classes, height, width) scores, as uint8 (< 256 classes).
 

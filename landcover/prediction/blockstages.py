@@ -26,7 +26,12 @@ from rasterio.windows import Window
 from shapely.geometry import box
 
 from landcover.classes import NODATA_CODE
-from landcover.prediction.blend import LogitBlender, WindowLayout, argmax_classes
+from landcover.prediction.blend import (
+    LogitBlender,
+    WindowLayout,
+    argmax_classes,
+    class_probabilities,
+)
 from landcover.prediction.blocks import owned_windows, region_mask
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, PROBABILITY_SCALE
@@ -130,7 +135,7 @@ class BlockPredictor:
             codes = argmax_classes(blended).add_(1).masked_fill_(~inside_t, 0)
             classes = codes.cpu().numpy()
             if self.probabilities:
-                p = torch.softmax(blended, dim=0).mul_(PROBABILITY_SCALE).round_().to(torch.uint8)
+                p = class_probabilities(blended).mul_(PROBABILITY_SCALE).round_().to(torch.uint8)
                 p = torch.where(inside_t, p, torch.full_like(p, PROBABILITY_NODATA))
                 probs = p.cpu().numpy()
         if self.probabilities and probs is None:

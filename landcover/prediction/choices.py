@@ -1,12 +1,20 @@
-"""The choices and defaults of `predict`'s options (--runtime, --tta, --max-pixels), free of
-torch and GDAL so that the CLI's options and the library's checks read the same values without
-`landcover predict --help` (or the `--nproc` parent) importing them."""
+"""The choices and defaults of `predict`'s options (--runtime, --tta, --max-pixels, the
+--resolution factors), free of torch and GDAL so that the CLI's options and the library's
+checks read the same values without `landcover predict --help` (or the `--nproc` parent)
+importing them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT_MAX_PIXELS", "RUNTIMES", "TTA_MODES", "TTA_OPS"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "RESOLUTION_LIMIT_FACTOR",
+    "RESOLUTION_WARN_FACTOR",
+    "RUNTIMES",
+    "TTA_MODES",
+    "TTA_OPS",
+]
 
 # what runs the model: auto picks onnxruntime for *.onnx (landcover.prediction.runtime)
 RUNTIMES: tuple[str, ...] = ("auto", "torch", "onnxruntime")
@@ -24,3 +32,10 @@ TTA_MODES: tuple[str, ...] = tuple(TTA_OPS)
 # gigapixels is 100 x 100 km at 1 m (a 10 GB uint8 map before compression, hours of
 # inference); a --resolution typo such as 0.0001 m asks for 10^8 times the image's pixels.
 DEFAULT_MAX_PIXELS = 10_000_000_000
+
+# A model sees objects at the scale of the pixels it was trained on (training augments flips
+# and rotations, never scale): a --resolution more than RESOLUTION_LIMIT_FACTOR times coarser
+# or finer than the model's is refused (a 1 m model on 300 m pixels maps noise), one more than
+# RESOLUTION_WARN_FACTOR times off is warned about (a 1 m model on 0.6 m NAIP or 2 m pixels).
+RESOLUTION_WARN_FACTOR = 1.5
+RESOLUTION_LIMIT_FACTOR = 4.0

@@ -7,6 +7,11 @@ committed is kept), and returns. Rank 0 then waits for every rank's part, writes
 from them (`landcover.prediction.assemble`) and removes the staging area, so the job ends
 with the outputs complete. The ranks coordinate through those files alone, never through
 torch.distributed.
+
+A rerun of a job with other options never mixes parts: every PredictConfig option that can
+change a pixel is in the part's key (RERUN_PREDICTS_AGAIN, through `RankRun.settings`, the
+grid and the fingerprints of the model and images), so a part of another value is never
+asked for; the others (RERUN_KEEPS_PARTS) change no pixel, and a finished part is kept.
 """
 
 from __future__ import annotations
@@ -33,6 +38,25 @@ from landcover.version import __version__
 from tiling.fingerprint import fingerprint, fingerprints
 
 logger = logging.getLogger(__name__)
+
+# Every PredictConfig field is in one of the two (tests/landcover/prediction/test_distributed.py).
+RERUN_PREDICTS_AGAIN = (
+    "model",  # its fingerprint
+    "images",  # the fingerprints of those a part reads
+    "out",  # the staging area is beside it
+    "region",
+    "dst_crs",  # the grid
+    "resolution",
+    "overlap_px",
+    "batch_size",
+    "device",  # its type
+    "runtime",
+    "tta",
+    "probabilities",  # whether a part has them
+    "block_px",
+    "zero_is_nodata",
+)
+RERUN_KEEPS_PARTS = ("overwrite", "storage_options", "progress", "max_pixels", "pipeline")
 
 
 class Counts(Protocol):

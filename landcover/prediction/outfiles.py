@@ -16,7 +16,6 @@ finished COGs at the output names.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import uuid
@@ -28,8 +27,9 @@ from typing import Any
 
 import rasterio
 import rasterio.shutil
+from rasterio.enums import ColorInterp
 
-from landcover.atomic import refuse_existing
+from landcover.atomic import check_output_file, publish, refuse_existing, require_distinct
 from landcover.classes import NODATA_CODE, colormap
 from landcover.errors import LandcoverError, PredictionError
 from landcover.models.modelfile import ModelMeta
@@ -44,10 +44,12 @@ COG_BLOCK_PX = 512
 
 @dataclass(frozen=True, slots=True)
 class OutputPaths:
-    """The class map and, optionally, the probabilities raster (local paths or URLs)."""
+    """The class map and, optionally, the probabilities raster (local paths or URLs), and
+    whether they may replace existing files (--overwrite)."""
 
     out: str
     probabilities: str | None = None
+    overwrite: bool = False
 
 
 def check_outputs(
@@ -57,31 +59,20 @@ def check_outputs(
     overwrite: bool,
     storage_options: Mapping[str, Any] | None = None,
 ) -> OutputPaths:
-    """Fail now if an output cannot be written: a directory, existing without `overwrite`,
-    where no file can be created (missing directories are fine: they are created when
-    writing starts), or on storage that does not answer."""
+    """Fail now if an output cannot be written: the same file as the other output, a
+    directory, existing without `overwrite`, where no file can be created (missing
+    directories are fine: they are created when writing starts), or on storage that does
+    not answer."""
     out = out.removeprefix("file://")
     probabilities = probabilities.removeprefix("file://") if probabilities else None
     paths = [("--out", out)] + ([("--probabilities", probabilities)] if probabilities else [])
+    require_distinct(paths)
     for option, path in paths:
         if not is_local(path):
             _check_remote(option, path, storage_options, overwrite=overwrite)
             continue
-        if Path(path).is_dir():
-            raise PredictionError(
-                f"{option} {path} is a directory; give a file name like {Path(path) / 'lc.tif'}"
-            )
-        refuse_existing([path], overwrite=overwrite)
-        _check_directory_writable(option, path)
-    if probabilities and _same_target(probabilities, out):
-        raise PredictionError("--probabilities must name a different file than --out")
-    return OutputPaths(out, probabilities)
-
-
-def _same_target(a: str, b: str) -> bool:
-    if is_local(a) and is_local(b):
-        return Path(a).resolve() == Path(b).resolve()
-    return a.rstrip("/") == b.rstrip("/")
+        check_output_file(path, option=option, overwrite=overwrite, example="lc.tif")
+    return OutputPaths(out, probabilities, overwrite)
 
 
 def _check_remote(
@@ -96,26 +87,6 @@ def _check_remote(
         refuse_existing([url], overwrite=overwrite, exists=lambda _: bool(fs.exists(path)))
 
 
-def _check_directory_writable(option: str, path: str) -> None:
-    # Missing directories are created when writing starts; the nearest existing one must
-    # take new entries now.
-    parent = Path(path).absolute().parent
-    existing = next(p for p in (parent, *parent.parents) if p.exists())
-    if not existing.is_dir():
-        raise PredictionError(f"{option} {path}: {existing} is not a directory")
-    # Permissions alone do not tell (root, read-only mounts, /proc): create a file to know.
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{Path(path).name}.", suffix=".probe", dir=existing)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise PredictionError(
-            f"{option} {path}: cannot create files in {existing} ({reason}); choose a "
-            "writable directory"
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
-
-
 class TempOutputs:
     """Temporary local names for each output: the tiled GeoTIFFs written block by block, then
     their COGs. Use as a context manager; leaving it removes whatever was not committed."""
@@ -126,6 +97,7 @@ class TempOutputs:
         token = uuid.uuid4().hex[:8]
         out, prob = outputs.out, outputs.probabilities
         self.out, self.prob = out, prob
+        self.overwrite = outputs.overwrite
         self.storage_options = dict(storage_options or {})
         remote = [p for p in (out, prob) if p is not None and not is_local(p)]
         # GDAL writes local files: a remote output's are made here and uploaded at the end.
@@ -150,11 +122,17 @@ class TempOutputs:
         self.remove_all()
 
     def commit(self) -> None:
-        """Put the COGs in place: rename (local) or upload (remote)."""
+        """Put the COGs in place: rename (local; without --overwrite, never over a file that
+        appeared since the check) or upload (remote)."""
         # The probabilities first: the class map appearing is the sign that the run finished.
         if self.prob is not None and self.cog_prob is not None:
             self._put(self.cog_prob, self.prob)
-        self._put(self.cog_out, self.out)
+        try:
+            self._put(self.cog_out, self.out)
+        except BaseException:
+            if self.prob is not None and not self.overwrite and is_local(self.prob):
+                Path(self.prob).unlink(missing_ok=True)  # placed just now, not the user's
+            raise
 
     def remove_all(self) -> None:
         """Delete every temporary file (and GDAL's .aux.xml side files) that exists."""
@@ -175,7 +153,7 @@ class TempOutputs:
 
     def _put(self, local: str, target: str) -> None:
         if is_local(target):
-            os.replace(local, target)
+            publish(local, target, overwrite=self.overwrite)
             return
         fs, path = filesystem(target, self.storage_options)
         with storage_errors(target):
@@ -218,9 +196,17 @@ def describe_class_raster(dst: Any, meta: ModelMeta) -> None:
 
 
 def describe_probability_raster(dst: Any, meta: ModelMeta) -> None:
-    """Band names p(class), the 1/254 scale and the class tags of the probabilities raster."""
+    """Band names (the class names), no colour interpretation, the 1/254 scale and the class
+    tags of the probabilities raster.
+
+    GDAL calls 3 or 4 uint8 bands red, green, blue (and alpha) unless told otherwise; a viewer
+    would then show the probabilities as a colour image with the 4th class as transparency.
+    In a GeoTIFF the first band of such a raster reads as gray, the others as undefined.
+    """
+    bands = meta.num_classes - 1
+    dst.colorinterp = [ColorInterp.undefined] * bands
     for code, name in enumerate(meta.class_map.class_names[1:], start=1):
-        dst.set_band_description(code, f"p({name})")
+        dst.set_band_description(code, name)
     dst.scales = tuple(1 / PROBABILITY_SCALE for _ in range(meta.num_classes - 1))
     dst.offsets = tuple(0.0 for _ in range(meta.num_classes - 1))
     dst.update_tags(**_class_tags(meta))

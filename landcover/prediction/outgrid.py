@@ -6,6 +6,7 @@ metadata tags of a land-cover raster. Reading sources onto the grid is in
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,10 +17,16 @@ from rasterio.crs import CRS
 from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import PredictionError, RegionError
-from landcover.prediction.choices import DEFAULT_MAX_PIXELS
+from landcover.prediction.choices import (
+    DEFAULT_MAX_PIXELS,
+    RESOLUTION_LIMIT_FACTOR,
+    RESOLUTION_WARN_FACTOR,
+)
 from landcover.prediction.region import Region, reproject_geometry
 from tiling.grid import same_pixel_size, snap_px
 from tiling.sources import RasterInfo
+
+logger = logging.getLogger(__name__)
 
 # Metadata tags of a land-cover raster: the class table (ClassMap JSON, what `evaluate` reads),
 # the class names in code order, and the model architecture.
@@ -87,6 +94,7 @@ def plan_output_grid(
     crs: CRS | None = None,
     resolution: float | None = None,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    quiet: bool = False,
 ) -> GridPlan:
     """The grid for predicting `region` from `sources`.
 
@@ -96,7 +104,9 @@ def plan_output_grid(
     grid of the first intersecting source that has the same CRS and pixel size (so its pixels
     are read unresampled), else to multiples of the pixel size (like `gdalwarp -tap`).
     A grid of more than `max_pixels` pixels raises `PredictionError` (None: no limit); only
-    its size has been computed then, nothing allocated.
+    its size has been computed then, nothing allocated. A `resolution` far from the model's
+    `resolution_m` is refused or warned about (`check_model_resolution`; `quiet`: no warning,
+    for the ranks of a job other than 0, which plan the same grid).
     """
     picked = [s for s in sources if region is None or _intersects(region, s)]
     if not picked:
@@ -136,6 +146,8 @@ def plan_output_grid(
     transform = Affine(pixel, 0.0, left, 0.0, -pixel, top)
     grid = OutputGrid(dst_crs, transform, width=max(col1 - col0, 1), height=max(row1 - row0, 1))
     _check_grid_size(grid, max_pixels)
+    if resolution is not None:
+        check_model_resolution(resolution, dst_crs, resolution_m, warn=not quiet)
     if region is None and area.area < _MIN_UNION_COVER * grid.width * grid.height * pixel**2:
         share = area.area / (grid.width * grid.height * pixel**2)
         raise RegionError(
@@ -145,6 +157,49 @@ def plan_output_grid(
         )
     shapely.prepare(area)
     return GridPlan(grid, tuple(picked), footprints, region_dst, area)
+
+
+def check_model_resolution(resolution: float, crs: CRS, model_m: float, *, warn: bool) -> None:
+    """Refuse (`PredictionError`) an output pixel of `resolution` units of `crs` more than
+    RESOLUTION_LIMIT_FACTOR times coarser or finer than the `model_m` metres the model was
+    trained at, and log a warning (when `warn`) beyond RESOLUTION_WARN_FACTOR. A model of
+    unknown resolution (0) is not checked."""
+    if model_m <= 0:
+        return
+    per_unit = metres_per_unit(crs)
+    pixel_m = resolution * per_unit
+    factor = max(pixel_m / model_m, model_m / pixel_m)
+    if factor <= RESOLUTION_WARN_FACTOR:
+        return
+    coarser = pixel_m > model_m
+    said = (
+        f"--resolution {resolution:g} ({pixel_m:.3g} m) is {factor:.3g}x "
+        f"{'coarser' if coarser else 'finer'} than the {model_m:g} m the model was trained at"
+    )
+    if factor > RESOLUTION_LIMIT_FACTOR:
+        low = model_m / RESOLUTION_LIMIT_FACTOR / per_unit
+        high = model_m * RESOLUTION_LIMIT_FACTOR / per_unit
+        raise PredictionError(
+            f"{said} (more than {RESOLUTION_LIMIT_FACTOR:g}x is refused); give a --resolution "
+            f"between {low:.3g} and {high:.3g}{_units(crs)}, or none for the model's own (for a "
+            "coarser map, read the COG's overviews)"
+        )
+    if warn:
+        logger.warning(
+            "%s: objects look %s than the model learnt them; expect a less accurate map "
+            "(more than %gx off is refused)",
+            said,
+            "smaller" if coarser else "larger",
+            RESOLUTION_LIMIT_FACTOR,
+        )
+
+
+def _units(crs: CRS) -> str:
+    """The unit of --resolution in `crs`, after a number: " m", " degrees", " US survey foot"."""
+    if crs.is_geographic:
+        return " degrees"
+    unit = crs.linear_units or ""
+    return " m" if unit in ("metre", "meter", "") and metres_per_unit(crs) == 1.0 else f" {unit}"
 
 
 def _check_grid_size(grid: OutputGrid, max_pixels: int | None) -> None:

@@ -7,15 +7,18 @@ close to its true curved outline once it is in UTM metres.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyproj
+import rasterio
 import shapely
 from pyproj.exceptions import CRSError as ProjCRSError
 from rasterio.crs import CRS
@@ -56,11 +59,31 @@ def parse_crs(text: str | CRS, *, what: str = "--region-crs") -> CRS:
     if isinstance(text, CRS):
         return text
     try:
-        return CRS.from_user_input(text)
+        with _gdal_quiet():
+            return CRS.from_user_input(text)
     except (CRSError, ProjCRSError, ValueError):
         raise RegionError(
             f"{what} {text!r} is not a CRS; use e.g. EPSG:4326 or EPSG:26916"
         ) from None
+
+
+@contextlib.contextmanager
+def _gdal_quiet() -> Iterator[None]:
+    """Keep GDAL's and PROJ's own report of a failure ("ERROR 1: PROJ: crs not found") off
+    stderr and out of the log within the block: the RegionError that follows says it in one
+    line. Inside rasterio.Env, GDAL reports to the `rasterio._env` logger instead of
+    printing; a filter drops those records there until the block ends."""
+    gdal_logger = logging.getLogger("rasterio._env")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return False
+
+    gdal_logger.addFilter(drop)
+    try:
+        with rasterio.Env():
+            yield
+    finally:
+        gdal_logger.removeFilter(drop)
 
 
 def parse_bbox(text: str, *, crs: str | CRS = DEFAULT_REGION_CRS) -> Region:

@@ -25,7 +25,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
+from landcover.outputlock import exclusive_outputs
 from landcover.prediction.blend import WindowLayout
 from landcover.prediction.blocks import region_has_pixels, require_predicted_pixels
 from landcover.prediction.blockstages import (
@@ -165,7 +166,10 @@ def predict_region(
         tta_ops(config.tta)  # refuse a bad mode before the model loads
         device = resolve_device(config.device)
         FreedMemory().reuse()  # before the model loads (see FreedMemory)
-        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"):
+        with (
+            _hold_outputs(outputs, rank),
+            rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"),
+        ):
             grid, plan, tally = _predict_and_write(
                 config, outputs, device, rank, world_size, local_ranks
             )
@@ -188,6 +192,16 @@ def predict_region(
             result.elapsed_s,
         )
     return result
+
+
+def _hold_outputs(outputs: OutputPaths, rank: int) -> AbstractContextManager[None]:
+    """On rank 0 (the one process of a run, or the rank that assembles a job's parts), hold
+    the lock of each output until it is in place: a second run into the same --out would
+    otherwise remove this run's parts, or put its own file there (`landcover.outputlock`).
+    The job's other ranks write only their parts."""
+    if rank != 0:
+        return nullcontext()
+    return exclusive_outputs((outputs.out, outputs.probabilities), "predict")
 
 
 def _predict_and_write(
@@ -219,6 +233,7 @@ def _predict_and_write(
         crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
         resolution=config.resolution,
         max_pixels=config.max_pixels,
+        quiet=rank != 0,  # rank 0 speaks for the job
     )
     grid = plan.grid
     logger.info(

@@ -155,6 +155,13 @@ def resolve_device(text: str) -> torch.device:
         raise PredictionError(
             f"--device {text!r} is not a device; use cpu, cuda, cuda:0 or auto"
         ) from None
+    if device.type not in ("cpu", "cuda", "mps") or (device.type == "cpu" and device.index):
+        raise PredictionError(
+            f"--device {text}: landcover predicts on cpu, cuda, cuda:N or mps; use one of them "
+            "or auto"
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise PredictionError(f"--device {text}: no MPS device here; use --device cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise PredictionError(f"--device {text}: no CUDA device here; use --device cpu")
     if (

@@ -35,7 +35,7 @@ from pystac.utils import make_relative_href
 from rasterio.warp import transform_geom
 from shapely.geometry import box, mapping, shape
 
-from landcover.atomic import refuse_existing, write_text_atomic
+from landcover.atomic import check_output_file, write_text_atomic
 from landcover.classes import NODATA_CODE
 from landcover.errors import PredictionError
 from landcover.prediction.outgrid import TAG_CLASS_MAP
@@ -50,8 +50,11 @@ FOOTPRINT_SEGMENTS = 16
 
 
 def check_stac_item_target(path: str, *, overwrite: bool) -> None:
-    """Refuse an existing item file without --overwrite (before any work)."""
-    refuse_existing([path], overwrite=overwrite, what="the STAC item")
+    """Refuse, before any work, an item path that is a directory, that exists without
+    --overwrite, or where no file can be created."""
+    check_output_file(
+        path, option="--stac-item", overwrite=overwrite, example="lc.json", what="the STAC item"
+    )
 
 
 def cog_item(
@@ -117,11 +120,12 @@ def write_stac_item(
     sources: Sequence[StacSource] = (),
     overwrite: bool = False,
 ) -> pystac.Item:
-    """Write the STAC item of `cog` to `path` (atomically) and return it."""
+    """Write the STAC item of `cog` to `path` (atomically; without `overwrite`, never over a
+    file that appeared since the check) and return it."""
     check_stac_item_target(path, overwrite=overwrite)
     item = cog_item(cog, sources=sources, item_path=path)
     item.set_self_href(os.path.abspath(path))
-    write_text_atomic(path, json.dumps(item.to_dict(), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(item.to_dict(), indent=2) + "\n", overwrite=overwrite)
     return item
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cluster.vmsizes import ETHERNET_10G, ETHERNET_25G, GBIT, IB_EDR, Network
-from landcover.scaling.curves import ScalingCurve
+from landcover.scaling.curves import CurveKey, ScalingCurve
 from landcover.scaling.projection import RingModel, comm_time_per_step_s
 
 __all__ = [
@@ -124,8 +124,8 @@ def break_even_bandwidth(
 
 @dataclass(frozen=True, slots=True)
 class ModePair:
-    """A compression mode's curve and the `none` curve of the same experiment (device, store,
-    model, batch), both with projections."""
+    """A compression mode's curve and the `none` curve of the same experiment (`CurveKey`
+    but the mode: device, store, model, batch, per-worker resources), both with projections."""
 
     mode: ScalingCurve
     baseline: ScalingCurve
@@ -136,9 +136,8 @@ class ModePair:
 def mode_pairs(curves: tuple[ScalingCurve, ...]) -> tuple[ModePair, ...]:
     """Every projected curve of another mode than plain `none`, with its `none` curve."""
 
-    def experiment(curve: ScalingCurve) -> tuple[str, str | None, str | None, int]:
-        key = curve.key
-        return (key.device, key.store, key.model, key.batch_size)
+    def experiment(curve: ScalingCurve) -> CurveKey:
+        return curve.key.experiment()
 
     projected = [(c, c.projection.model) for c in curves if c.projection is not None]
     baselines = {

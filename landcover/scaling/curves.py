@@ -2,9 +2,11 @@
 power-law fit of epoch time and a ring-model projection to large clusters.
 
 Runs (`landcover.scaling.runs.load_runs`) join one curve only when they are points of one experiment
-that differ in the worker count alone: the same device, chip store, model, per-worker batch
-and communication mode (compression, block momentum). Anything else is its own curve; one
-curve never mixes devices, and figures are drawn per device.
+that differ in the worker count alone: the same device, chip store (URL and content digest),
+chip size, model, per-worker batch, per-worker resources (threads per worker, mixed precision,
+VM size) and communication mode (compression, block momentum). Anything else is its own curve,
+with a note naming what differs; one curve never mixes devices, and figures are drawn per
+device.
 
 Speed-up and efficiency compare samples per second, not epoch times: an epoch trains only full
 batches of each worker's shard, so a 1-worker and an 8-worker epoch can train different sample
@@ -17,9 +19,10 @@ that would leave fewer than two worker counts.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
+from typing import Any
 
 from cluster.vmsizes import Network, network_for
 from landcover.errors import ReportError
@@ -62,10 +65,20 @@ class CurveKey:
     block_momentum: bool
     model: str | None
     batch_size: int
+    threads_per_worker: int | None = None
+    chip_size_px: int | None = None
+    amp: bool | None = None
+    vm_size: str | None = None
+    store_digest: str | None = None
 
     @property
     def mode(self) -> str:
         return self.compression + (" + block momentum" if self.block_momentum else "")
+
+    def experiment(self) -> CurveKey:
+        """This key without its communication mode: what a mode's curve and its plain `none`
+        curve must share to be compared."""
+        return replace(self, compression="none", block_momentum=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +149,17 @@ class ScalingReport:
 
 def curve_key(run: RunSummary) -> CurveKey:
     return CurveKey(
-        run.device, run.store, run.compression, run.block_momentum, run.model, run.batch_size
+        run.device,
+        run.store,
+        run.compression,
+        run.block_momentum,
+        run.model,
+        run.batch_size,
+        threads_per_worker=run.threads_per_worker,
+        chip_size_px=run.chip_size_px,
+        amp=run.amp,
+        vm_size=run.vm_size,
+        store_digest=run.store_digest,
     )
 
 
@@ -159,9 +182,9 @@ def build_scaling_report(
     bad = [n for n in project_to if n < 1]
     if bad:
         raise ReportError(f"--project-to {bad[0]}: worker counts must be >= 1")
-    notes: list[str] = []
-    curves: list[ScalingCurve] = []
     groups = _group(runs)
+    notes: list[str] = _resource_notes(list(groups))
+    curves: list[ScalingCurve] = []
     for key, members in groups.items():
         label = _label(key, [k for k in groups if k.device == key.device])
         where = f"{key.device}, {label}"
@@ -189,7 +212,7 @@ def _group(runs: Sequence[RunSummary]) -> dict[CurveKey, list[RunSummary]]:
     return groups
 
 
-def _sort_key(key: CurveKey) -> tuple[str, str, bool, str, str, int]:
+def _sort_key(key: CurveKey) -> tuple[str, str, bool, str, str, int, int, int, str, str, str]:
     return (
         key.device,
         key.store or "",
@@ -197,6 +220,11 @@ def _sort_key(key: CurveKey) -> tuple[str, str, bool, str, str, int]:
         key.compression,
         key.model or "",
         key.batch_size,
+        key.threads_per_worker or 0,
+        key.chip_size_px or 0,
+        str(key.amp),
+        key.vm_size or "",
+        key.store_digest or "",
     )
 
 
@@ -247,7 +275,38 @@ def _label(key: CurveKey, siblings: Sequence[CurveKey]) -> str:
     stores = {k.store for k in siblings}
     if len(stores) > 1:
         label = f"{label} · store {_store_name(key.store, stores)}"
+    for field_name, _, show in _RESOURCES:
+        if len({getattr(k, field_name) for k in siblings}) > 1:
+            label = f"{label} · {show(getattr(key, field_name))}"
     return label
+
+
+# Per-worker resources and store content that make runs different experiments: the field of
+# CurveKey, how a note names it, and how a curve's label shows its value.
+_RESOURCES: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("threads_per_worker", "threads per worker", lambda v: f"{v or '?'} threads/worker"),
+    ("chip_size_px", "chip size", lambda v: f"chip {v or '?'} px"),
+    ("amp", "mixed precision", lambda v: {True: "amp", False: "fp32"}.get(v, "amp ?")),
+    ("vm_size", "VM size", lambda v: f"vmSize {v or '?'}"),
+    ("store_digest", "store content (digest)", lambda v: f"store {str(v or '?')[:8]}"),
+)
+
+
+def _resource_notes(keys: Sequence[CurveKey]) -> list[str]:
+    """One note per device on whose runs a per-worker resource differs: they are separate
+    curves, never joined into one speed-up."""
+    notes = []
+    for device in dict.fromkeys(k.device for k in keys):
+        siblings = [k for k in keys if k.device == device]
+        for field_name, words, show in _RESOURCES:
+            values = list(dict.fromkeys(getattr(k, field_name) for k in siblings))
+            if len(values) > 1:
+                shown = ", ".join(show(v) for v in values)
+                notes.append(
+                    f"{device}: the runs differ in {words} ({shown}), so they are separate "
+                    "curves; a speed-up compares runs with the same per-worker resources only."
+                )
+    return notes
 
 
 def _store_name(store: str | None, stores: set[str | None]) -> str:

@@ -119,7 +119,8 @@ _PROJECTION_NOTE = (
 )
 _CURVE_NOTE = (
     "Runs share a curve only when they differ in the worker count alone: same device, chip "
-    "store, model, per-worker batch and communication mode. Epoch time is the median of a "
+    "store and chip size, model, per-worker batch, per-worker resources (threads per worker, "
+    "mixed precision, VM size) and communication mode. Epoch time is the median of a "
     "run's per-epoch training times over every epoch but the first (warm-up) when the run has "
     "two or more epochs; it excludes validation and the one-time shard load, which has its own "
     "column. Speed-up and efficiency compare samples per second (an epoch trains full batches "
@@ -173,8 +174,9 @@ def write_report_files(
     for name, data in images.items():
         write_bytes_atomic(out / name, data)
     blocks = _document(report, figures)
-    write_bytes_atomic(out / MARKDOWN_FILE, render_markdown(blocks).encode())
-    write_bytes_atomic(out / HTML_FILE, render_html(blocks, images).encode())
+    # without --overwrite, a page that appeared since the check above is kept, not replaced
+    write_bytes_atomic(out / MARKDOWN_FILE, render_markdown(blocks).encode(), overwrite=overwrite)
+    write_bytes_atomic(out / HTML_FILE, render_html(blocks, images).encode(), overwrite=overwrite)
     logger.info("wrote the scaling report to %s", out)
     return ReportPaths(out_dir=out, images=tuple(out / name for name in images))
 

@@ -8,6 +8,12 @@ cores; the sweep that launched it says so, else run.json's `cores` decides, else
 A run is incomplete when it recorded fewer epochs than it was configured for (run.json, else
 the sweep's `epochs`) and did not stop early by its --patience: it was killed or is still
 running, and its numbers are not a finished measurement.
+
+A sweep directory is read as its sweep.json lists it: only the runs it names (a run directory
+beside them that it does not name, an earlier sweep's left in place, is skipped with a
+warning). Only a sweep.json of an older form (no `format`), which may list a part of the runs
+or name no directory, lets every run directory in the folder in, matched to its entry by
+worker count.
 """
 
 from __future__ import annotations
@@ -69,6 +75,9 @@ class RunSummary:
     store: str | None  # the chip store's URL (run.json); None: not recorded
     epochs_planned: int | None  # --epochs of the run; None: not recorded
     stopped_early: bool  # by --patience, before epochs_planned
+    store_digest: str | None = None  # the store's content digest (run.json); None: not recorded
+    chip_size_px: int | None = None  # the store's chip size (run.json); None: not recorded
+    amp: bool | None = None  # mixed precision (run.json); None: not recorded
 
     @property
     def label(self) -> str:
@@ -109,6 +118,9 @@ class _Sweep:
     unnamed: tuple[SweepRun, ...]  # runs naming no directory: matched by worker count
     failed: dict[Path, SweepRun]  # resolved run dir → a run the sweep marks failed
     epochs: int | None  # the --epochs the sweep gave every run
+    # the current form, as `landcover scale` writes it: it names every run of the sweep, and
+    # only those are its runs (an older form may list some runs, or none, by worker count)
+    lists_runs: bool = False
 
     def entry_for(self, run_dir: Path, workers: int) -> SweepRun | None:
         """The run naming `run_dir`, else the one unnamed run with `workers` workers."""
@@ -163,8 +175,23 @@ def _expand(path: Path) -> list[_Source]:
     run_dirs = {resolved: run_dir for resolved, (run_dir, _) in sweep.named.items()}
     for child in sorted(path.iterdir()):
         resolved = child.resolve()
-        if (child / METRICS_FILE).is_file() and resolved not in sweep.failed:
-            run_dirs.setdefault(resolved, child)
+        if not (child / METRICS_FILE).is_file() or resolved in sweep.failed:
+            continue
+        if sweep.lists_runs and resolved not in run_dirs:
+            # e.g. a run of an earlier sweep with other worker counts: not this sweep's point
+            logger.warning(
+                "%s: skipping %s: not one of the runs %s lists (pass it alone to report it)",
+                path,
+                child.name,
+                sweep.file.name,
+            )
+            continue
+        run_dirs.setdefault(resolved, child)
+    if not run_dirs and sweep.lists_runs:
+        raise ReportError(
+            f"{sweep.file}: lists no finished run yet; wait for `landcover scale` to finish a "
+            "run, or pass run directories written by `landcover train --out`"
+        )
     if not run_dirs:
         raise ReportError(
             f"{path}: no {METRICS_FILE} in it nor in any subdirectory; pass run directories "
@@ -181,6 +208,8 @@ def _load_sweep(sweep_dir: Path) -> _Sweep:
     if not sweep_file.is_file():
         return _Sweep(sweep_file, named, (), failed, None)
     record = read_sweep(sweep_file)
+    raw = _read_json(sweep_file)
+    current_form = isinstance(raw, dict) and "format" in raw
     for run in record.runs:
         if run.run_dir is None:
             if run.status != "failed":
@@ -192,7 +221,8 @@ def _load_sweep(sweep_dir: Path) -> _Sweep:
             failed[run_dir.resolve()] = run
         else:
             named.setdefault(run_dir.resolve(), (run_dir, run))
-    return _Sweep(sweep_file, named, tuple(unnamed), failed, record.epochs)
+    lists_runs = current_form and not unnamed
+    return _Sweep(sweep_file, named, tuple(unnamed), failed, record.epochs, lists_runs)
 
 
 def _read_json(path: Path) -> Any:
@@ -252,6 +282,9 @@ def _summarise(source: _Source) -> RunSummary:
         store=run_info.store_url,
         epochs_planned=epochs_planned,
         stopped_early=_stopped_early(records, run_info.patience, epochs_planned),
+        store_digest=_store_text(run_info, "digest"),
+        chip_size_px=_chip_size_px(run_info),
+        amp=run_info.amp,
     )
 
 
@@ -315,6 +348,18 @@ def _stopped_early(
             without_gain += 1
     last = records[-1].epoch
     return without_gain >= patience and last < epochs_planned
+
+
+def _store_text(run_info: RunInfo, key: str) -> str | None:
+    """A non-empty string of run.json's `store` object (e.g. its digest), else None."""
+    value = (run_info.store or {}).get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _chip_size_px(run_info: RunInfo) -> int | None:
+    """The chip size of the store a run trained on (run.json's store summary), else None."""
+    summary = (run_info.store or {}).get("summary")
+    return _positive_int(summary.get("chip_size")) if isinstance(summary, dict) else None
 
 
 def _positive_int(value: Any) -> int | None:

@@ -16,7 +16,11 @@ but marked `oversubscribed`: such a point measures time-slicing, not scaling.
 
 After every run, `DIR/sweep.json` (the typed record of `landcover.scaling.sweepfile`, fields
 in docs/CONTRACTS.md) is rewritten atomically, so a partial sweep is readable; each finished
-run is also written alone as `DIR/workers-N/launch.json`.
+run is also written alone as `DIR/workers-N/launch.json`. sweep.json lists this sweep's runs
+only, and the report reads only what it lists. A finished run is reused only when it had this
+sweep's per-worker resources (threads per worker, nodes x processes). `overwrite` first
+removes the run directories the previous sweep.json recorded, and nothing else, so no run of
+an earlier sweep with other worker counts stays beside the new ones.
 
 `on_progress` gets each run's epoch lines as its rank 0 logs them (`landcover.training.progress`),
 picked out of the worker output that the launch passes on.
@@ -45,6 +49,7 @@ from cluster.errors import ClusterError, LaunchError
 from cluster.machine import local_cpu_count
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec, ElasticSpec, local_spec
+from landcover.errors import ReportError
 from landcover.scaling.metricsfile import read_finished_epochs
 from landcover.scaling.sweepfile import (
     SWEEP_FILE,
@@ -63,6 +68,8 @@ from landcover.training.rundir import METRICS_FILE
 
 __all__ = [
     "RUN_PREFIX",
+    "SWEEP_RERUN_MAY_CHANGE",
+    "SWEEP_RERUN_MUST_MATCH",
     "SweepConfig",
     "SweepResult",
     "SweepRun",
@@ -79,6 +86,14 @@ logger = logging.getLogger(__name__)
 
 RUN_PREFIX = "workers-"
 _RESERVED_ARGS = ("--out", "--epochs", "--nproc")
+
+
+# A rerun into DIR may change the worker counts (a finished point is reused when it had the
+# new sweep's per-worker resources) and moves or overwrites DIR; every other SweepConfig field
+# must match sweep.json's settings (`SweepRecord.differences`), or the rerun is refused
+# naming both values. Every field is in one of the two (tests/landcover/scaling/test_sweep.py).
+SWEEP_RERUN_MAY_CHANGE = ("workers", "out_dir", "overwrite")
+SWEEP_RERUN_MUST_MATCH = ("store", "epochs", "extra_args", "cluster", "entry_module")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,13 +198,22 @@ def run_sweep(
     )
     record = _record(config, redactor)
     sweep_path = out / SWEEP_FILE
+    # every point's spec before any run: a worker count the cluster cannot run is refused now
+    specs = {workers: spec_for_workers(config.cluster, workers) for workers in config.workers}
     previous = _previous_runs(sweep_path, record, config.overwrite)
+    if config.overwrite:
+        _remove_recorded_runs(sweep_path)
     out.mkdir(parents=True, exist_ok=True)
     runs: list[SweepRun] = []
+    if config.overwrite or not sweep_path.exists():
+        write_sweep(sweep_path, record)  # lists no run until the first one ends
     for workers in config.workers:
-        spec = spec_for_workers(config.cluster, workers)
+        spec = specs[workers]
         run_dir = out / f"{RUN_PREFIX}{workers}"
         reused = previous.get(workers)
+        if reused is not None and not _same_resources(reused, spec, training.threads):
+            logger.info("not reusing %s: it ran with other per-worker resources", run_dir)
+            reused = None
         if reused is not None and (run_dir / METRICS_FILE).exists():
             logger.info("reusing the finished run %s", run_dir)
             run = reused
@@ -254,10 +278,43 @@ def _previous_runs(path: Path, record: SweepRecord, overwrite: bool) -> dict[int
     changed = old.differences(record)
     if changed:
         raise ClusterError(
-            f"{path.parent} holds a sweep with other settings ({', '.join(changed)} differ); "
+            f"{path.parent} holds a sweep with other settings ({'; '.join(changed)}); "
             "pass --overwrite to replace it or choose another --out"
         )
     return {r.workers: r for r in old.runs if r.status == "done"}
+
+
+def _same_resources(run: SweepRun, spec: ClusterSpec, threads: int | None) -> bool:
+    """Whether a finished run had what this sweep gives its point: the same threads per
+    worker and nodes x processes per node."""
+    return (run.threads_per_worker, run.nodes, run.processes_per_node) == (
+        threads,
+        spec.node_count,
+        spec.processes_per_node,
+    )
+
+
+def _remove_recorded_runs(path: Path) -> None:
+    """--overwrite: remove the run directories the sweep.json at `path` records (those inside
+    its directory only; nothing it does not name), then the file. A sweep.json that cannot be
+    read names nothing: its directories stay, and the new sweep.json lists only new runs."""
+    if not path.exists():
+        return
+    sweep_dir = path.parent.resolve()
+    try:
+        old = read_sweep(path)
+    except ReportError as exc:
+        logger.warning("%s; leaving the run directories beside it in place", exc)
+        return
+    for run in old.runs:
+        if run.run_dir is None:
+            continue
+        run_dir = path.parent / run.run_dir
+        inside = run_dir.resolve().parent == sweep_dir
+        if inside and run_dir.is_dir() and not run_dir.is_symlink():
+            logger.info("--overwrite: removing %s of the previous sweep", run_dir)
+            shutil.rmtree(run_dir)
+    path.unlink()
 
 
 def sweep_training(config: SweepConfig) -> tuple[TrainConfig, tuple[str, ...]]:

@@ -95,11 +95,29 @@ class SweepRecord(_Record):
     runs: tuple[SweepRun, ...]
 
     def differences(self, other: SweepRecord) -> list[str]:
-        """The settings (engine, store, epochs, ...) in which `other` differs from this sweep."""
-        return [k for k in _SETTINGS if getattr(self, k) != getattr(other, k)]
+        """The settings (engine, store, epochs, ...) in which `other` differs from this sweep,
+        each with both values: `--epochs 2 (now 3)`."""
+        pairs = [(name, getattr(self, key), getattr(other, key)) for key, name in _SETTINGS.items()]
+        return [f"{name} {_text(a)} (now {_text(b)})" for name, a, b in pairs if a != b]
 
 
-_SETTINGS = ("engine", "cluster", "vm_size", "store", "epochs", "train_args", "entry_module")
+# the settings every run of a sweep shares, by how a refusal names them
+_SETTINGS = {
+    "engine": "engine",
+    "cluster": "--cluster-json cluster",
+    "vm_size": "vmSize",
+    "store": "STORE",
+    "epochs": "--epochs",
+    "train_args": "training arguments",
+    "entry_module": "--entry-module",
+}
+
+
+def _text(value: Any) -> str:
+    """A setting's value in a refusal: training arguments as one bracketed list."""
+    return f"[{' '.join(value)}]" if isinstance(value, tuple) else str(value)
+
+
 _FAILED_WORDS = {"failed", "error", "crashed"}
 
 

@@ -173,6 +173,16 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
+            # inf passes every bound below (and nan every `not <`): a NaN loss from step one
+            *(
+                (
+                    not isinstance(getattr(self, o.name), float)
+                    or math.isfinite(getattr(self, o.name)),
+                    f"{o.flag.name} {getattr(self, o.name)} must be a finite number",
+                )
+                for o in OPTIONS
+                if o.kind is float
+            ),
             (self.epochs >= 1, f"--epochs {self.epochs} must be >= 1"),
             (self.batch_size >= 1, f"--batch-size {self.batch_size} must be >= 1"),
             (self.lr is None or self.lr > 0, f"--lr {self.lr} must be > 0"),

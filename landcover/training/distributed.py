@@ -10,6 +10,10 @@ share of the cores (`configure_threads`) and of the free memory (`check_shard_fi
 
 A world of one is a plain process: no process group, and every collective is a no-op, so the
 trainer runs the same code with or without a launcher. Backends: gloo on CPU, NCCL on GPU.
+In a job of several nodes the backend talks on the interface `choose_socket_interface` picks
+(the launcher's, else the one on the route to the master), set in this process's environment
+before the group forms, since gloo and NCCL read it there; ranks that cannot connect stop with
+one line naming the master, the interface and the fix.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import platform
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +36,7 @@ from torch import nn
 
 from cluster.machine import local_cpu_count
 from landcover.distenv import DistEnv as DistEnv
+from landcover.distenv import SocketChoice, choose_socket_interface
 from landcover.distenv import read_dist_env as read_dist_env
 from landcover.errors import TrainingError
 
@@ -159,21 +165,51 @@ def process_group(env: DistEnv, device: torch.device) -> Iterator[Collectives]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = backend_for(device)
+    interface = choose_socket_interface(env, backend)
+    if interface.chosen and interface.interface is not None:
+        # gloo and NCCL read it from the environment when the group forms
+        os.environ[interface.variable] = interface.interface
+        logger.info("rank %d talks on %s", env.rank, interface.describe())
     # Explicit tcp:// with the values read above, so nothing else consults the environment;
     # under torchrun this still reuses the agent's store at MASTER_ADDR:MASTER_PORT.
     init_method = f"tcp://{env.master_addr}:{env.master_port}"
-    dist.init_process_group(
-        backend=backend,
-        init_method=init_method,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=PROCESS_GROUP_TIMEOUT,
-    )
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=PROCESS_GROUP_TIMEOUT,
+        )
+    except RuntimeError as exc:
+        if not is_connection_failure(exc):
+            raise
+        raise TrainingError(connection_failure_message(env, interface, exc)) from None
     logger.debug("rank %d/%d joined the %s group", env.rank, env.world_size, backend)
     try:
         yield Collectives(env, device)
     finally:
         dist.destroy_process_group()
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether forming the process group failed because ranks could not reach each other (a
+    torch.distributed network, store or backend error, or gloo's connectFullMesh)."""
+    return isinstance(exc, dist.DistError) or "connect" in str(exc).lower()
+
+
+def connection_failure_message(env: DistEnv, interface: SocketChoice, exc: BaseException) -> str:
+    """One line: which rank could not connect, to which master, on which interface, and the
+    fix (the backend's interface variable, slurm.socketInterface in cluster.json)."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    return (
+        f"rank {env.rank} of {env.world_size} could not connect to the other ranks (master "
+        f"{env.master_addr}:{env.master_port}, {interface.describe()}): {first}; set "
+        f"{interface.variable} to the interface on which the nodes reach each other (on slurm "
+        '"socketInterface" in cluster.json), and check that the master port is open between '
+        "the nodes"
+    )
 
 
 class Collectives:

@@ -4,10 +4,11 @@
 has val chips when `--patience` needs them) and `TrainingStore.steps_per_epoch` the one that
 needs the world size (every worker gets at least one batch). Every worker calls them when it
 opens the store, since a launcher on another machine (Azure ML, Kubernetes) has no parent
-that could. `check_local_training` runs the same checks, and the run dir's, in the parent of
-local workers (`landcover train --nproc N`, `landcover scale`, `landcover cluster launch` on
-the local engine): a store that will not do is then one line before any worker starts, not N
-workers that each import torch, load, and fail with the same message.
+that could. `check_local_training` runs the same checks, and the run dir's (with `--resume`,
+its checkpoint's: `landcover.training.resume`), in the parent of local workers (`landcover
+train --nproc N`, `landcover scale`, `landcover cluster launch` on the local engine): a store
+that will not do is then one line before any worker starts, not N workers that each import
+torch, load, and fail with the same message.
 """
 
 from __future__ import annotations
@@ -108,4 +109,8 @@ def check_local_training(
     )
     for world_size in world_sizes:
         store.steps_per_epoch(world_size=world_size, batch_size=config.batch_size)
+    if check_out_dir and "://" not in config.out_dir:
+        from landcover.training.resume import check_local_resume  # torch: the checkpoint
+
+        check_local_resume(config, store.summary)
     return store

@@ -1,21 +1,26 @@
 """What a checkpoint must share with the run that resumes from it.
 
 A resumed run continues the saved one only if it trains the same model on the same data the
-same way. Checked before the shards load, each a one-line refusal naming the fix:
+same way. Every option of TrainConfig is either one a resume may change (`RESUME_MAY_CHANGE`:
+the resumed run uses the new value and records it in run.json and its checkpoints; the
+changes are logged) or one it must keep (`RESUME_MUST_MATCH`: the options that shape the saved
+state or how the run trains from it). Checked before the shards load, each a one-line refusal
+naming the option, the checkpoint's value, the new one and the fix:
 
-- options that shape the saved state (`--model`, `--batch-size`, `--optimizer`);
-- the synchronisation mode, DDP or BMUF (`--block-momentum`): a BMUF checkpoint holds one
-  learner model and optimizer per rank, which DDP would load into replicas that then drift
-  apart, and a DDP checkpoint has no block-level state;
+- every option of RESUME_MUST_MATCH, the sync mode (DDP or BMUF, `--block-momentum`) first: a
+  BMUF checkpoint holds one learner model and optimizer per rank, which DDP would load into
+  replicas that then drift apart, and a DDP checkpoint has no block-level state;
+- `--epochs` may grow or shrink, but not below the epochs the checkpoint has done;
 - the chip store, by `store_identity`: its URL and a digest of what its attributes say about
   its content (chips, splits, sizes, bands, classes and every source's path, georeferencing,
   statistics and chip counts). A store that was moved (another URL, the same digest) is the
   same data and resumes with a warning; another store is refused.
 
-What may change is the world size (elastic restarts): steps per epoch, the peak lr and the
-schedule are derived again for the new world (`landcover.training.schedule`), and per-rank
-state (comm
-residuals, BMUF learners) starts fresh when the rank count differs.
+What may change besides is the world size (elastic restarts): steps per epoch, the peak lr and
+the schedule are derived again for the new world (`landcover.training.schedule`), and per-rank
+state (comm residuals, BMUF learners) starts fresh when the rank count differs. A new
+`--epochs` re-derives the schedule's length the same way, and a new `--patience` decides
+again whether a run that stopped early goes on.
 """
 
 from __future__ import annotations
@@ -34,17 +39,19 @@ from torch import nn
 
 from landcover.errors import TrainingError
 from landcover.training.checkpoint import read_checkpoint
-from landcover.training.config import TrainConfig
+from landcover.training.config import DEFAULT_LR, OPTIONS, OptionSpec, TrainConfig
 from landcover.training.distributed import Collectives
 from landcover.training.records import Checkpoint, EpochRecord
-from landcover.training.rundir import rewrite_metrics
+from landcover.training.rundir import last_checkpoint, rewrite_metrics
 
 if TYPE_CHECKING:
     from tiling.store import StoreSummary
 
 __all__ = [
+    "RESUME_MAY_CHANGE",
     "RESUME_MUST_MATCH",
     "ResumeState",
+    "check_local_resume",
     "check_resumable",
     "load_optimizer_state",
     "read_resumable_checkpoint",
@@ -54,8 +61,53 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Options a resumed run must share with its checkpoint (they shape the saved state).
-RESUME_MUST_MATCH = ("model", "batch_size", "optimizer")
+# Every TrainConfig field is in exactly one of these two (tests/landcover/training/test_resume.py).
+# Options a resumed run must share with its checkpoint: they shape the saved state (model,
+# optimizer, sync mode and its settings) or how the run trains from it; another value would
+# continue one run with another's training.
+RESUME_MUST_MATCH = (
+    "model",
+    "pretrained",
+    "batch_size",
+    "optimizer",  # before --lr, whose default is the optimizer's
+    "lr",
+    "lr_scaling",
+    "warmup_epochs",
+    "weight_decay",
+    "loss",
+    "class_weights",
+    "augment",
+    "seed",
+    "compression",
+    "block_momentum",
+    "block_size",
+    "block_momentum_value",
+    "block_lr",
+    "nesterov",
+    "reset_local_momentum",
+    "sync_bn",
+)
+# Options a resumed run may change: it uses the new value and records it (run.json, the next
+# checkpoints).
+RESUME_MAY_CHANGE = (
+    "store_url",  # the same chips under another URL; their content must match (store_identity)
+    "out_dir",  # the run dir copied or mounted elsewhere (a cluster job's output)
+    "epochs",  # not below the epochs done; the schedule is derived for the new count
+    "patience",  # a run that stopped early goes on when the new value allows it
+    "resume",
+    "overwrite",
+    "device",  # where and how fast it runs, as on the machines of an elastic restart
+    "amp",
+    "threads",
+    "storage_options",  # credentials (redacted in what is saved)
+    "allow_incomplete",  # the store's content is checked by its digest either way
+    "tracking",
+    "log_every",
+)
+# Changes not worth a log line: the flags of the resume itself, where the run dir and the store
+# are (the store has its own check), credentials.
+_UNREPORTED_CHANGES = ("store_url", "out_dir", "resume", "overwrite", "storage_options")
+_SPECS: dict[str, OptionSpec] = {option.name: option for option in OPTIONS}
 FIX = "train into a new --out, or pass --overwrite instead of --resume to start this run over"
 
 
@@ -98,9 +150,9 @@ def read_resumable_checkpoint(
     """Checkpoint `path` without its per-rank part, and each rank's own part, once every check has
     passed (`check_resumable`). Per-rank parts written by another number of workers are
     dropped: that state (comm residuals, BMUF learners) starts fresh."""
-    must_match = {key: config[key] for key in RESUME_MUST_MATCH}
-    checkpoint = Checkpoint.from_payload(read_checkpoint(path, must_match=must_match))
+    checkpoint = Checkpoint.from_payload(read_checkpoint(path, must_match={}))
     check_resumable(path, checkpoint, config=config, store=store)
+    _log_changes(path, checkpoint.config, config)
     per_rank = checkpoint.per_rank
     if len(per_rank) != world_size:
         logger.warning(
@@ -178,7 +230,7 @@ def resume_state(
         best_val_miou=saved.best_val_miou,
         best_epoch=saved.best_epoch,
         epochs_without_improvement=saved.epochs_without_improvement,
-        stopped_early=saved.stopped_early,
+        stopped_early=saved.stopped_early and _patience_ran_out(config, saved),
         metrics=tuple(records),
         optimizer=own.get("optimizer", saved.optimizer),
         own=own,
@@ -205,8 +257,8 @@ def check_resumable(
     store: Mapping[str, Any],
 ) -> None:
     """Refuse (TrainingError, one line) a checkpoint that the run with `config` (TrainConfig's
-    JSON) on `store` (`store_identity`) cannot continue; `rundir.read_checkpoint` has already
-    checked the options of RESUME_MUST_MATCH."""
+    JSON) on `store` (`store_identity`) cannot continue: another sync mode, another value of
+    an option of RESUME_MUST_MATCH, fewer `--epochs` than it has done, other chips."""
     saved_config = saved.config
     was_bmuf, is_bmuf = bool(saved_config.get("block_momentum")), bool(config["block_momentum"])
     if was_bmuf != is_bmuf:
@@ -216,7 +268,81 @@ def check_resumable(
             f"{path}: checkpoint was trained with {saved_mode}; a resumed run cannot change "
             f"the sync mode: {flag}, or {FIX}"
         )
+    for name in RESUME_MUST_MATCH:
+        option = _SPECS[name]
+        then, now = _resume_value(saved_config, option), _resume_value(config, option)
+        if then != now:
+            raise TrainingError(
+                f"{path}: checkpoint was trained with {_flag_text(option, then)}, not "
+                f"{_flag_text(option, now)}; a resumed run must keep it: "
+                f"{_how_to_give(option, then)}, or {FIX}"
+            )
+    if int(config["epochs"]) < saved.epoch:
+        raise TrainingError(
+            f"{path}: checkpoint has {saved.epoch} epochs done, more than --epochs "
+            f"{config['epochs']}; pass --epochs {saved.epoch} or more to resume it, or {FIX}"
+        )
     _check_store(path, saved.store, store)
+
+
+def check_local_resume(config: TrainConfig, summary: StoreSummary) -> None:
+    """`check_resumable` in the parent of local workers (`preflight.check_local_training`), on
+    the store's `summary`: a resume that the workers would refuse is one line before any of
+    them starts. Nothing to check without --resume or without a checkpoint."""
+    last = last_checkpoint(config.out_dir)
+    if not (config.resume and last.exists()):
+        return
+    saved = Checkpoint.from_payload(read_checkpoint(last, must_match={}))
+    identity = store_identity(config.store_url, summary)
+    check_resumable(last, saved, config=config.to_json(), store=identity)
+
+
+def _resume_value(config: Mapping[str, Any], option: OptionSpec) -> Any:
+    """The value of `option` in a TrainConfig JSON as a resume compares it: the default where
+    an older checkpoint did not record the option, and `--lr` as the optimizer's default
+    when left out (the lr the run trained with)."""
+    default = option.default if option.has_default else None
+    value = config.get(option.name, default)
+    if option.name == "lr" and value is None:
+        return DEFAULT_LR.get(str(config.get("optimizer", _SPECS["optimizer"].default)))
+    return value
+
+
+def _flag_text(option: OptionSpec, value: Any) -> str:
+    """A value as a command line gives it: `--batch-size 8`, `--no-augment`, `no --sync-bn`,
+    and `--pretrained unset` for a None (left out: the option's default behaviour)."""
+    flag = option.flag
+    if value is None:
+        return f"{flag.name} unset"
+    if option.kind is bool:
+        if value:
+            return flag.name
+        return flag.off if flag.off is not None else f"no {flag.name}"
+    return f"{flag.name} {value}"
+
+
+def _how_to_give(option: OptionSpec, value: Any) -> str:
+    """How a command line gives `value` of `option`: `pass --batch-size 8`, `leave out --lr`."""
+    left_out = value is None or (option.kind is bool and not value and option.flag.off is None)
+    return f"leave out {option.flag.name}" if left_out else f"pass {_flag_text(option, value)}"
+
+
+def _log_changes(path: Path, saved: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """One line naming the options of RESUME_MAY_CHANGE that the resumed run changes."""
+    changes = []
+    for name in RESUME_MAY_CHANGE:
+        option = _SPECS[name]
+        then, now = _resume_value(saved, option), _resume_value(config, option)
+        if name not in _UNREPORTED_CHANGES and then != now:
+            changes.append(f"{_flag_text(option, now)} (was {_flag_text(option, then)})")
+    if changes:
+        logger.info("%s: resuming with %s", path, ", ".join(changes))
+
+
+def _patience_ran_out(config: TrainConfig, saved: Checkpoint) -> bool:
+    """Whether a run that stopped early stays stopped under this run's `--patience`."""
+    patience = config.patience
+    return patience is not None and saved.epochs_without_improvement >= patience
 
 
 def _check_store(path: Path, saved: Mapping[str, Any] | None, store: Mapping[str, Any]) -> None:

@@ -52,16 +52,23 @@ TRACKING_NAMES = (TENSORBOARD_DIR, MLFLOW_FILE)
 
 
 def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
-    """Refuse a run dir that already holds results unless told to resume or overwrite."""
+    """Refuse a run dir that already holds results unless told to resume or overwrite, or
+    that takes no new files."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise TrainingError(f"{out}: exists and is not a directory; choose another --out")
-    found = [name for name in RESULT_NAMES if (out / name).exists()]
+    atomic.check_can_create_in(out, option="--out")
+    found = [name for name in RESULT_NAMES if os.path.lexists(out / name)]  # links count
     if found and not (resume or overwrite):
         raise TrainingError(
             f"{out}: already holds a training run ({', '.join(found)}); pass --resume to "
             "continue it or --overwrite to replace it"
         )
+
+
+def last_checkpoint(out_dir: str | os.PathLike[str]) -> Path:
+    """RUN_DIR/checkpoints/last.pt, the checkpoint a resume continues from."""
+    return Path(out_dir) / CHECKPOINT_DIR / LAST_CHECKPOINT
 
 
 def prepare_run_dir(
@@ -71,7 +78,7 @@ def prepare_run_dir(
     (and return None) when there is none to resume or `overwrite` is set."""
     out = Path(out_dir)
     check_run_dir(out, resume=resume, overwrite=overwrite)
-    last = out / CHECKPOINT_DIR / LAST_CHECKPOINT
+    last = last_checkpoint(out)
     if resume and last.exists():
         return last
     if resume:

@@ -23,9 +23,12 @@ workers through torchrun. `train` builds, in this order, then hands everything t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from landcover.errors import TrainingError
+from landcover.errors import OutputBusyError, TrainingError
+from landcover.outputlock import exclusive_outputs
 from landcover.training.builders import (
     build_model,
     build_optimization,
@@ -64,9 +67,28 @@ def train(
     threads = configure_threads(config.threads, env.local_world_size)
     device = resolve_device(config.device, env)
     check_sync_bn(config.sync_bn, env, device)
-    with process_group(env, device) as collectives:
+    with process_group(env, device) as collectives, _run_dir_lock(config, collectives):
         place = Placement.create(env, collectives, device, threads=threads, amp=config.amp)
         return build_trainer(config, place, callbacks or TrainCallbacks()).fit()
+
+
+@contextmanager
+def _run_dir_lock(config: TrainConfig, collectives: Collectives) -> Iterator[None]:
+    """Rank 0 holds the run dir's lock for the whole run (`landcover.outputlock`): a second
+    `train` into the same --out (a --resume or an --overwrite too) is refused at once, on every
+    rank, instead of writing over this run's checkpoints. A run dir where no lock file can be
+    made is left to the run dir's own check."""
+    with ExitStack() as stack:
+        error: str | None = None
+        if collectives.env.is_main:
+            try:
+                stack.enter_context(exclusive_outputs([str(config.out_dir)], "train"))
+            except OutputBusyError as exc:
+                error = str(exc)
+            except OSError:
+                pass
+        collectives.raise_if_any(error)
+        yield
 
 
 def build_trainer(config: TrainConfig, place: Placement, callbacks: TrainCallbacks) -> Trainer:

@@ -16,6 +16,7 @@ a value the space allowed. Optuna-free: the space is parsed and checked before o
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "NumberRange",
     "Parameter",
     "SearchSpace",
+    "parameter_values",
     "parse_space",
 ]
 
@@ -89,14 +91,29 @@ class SearchSpace:
         return ",".join(str(p) for p in self.parameters)
 
     def check(self, base: TrainConfig) -> None:
-        """Every bound and every choice, set on `base`, must be a valid TrainConfig."""
+        """Every bound and every choice, set on `base`, must be a valid TrainConfig, and so
+        must every pair of them from two parameters (TrainConfig's rules tie two options at
+        most, e.g. --block-momentum and --compression); TuneError naming the items."""
         for parameter in self.parameters:
-            values = parameter.bounds if isinstance(parameter, NumberRange) else parameter.values
-            for value in values:
+            for value in parameter_values(parameter):
                 try:
                     replace(base, **{parameter.name: value})
                 except TrainingError as exc:
                     raise TuneError(f"--space {parameter}: {exc}") from None
+        for first, second in itertools.combinations(self.parameters, 2):
+            for a, b in itertools.product(parameter_values(first), parameter_values(second)):
+                try:
+                    replace(base, **{first.name: a, second.name: b})
+                except TrainingError as exc:
+                    raise TuneError(
+                        f"--space {first},{second}: {first.name}={_value_text(a)} with "
+                        f"{second.name}={_value_text(b)}: {exc}"
+                    ) from None
+
+
+def parameter_values(parameter: Parameter) -> tuple[Any, ...]:
+    """The values that stand for a parameter in checks: a range's bounds, a choice's values."""
+    return parameter.bounds if isinstance(parameter, NumberRange) else parameter.values
 
 
 def parse_space(text: str) -> SearchSpace:

@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 from cluster.engine import LaunchOptions, launch_job
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec
-from landcover.errors import TrainingError, TuneError
+from landcover.errors import TuneError
 from landcover.scaling.metricsfile import read_finished_epochs
 from landcover.training.config import OPTIONS, TrainConfig, split_argv
 from landcover.training.launch import WORKER_MODULE, training_job
 from landcover.training.rundir import METRICS_FILE
+from landcover.tuning.precheck import check_trial_values
 from landcover.tuning.results import TrialRow, best_row, write_results
 from landcover.tuning.space import NOT_TUNABLE, NumberRange, SearchSpace
 from landcover.tuning.studydir import (
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = [
+    "STUDY_MAY_CHANGE",
+    "STUDY_MUST_MATCH",
     "TuneConfig",
     "TuneResult",
     "require_optuna",
@@ -70,6 +73,11 @@ logger = logging.getLogger(__name__)
 _FINISHED = ("COMPLETE", "PRUNED")
 # set by the search, never by the training arguments after `--`
 _RESERVED_FLAGS = ("--out", "--epochs", "--seed", "--resume", "--overwrite", "--nproc")
+# A rerun into OUT resumes its study. It may change the trial budget (and moves or overwrites
+# OUT); every other TuneConfig field (the training options of `extra_args` one by one) must
+# match the study's settings (`_settings`), or the rerun is refused naming both values.
+STUDY_MAY_CHANGE = ("trials", "out_dir", "overwrite")
+STUDY_MUST_MATCH = ("store", "space", "epochs", "seed", "extra_args", "cluster", "entry_module")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +171,8 @@ def run_study(
     optuna.logging.disable_default_handler()
     optuna.logging.enable_propagation()
     training, stand_in_args = tune_training(config)
-    if config.entry_module == WORKER_MODULE and _runs_here(config.cluster):
-        _check_store(training, config.cluster)
+    if config.entry_module == WORKER_MODULE:  # a stand-in worker takes its own options
+        check_trial_values(config.space, training, cluster=config.cluster)
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out):
@@ -278,27 +286,13 @@ def _started(study: optuna.Study) -> int:
     return sum(t.state.name != "WAITING" for t in study.get_trials(deepcopy=False))
 
 
-def _runs_here(spec: ClusterSpec | None) -> bool:
-    return spec is None or spec.engine == "local"
-
-
-def _check_store(training: TrainConfig, spec: ClusterSpec | None) -> None:
-    """The store, once, before any trial: it opens, a batch fits, and it has val chips."""
-    from landcover.training.preflight import check_local_training  # imports torch
-
-    workers = 1 if spec is None else spec.workers
-    store = check_local_training(training, world_sizes=(workers,), check_out_dir=False)
-    if len(store.val_ids) == 0:
-        raise TrainingError(
-            f"{training.store_url} has no val chips, and the trials are ranked by val mIoU; "
-            "tile it with --val-fraction > 0"
-        )
-
-
 def _settings(config: TuneConfig, training: TrainConfig) -> dict[str, Any]:
-    """What makes two searches the same: the space and the trials' configuration, and where
-    the trials run; secrets redacted (a SAS token in the store URL, storage options), since
-    they are kept in study.db."""
+    """What makes two searches the same (a rerun must match it: `studydir.open_study`): the
+    space and the trials' configuration (every training option but NOT_TUNABLE's, which
+    are TuneConfig's own or credentials), the store (and, where the trials run here, the
+    digest of its chips, so that a store tiled again under the same URL is not mixed into a
+    search), and where the trials run; secrets redacted (a SAS token in the store URL, storage
+    options), since they are kept in study.db. `--trials` may change: it is the budget."""
     values = training.to_json()
     trials = {k: v for k, v in values.items() if k not in NOT_TUNABLE}
     settings = {
@@ -308,7 +302,20 @@ def _settings(config: TuneConfig, training: TrainConfig) -> dict[str, Any]:
         "seed": config.seed,
         "training": trials,
         "cluster": None if config.cluster is None else config.cluster.name,
+        "cluster_workers": None if config.cluster is None else config.cluster.workers,
         "entry_module": config.entry_module,
     }
+    runs_here = config.cluster is None or config.cluster.engine == "local"
+    if config.entry_module == WORKER_MODULE and runs_here:
+        settings["store_digest"] = _store_digest(training)
     redacted: dict[str, Any] = Redactor().data(settings)
     return redacted
+
+
+def _store_digest(training: TrainConfig) -> str:
+    """The digest of the trials' chips (`store_identity`: read from the store's attributes)."""
+    from landcover.training.resume import store_identity  # imports torch
+    from tiling.store import open_store
+
+    store = open_store(training.store_url, storage_options=training.storage_options)
+    return str(store_identity(training.store_url, store.summary)["digest"])

@@ -23,18 +23,18 @@ parameters are queued again (a fresh run in a new trial dir).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
-import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from landcover.errors import TuneError
+from landcover.outputlock import exclusive_writer
 from landcover.scaling.metricsfile import read_finished_epochs
+from landcover.training.config import OPTIONS
 from landcover.training.rundir import METRICS_FILE
 from landcover.tuning.results import PLOT_FILE, TABLE_FILE, TrialRow
 
@@ -50,6 +50,7 @@ __all__ = [
     "exclusive",
     "open_study",
     "requeue_interrupted",
+    "setting_changes",
     "trial_dir",
     "trial_row",
     "val_mious",
@@ -130,13 +131,47 @@ def open_study(
     if not existed or old is None:
         study.set_user_attr(_SETTINGS_ATTR, settings)
         return study, storage
-    changed = sorted(k for k in settings.keys() | old.keys() if settings.get(k) != old.get(k))
+    changed = setting_changes(old, settings)
     if changed:
         raise TuneError(
-            f"{out} holds a search with other settings ({', '.join(changed)} differ); pass "
+            f"{out} holds a search with other settings ({'; '.join(changed[:3])}); pass "
             "--overwrite to replace it or choose another --out"
         )
     return study, storage
+
+
+# How a refusal names each setting of `study._settings`; "training" is named by its options.
+_SETTING_NAMES = {
+    "space": "--space",
+    "store": "STORE",
+    "store_digest": "STORE content (digest)",
+    "epochs": "--epochs",
+    "seed": "--seed",
+    "cluster": "--cluster-json cluster",
+    "cluster_workers": "--cluster-json workers",
+    "entry_module": "--entry-module",
+}
+_TRAINING_FLAGS = {option.name: option.flag.name for option in OPTIONS}
+
+
+def setting_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Each setting of a study (`study._settings`) that `new` changes, with both values:
+    `--epochs 3 (now 2)`, a training option by its flag (`--loss ce (now ce+dice)`). A setting
+    that `old` did not record (a study of an older landcover) is not compared."""
+    changes = []
+    for key, value in new.items():
+        if key not in old or old[key] == value:
+            continue
+        if key == "training" and isinstance(value, Mapping) and isinstance(old[key], Mapping):
+            then = old[key]
+            changes += [
+                f"{_TRAINING_FLAGS.get(name, name)} {then[name]} (now {now})"
+                for name, now in value.items()
+                if name in then and then[name] != now
+            ]
+        else:
+            changes.append(f"{_SETTING_NAMES.get(key, key)} {old[key]} (now {value})")
+    return changes
 
 
 def requeue_interrupted(storage: optuna.storages.RDBStorage, study: optuna.Study) -> None:
@@ -161,15 +196,8 @@ def clear_search(out: Path) -> None:
 
 @contextmanager
 def exclusive(out: Path) -> Iterator[None]:
-    """One search at a time in OUT: an flock, released by the kernel if the process dies."""
-    fd = os.open(out / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TuneError(
-                f"another landcover tune is using {out}; wait for it or choose another --out"
-            ) from None
+    """One search at a time in OUT: an flock, released by the kernel if the process dies
+    (`landcover.outputlock`)."""
+    busy = f"another landcover tune is using {out}"
+    with exclusive_writer(out / _LOCK_FILE, busy, error=TuneError, remove=False):
         yield
-    finally:
-        os.close(fd)

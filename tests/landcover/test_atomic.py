@@ -3,6 +3,7 @@ and nothing half-written on failure."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -13,8 +14,15 @@ import torch
 from torch import nn
 
 from landcover import atomic
-from landcover.atomic import refuse_existing, write_atomic, write_bytes_atomic
-from landcover.errors import OutputExistsError
+from landcover.atomic import (
+    check_output_file,
+    refuse_existing,
+    require_distinct,
+    write_atomic,
+    write_bytes_atomic,
+    write_files_atomic,
+)
+from landcover.errors import OutputError, OutputExistsError
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.training.rundir import write_json_atomic
 from tiling.classes import get_class_map
@@ -116,3 +124,61 @@ def test_refuse_existing_lets_overwrite_and_new_outputs_through(tmp_path: Path) 
     present.write_text("{}")
     refuse_existing([present], overwrite=True)
     refuse_existing([tmp_path / "new.json"], overwrite=False)
+
+
+def test_several_files_are_written_all_or_none(tmp_path: Path) -> None:
+    first, second = tmp_path / "r" / "metrics.json", tmp_path / "r" / "confusion.png"
+
+    def full(tmp: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+
+    with pytest.raises(OutputError) as info:
+        write_files_atomic(
+            [(first, lambda tmp: Path(tmp).write_text("{}")), (second, full)], overwrite=False
+        )
+    assert str(info.value) == (
+        f"{second}: cannot write it (No space left on device); free some space there or "
+        "choose another output"
+    )
+    assert list((tmp_path / "r").iterdir()) == []  # neither file, no temp file
+
+
+def test_without_overwrite_a_file_that_appeared_is_kept_even_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "lc.json"
+
+    def no_hard_links(src: str, dst: str) -> None:
+        target.write_text("the user's")  # appeared after the command's check
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM), src)
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    with pytest.raises(OutputExistsError, match=rf"^{target} exists; pass --overwrite"):
+        write_bytes_atomic(target, b"{}", overwrite=False)
+    assert target.read_text() == "the user's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lc.json"]
+
+
+def test_outputs_that_are_one_file_however_spelled_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.tif").write_bytes(b"x")
+    os.link(tmp_path / "a.tif", tmp_path / "hard.tif")
+    with pytest.raises(OutputError, match=r"--out .* and --probabilities .* are the same file"):
+        require_distinct(
+            [("--out", str(tmp_path / "a.tif")), ("--probabilities", f"{tmp_path}/hard.tif")]
+        )
+    with pytest.raises(OutputError, match=r"--out az://c/x\.tif is the image az://c/x\.tif/"):
+        require_distinct([("--out", "az://c/x.tif")], inputs=[("image", "az://c/x.tif/")])
+    require_distinct([("--out", str(tmp_path / "a.tif")), ("--stac-item", None)])
+    require_distinct([("--out", "az://c/a.tif"), ("--probabilities", "az://c/b.tif")])
+
+
+def test_an_output_file_is_checked_before_the_work(tmp_path: Path) -> None:
+    with pytest.raises(OutputError, match=rf"^--out {tmp_path} is a directory; give a file"):
+        check_output_file(tmp_path, option="--out", overwrite=True, example="lc.tif")
+    (tmp_path / "dangling.tif").symlink_to(tmp_path / "nowhere.tif")
+    with pytest.raises(OutputExistsError):
+        check_output_file(tmp_path / "dangling.tif", option="--out", overwrite=False, example="x")
+    with pytest.raises(OutputError, match=r"^--out /proc/x/lc\.tif: cannot create files in /proc"):
+        check_output_file("/proc/x/lc.tif", option="--out", overwrite=False, example="lc.tif")
+    check_output_file(tmp_path / "new" / "lc.tif", option="--out", overwrite=False, example="x")
+    assert list(tmp_path.iterdir()) == [tmp_path / "dangling.tif"]  # the probe is gone

@@ -1,11 +1,29 @@
-"""The launcher environment, read in one place: torchrun's variables, or SLURM's under srun."""
+"""The launcher environment, read in one place: torchrun's variables, or SLURM's under srun;
+and the network interface a multi-node job's ranks talk on (a fake route table, and real
+routes between emulated nodes where network namespaces can be built)."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
 import pytest
 
-from landcover.distenv import DistEnv, pooled_share, read_dist_env
+from cluster.netns import NODE_INTERFACE, NodeNetwork, plan_network
+from landcover.distenv import (
+    DistEnv,
+    SocketChoice,
+    SocketInterface,
+    choose_socket_interface,
+    interface_toward,
+    pooled_share,
+    read_dist_env,
+)
 from landcover.errors import LaunchEnvError
+from tests.conftest import REPO_ROOT
 
 TORCHRUN_ENV = {
     "RANK": "5",
@@ -153,3 +171,105 @@ def test_busy_ranks_pool_the_cores_of_their_machine() -> None:
     assert pooled_share([], 0, range(0, 2), 4) == 4  # nobody busy: each keeps its own
     with pytest.raises(LaunchEnvError, match=r"rank 4 is not one of this machine's ranks"):
         pooled_share([4], 4, machine, 2)
+
+
+# --- the interface the ranks talk on ----------------------------------------------------------
+
+# a node with an InfiniBand and two Ethernet networks: (destination, the source address the
+# kernel would send from), longest prefix first wins
+ROUTES = [
+    ("10.1.0.0/16", "10.1.0.7"),
+    ("192.168.5.0/24", "192.168.5.20"),
+    ("0.0.0.0/0", "172.16.0.3"),
+]
+INTERFACES = {
+    "lo": ["127.0.0.1", "::1"],
+    "ib0": ["10.1.0.7"],
+    "eth1": ["192.168.5.20"],
+    "eth0": ["172.16.0.3", "fe80::1"],
+}
+
+
+def route_table(routes: list[tuple[str, str]]) -> Callable[[str], str]:
+    """A fake of the kernel's route lookup: the source address toward `address`."""
+
+    def source_address(address: str) -> str:
+        ip = ipaddress.ip_address(address)
+        if ip.is_loopback or any(address in found for found in INTERFACES.values()):
+            return address if not ip.is_loopback else "127.0.0.1"  # this machine's own
+        matching = [(ipaddress.ip_network(net), src) for net, src in routes]
+        matching = [(net, src) for net, src in matching if ip in net]
+        if not matching:
+            raise OSError(101, "Network is unreachable")
+        return max(matching, key=lambda m: m[0].prefixlen)[1]
+
+    return source_address
+
+
+@pytest.mark.parametrize(
+    ("master", "expected"),
+    [
+        ("10.1.3.9", SocketInterface("ib0", "10.1.0.7")),  # the InfiniBand subnet
+        ("192.168.5.1", SocketInterface("eth1", "192.168.5.20")),
+        ("8.8.8.8", SocketInterface("eth0", "172.16.0.3")),  # the default route
+        ("10.1.0.7", SocketInterface("ib0", "10.1.0.7")),  # the master is this node
+        ("127.0.0.1", None),  # loopback says nothing of the other nodes
+    ],
+)
+def test_the_interface_on_the_route_to_the_master(
+    master: str, expected: SocketInterface | None
+) -> None:
+    source = route_table(ROUTES)
+    assert interface_toward(master, source_address=source, interfaces=INTERFACES) == expected
+
+
+def test_no_route_to_the_master_chooses_nothing() -> None:
+    source = route_table([("10.1.0.0/16", "10.1.0.7")])
+    assert interface_toward("8.8.8.8", source_address=source, interfaces=INTERFACES) is None
+
+
+def _two_nodes(**extra: str) -> DistEnv:
+    return read_dist_env({**TORCHRUN_ENV, **extra})
+
+
+def test_the_launchers_interface_wins_and_one_node_keeps_the_backends_own() -> None:
+    def toward(host: str) -> SocketInterface:
+        assert host == "10.0.0.4"
+        return SocketInterface("ib0", "10.0.0.9")
+
+    env = _two_nodes()
+    assert choose_socket_interface(env, "gloo", toward=toward) == SocketChoice(
+        "GLOO_SOCKET_IFNAME", "ib0", "10.0.0.9", chosen=True
+    )
+    assert choose_socket_interface(env, "nccl", toward=toward).variable == "NCCL_SOCKET_IFNAME"
+    given = _two_nodes(GLOO_SOCKET_IFNAME="eth3")
+    assert choose_socket_interface(given, "gloo", toward=toward) == SocketChoice(
+        "GLOO_SOCKET_IFNAME", "eth3"
+    )
+    # NCCL's own variable is not gloo's
+    assert choose_socket_interface(given, "nccl", toward=toward).interface == "ib0"
+    one_node = read_dist_env({**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "5"})
+    assert one_node.nodes == 1
+    assert choose_socket_interface(one_node, "gloo", toward=toward) == SocketChoice(
+        "GLOO_SOCKET_IFNAME"
+    )
+    assert choose_socket_interface(env, "gloo", toward=lambda host: None).interface is None
+
+
+@pytest.mark.usefixtures("require_emulated_nodes")
+def test_the_route_between_emulated_nodes_is_their_link() -> None:
+    # each node is a network namespace whose host name still resolves to 127.0.0.1: only the
+    # route to the master tells which interface the other node reaches
+    with NodeNetwork(plan_network(2)) as net:
+        layout = net.layout
+        code = (
+            "import sys; from landcover.distenv import interface_toward as t; "
+            "i = t(sys.argv[1]); print(i.name, i.address)"
+        )
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        for node, master in ((1, layout.addresses[0]), (0, layout.addresses[0])):
+            done = subprocess.run(
+                [*layout.enter(node), sys.executable, "-c", code, master],
+                capture_output=True, text=True, env=env, check=True, timeout=60,
+            )  # fmt: skip
+            assert done.stdout.split() == [NODE_INTERFACE, layout.addresses[node]]

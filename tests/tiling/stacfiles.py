@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pystac
 import rasterio
@@ -70,18 +71,40 @@ def write_catalog(items: Sequence[pystac.Item], root: Path) -> Path:
     return root / "catalog.json"
 
 
+def paged(features: Sequence[dict[str, Any]], page_size: int) -> list[dict[str, Any]]:
+    """`features` as API pages of `page_size`, each but the last with a `next` link (GET)."""
+    pages = []
+    for start in range(0, max(len(features), 1), page_size):
+        page: dict[str, Any] = {
+            "type": "FeatureCollection",
+            "features": list(features[start : start + page_size]),
+            "links": [],
+        }
+        if start + page_size < len(features):
+            number = start // page_size + 1
+            page["links"] = [{"rel": "next", "href": f"{{root}}/search?page={number}"}]
+        pages.append(page)
+    return pages
+
+
 @contextmanager
-def stac_api(items: Sequence[pystac.Item]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def stac_api(
+    items: Sequence[pystac.Item], *, pages: Sequence[Any] | None = None
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """A STAC API on 127.0.0.1 answering `/` and `/search` (GET or POST) with `items`.
 
-    Yields the root URL and the list of search bodies received. Stopped on exit.
+    `pages`: the answers to `/search` instead, page N at `/search?page=N` (the first for a
+    POST); a dict is sent as JSON with `{root}` in it replaced by the root URL, a string as
+    it is. Yields the root URL and the list of search bodies received. Stopped on exit.
     """
     requests: list[dict[str, Any]] = []
     features = [item.to_dict() for item in items]
 
     class Handler(BaseHTTPRequestHandler):
-        def _send(self, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
+        def _send(self, body: Any) -> None:
+            root = f"http://{self.headers['Host']}"
+            text = body if isinstance(body, str) else json.dumps(body).replace("{root}", root)
+            data = text.encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -89,7 +112,7 @@ def stac_api(items: Sequence[pystac.Item]) -> Iterator[tuple[str, list[dict[str,
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            root = f"http://127.0.0.1:{self.server.server_address[1]}"
+            root = f"http://{self.headers['Host']}"
             if self.path.split("?")[0].rstrip("/") == "":
                 self._send(
                     {
@@ -113,6 +136,9 @@ def stac_api(items: Sequence[pystac.Item]) -> Iterator[tuple[str, list[dict[str,
                         ],
                     }
                 )
+            elif pages is not None and self.path.startswith("/search?page="):
+                number = int(parse_qs(urlsplit(self.path).query)["page"][0])
+                self._send(pages[min(number, len(pages) - 1)])
             else:
                 self.send_error(404)
 
@@ -122,6 +148,9 @@ def stac_api(items: Sequence[pystac.Item]) -> Iterator[tuple[str, list[dict[str,
             requests.append(body)
             if self.path.rstrip("/") != "/search":
                 self.send_error(404)
+                return
+            if pages is not None:
+                self._send(pages[0])
                 return
             wanted = set(body.get("collections") or [])
             found = [f for f in features if not wanted or f.get("collection") in wanted]

@@ -379,6 +379,10 @@ def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
         return real_popen(command, **kwargs)
 
     monkeypatch.setattr(agents.subprocess, "Popen", popen)
+    # The local store stands in for a remote one: the parent's refusal of storage options
+    # for local paths only (tests/landcover/test_options.py) is lifted so that they reach
+    # the workers.
+    monkeypatch.setattr("tiling.urls.check_storage_options", lambda urls, options: None)
     caplog.set_level(logging.DEBUG)
     run = tmp_path / "run"
     storage = f'{{"account_name": "acct", "account_key": "{ACCOUNT_KEY}"}}'
@@ -445,3 +449,99 @@ def test_cluster_launch_trains_across_two_slurm_nodes(
     assert [(r["rank"], r["node"]) for r in info["ranks"]] == [(0, "n0"), (1, "n1")]
     (epoch,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert (epoch["world_size"], epoch["nodes"]) == (2, 2) and epoch["val_miou"] >= 0
+
+
+SLURM_SPEC: dict[str, Any] = {"engine": "slurm", "targetNodeCount": 2}
+_ENGINE_SPECS = {"slurm": SLURM_SPEC, "azureml": AZUREML_SPEC, "kubernetes": KUBERNETES_SPEC}
+
+
+def _merged(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `change` merged in, section by section."""
+    out: dict[str, Any] = json.loads(json.dumps(base))
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+# (engine, what cluster.json changes, the start of the one line that refuses it): values the
+# engine's API server, SDK or sbatch would refuse, caught when cluster.json is read
+PLAN_VALUES_AN_ENGINE_REJECTS: list[tuple[str, dict[str, Any], str]] = [
+    # names
+    ("kubernetes", {"kubernetes": {"namespace": "Bad_NS"}},
+     "kubernetes.namespace 'Bad_NS' is not a Kubernetes name: use lower-case letters"),
+    ("kubernetes", {"kubernetes": {"namespace": "n" * 64}},
+     "kubernetes.namespace 'nnnn"),
+    ("kubernetes", {"kubernetes": {"storageSecret": "Chips_Storage"}},
+     "kubernetes.storageSecret 'Chips_Storage' is not a Kubernetes name"),
+    ("kubernetes", {"kubernetes": {"runtime": "torch distributed"}},
+     "kubernetes.runtime 'torch distributed' is not a Kubernetes name"),
+    ("kubernetes", {"kubernetes": {"image": "my image:1"}},
+     "kubernetes.image 'my image:1' is not an image reference"),
+    ("azureml", {"azureml": {"experimentName": "my experiment"}},
+     "azureml.experimentName 'my experiment' must be 1-255 letters, digits"),
+    ("azureml", {"azureml": {"computeName": "9gpus"}},
+     "azureml.computeName '9gpus' must be 2-16 letters"),
+    ("slurm", {"name": "my job"}, "name 'my job' must be 2-40 letters"),
+    ("slurm", {"slurm": {"partition": "gpu;rm"}}, "slurm.partition: must be a SLURM partition"),
+    # quoting sbatch refuses
+    ("slurm", {"slurm": {"extraDirectives": ['--comment="no end']}},
+     "slurm.extraDirectives[0] '--comment=\"no end' has an unmatched quote"),
+    # quantities
+    ("kubernetes", {"kubernetes": {"cpu": "-4"}}, "kubernetes.cpu '-4' must be positive"),
+    ("kubernetes", {"kubernetes": {"cpu": -4}}, "kubernetes.cpu '-4' must be positive"),
+    ("kubernetes", {"kubernetes": {"cpu": "0"}}, "kubernetes.cpu '0' must be positive"),
+    ("kubernetes", {"kubernetes": {"memory": "lots"}},
+     "kubernetes.memory 'lots' is not a Kubernetes quantity"),
+    ("kubernetes", {"kubernetes": {"memory": "16GB"}},
+     "kubernetes.memory '16GB' is not a Kubernetes quantity"),
+    ("kubernetes", {"kubernetes": {"memory": "128m"}},
+     "kubernetes.memory '128m' is 0.128 bytes ('m' is milli): write 128Mi or 128M"),
+    ("kubernetes", {"targetNodeCount": 0}, "targetNodeCount must be >= 1, got 0"),
+    ("kubernetes", {"processesPerNode": 8}, "processesPerNode 8 exceeds the 2 GPU(s)"),
+    ("azureml", {"properties": {"scaleSettings": {"manual": {"targetNodeCount": 0}}}},
+     "properties.scaleSettings.manual.targetNodeCount must be >= 1, got 0"),
+    ("azureml", {"azureml": {"idleSecondsBeforeScaleDown": -1}},
+     "azureml.idleSecondsBeforeScaleDown must be >= 0"),
+    ("slurm", {"slurm": {"cpusPerTask": 0}}, "slurm.cpusPerTask must be >= 1, got 0"),
+    ("slurm", {"slurm": {"gpusPerNode": -1}}, "slurm.gpusPerNode must be >= 0, got -1"),
+    ("slurm", {"processesPerNode": 0}, 'processesPerNode must be "auto" or a whole number >= 1'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("engine", "change", "message"),
+    PLAN_VALUES_AN_ENGINE_REJECTS,
+    ids=[f"{e}-{next(iter(c))}-{i}" for i, (e, c, _) in enumerate(PLAN_VALUES_AN_ENGINE_REJECTS)],
+)
+def test_plan_values_an_engine_would_reject_are_one_line_before_any_plan(
+    tmp_path: Path, engine: str, change: dict[str, Any], message: str
+) -> None:
+    document = _merged(_ENGINE_SPECS[engine], change)
+    if "properties" in change:  # the legacy form: its own section, merged one level deeper
+        document["properties"] = {**_ENGINE_SPECS[engine]["properties"], **change["properties"]}
+    spec = write_json(tmp_path / "c.json", document)
+    result = invoke(
+        "cluster", "plan", str(spec), "--out", str(tmp_path / "plan"),
+        "--", "train", "chips.zarr", "--out", "/shared/run",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {spec}: {message}"), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "plan").exists()
+
+
+def test_a_run_dir_an_sbatch_script_cannot_carry_is_one_line(tmp_path: Path) -> None:
+    spec = write_json(tmp_path / "c.json", SLURM_SPEC)
+    result = invoke(
+        "cluster", "plan", str(spec), "--out", str(tmp_path / "plan"),
+        "--", "train", "chips.zarr", "--out", "/shared/run\nrm -rf ~",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: log directory '/shared/run\\nrm -rf ~/logs' holds '\\n', which an sbatch script "
+        "cannot carry (a line break ends an #SBATCH line): choose an output path without it\n"
+    )
+    assert not (tmp_path / "plan").exists()

@@ -51,8 +51,9 @@ def test_prints_the_table_and_the_best_trial(
     other = invoke(*args[:3], "lr=1e-3:1e-2", *args[4:], "--trials", "3")
     assert other.exit_code == 2
     assert other.stderr == (
-        f"error: {out} holds a search with other settings (space differ); pass --overwrite to "
-        "replace it or choose another --out\n"
+        f"error: {out} holds a search with other settings (--space "
+        "lr=0.0001:0.01:log,loss=ce|ce+dice (now lr=0.001:0.01)); pass --overwrite to replace it "
+        "or choose another --out\n"
     )
 
 
@@ -126,3 +127,56 @@ def test_help_imports_neither_torch_nor_optuna() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+# Values the space allows that a trial would fail on: refused before the first trial
+REFUSED_VALUES = [
+    ("lr=1e-4:inf:log", "--space lr=0.0001:inf:log: --lr inf must be a finite number"),
+    ("model=small_unet|nonexistent", "--space model=small_unet|nonexistent: unknown model "
+     "'nonexistent'; choose one of: deeplabv3_resnet50, "),
+    ("device=cpu|cuda", "--space device=cpu|cuda: --device cuda but no CUDA device is visible; "
+     "use --device cpu"),
+    ("batch_size=8:1000", "--space batch_size=8:1000: 69 train chips over 1 workers give 69 "
+     "chips per worker, fewer than --batch-size 1000; use a smaller batch or fewer workers"),
+    ("pretrained=none|imagenet", "--space pretrained=none|imagenet: small_unet has no "
+     "pretrained weights; use pretrained=None"),
+    ("block_momentum=true|false,compression=none|fp16", "--space block_momentum=true|false,"
+     "compression=none|fp16: block_momentum=true with compression=fp16: --compression fp16 "
+     "compresses DDP gradients but --block-momentum averages models instead; use one of them"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("space", "message"), REFUSED_VALUES)
+def test_every_value_of_the_space_is_checked_as_train_checks_it_before_any_trial(
+    tiny_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, space: str, message: str
+) -> None:
+    trained = replace_trainer(monkeypatch)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    out = tmp_path / "tune"
+    result = invoke(
+        "tune", tiny_store, "--trials", "2", "--epochs", "1", "--space", space, "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1
+    assert trained == [] and not out.exists()
+
+
+def test_values_are_checked_for_the_workers_of_a_local_cluster(
+    tiny_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained = replace_trainer(monkeypatch)
+    spec = {"name": "two", "engine": "local", "vmSize": "local", "targetNodeCount": 1,
+            "processesPerNode": 2}  # fmt: skip
+    (tmp_path / "cluster.json").write_text(json.dumps(spec))
+    base = ("tune", tiny_store, "--trials", "1", "--epochs", "1", "--out", str(tmp_path / "t"),
+            "--cluster", str(tmp_path / "cluster.json"), "--space")  # fmt: skip
+    result = invoke(*base, "batch_size=8:48")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: --space batch_size=8:48: 69 train chips over 2 workers give 34 chips per worker, "
+        "fewer than --batch-size 48; use a smaller batch or fewer workers\n"
+    )
+    result = invoke(*base, "sync_bn=false|true", "--", "--device", "cpu")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: --space sync_bn=false|true: --sync-bn needs CUDA")
+    assert trained == [] and not (tmp_path / "t").exists()

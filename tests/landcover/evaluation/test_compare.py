@@ -144,3 +144,15 @@ def test_predicted_codes_outside_the_class_table_are_an_error(tmp_path: Path, ta
     assert result.output.startswith(f"error: {pred}: holds class codes 5, 9 outside {table}")
     assert "(codes 0-4); leaving those pixels out would inflate the scores" in result.output
     assert result.output.count("\n") == 1
+
+
+def test_a_map_without_a_crs_says_so_and_how_to_fix_it(tmp_path: Path) -> None:
+    pred = write(tmp_path / "pred.tif", PRED, nodata=0, crs=None)  # type: ignore[arg-type]
+    truth = write(tmp_path / "truth.tif", TRUTH_RAW)
+    result = run(str(pred), "--truth", str(truth))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: {pred}: the map has no CRS, so it cannot be laid over the truth; assign the CRS "
+        f"it was predicted in (e.g. gdal_edit.py -a_srs EPSG:26918 {pred}) or pass the output of "
+        "`landcover predict`, which has one\n"
+    )

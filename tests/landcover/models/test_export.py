@@ -134,6 +134,20 @@ def test_export_refuses_to_overwrite_without_the_flag(
     assert not list(tmp_path.glob(".m.torchscript.*"))  # no temp file left
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_into_a_directory_is_one_line_even_with_overwrite(
+    models: dict[str, Path], tmp_path: Path, overwrite: bool
+) -> None:
+    (tmp_path / "kept.txt").write_text("the user's")
+    args = ["export", str(models["pt"]), "--format", "onnx", "--out", str(tmp_path)]
+    result = CliRunner().invoke(cli.main, args + ["--overwrite"] * overwrite)
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: --out {tmp_path} is a directory; give a file name like {tmp_path}/model.onnx\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt"]
+
+
 def test_runtime_that_cannot_run_the_file_is_refused(models: dict[str, Path]) -> None:
     device = "cpu"
     with pytest.raises(PredictionError, match="export it first: landcover export"):

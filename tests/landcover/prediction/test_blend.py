@@ -13,6 +13,7 @@ from landcover.prediction.blend import (
     LogitBlender,
     WindowLayout,
     argmax_classes,
+    class_probabilities,
     taper_profile,
     window_starts,
 )
@@ -87,3 +88,22 @@ def test_argmax_classes_is_torchs_argmax_ties_and_nan_included() -> None:
         got = argmax_classes(x)
         assert got.dtype == torch.uint8
         assert torch.equal(got, x.argmax(dim=0).to(torch.uint8))
+
+
+def test_class_probabilities_are_the_softmax_with_the_same_bits_at_any_thread_count() -> None:
+    """Each pixel's probabilities are worked out alone: torch shares an odd-sized block's
+    planes out among 1, 2, 3 or 5 threads at other places, and no bit changes."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 203, 181, generator=generator) * 6
+    scores[:, 0, :4] = torch.tensor([30.0, 30.0, -30.0, 0.0]).view(4, 1)  # ties, extremes
+    before = torch.get_num_threads()
+    got = {}
+    try:
+        for threads in (1, 2, 3, 5):
+            torch.set_num_threads(threads)
+            got[threads] = class_probabilities(scores)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(p, got[1]) for p in got.values())
+    torch.testing.assert_close(got[1], torch.softmax(scores, dim=0), rtol=1e-6, atol=1e-7)
+    assert got[1][0, 0, 0] == got[1][1, 0, 0] == 0.5 and got[1][2, 0, 0] < 1e-20

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,13 @@ import pytest
 import rasterio
 import shapely
 import torch
+from click.testing import CliRunner
 from rio_cogeo.cogeo import cog_validate
 
+from landcover.cli.app import main
 from landcover.errors import OutputExistsError, PredictionError
+from landcover.models.modelfile import load_model_file, save_model_file
+from landcover.prediction.distributed import RERUN_KEEPS_PARTS, RERUN_PREDICTS_AGAIN
 from landcover.prediction.parts import Staging
 from landcover.prediction.region import parse_region
 from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
@@ -241,3 +247,165 @@ def test_each_rank_of_a_job_takes_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -
     assert rank_device("cpu", 1) == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rank_device("auto", 1) == "auto"  # resolved to cpu as in one process
+
+
+def test_every_predict_option_is_one_a_rerun_predicts_again_for_or_one_it_keeps_parts_for() -> None:
+    """A new PredictConfig field fails here until it is put in one of the two."""
+    names = sorted(f.name for f in dataclasses.fields(PredictConfig))
+    assert sorted(RERUN_PREDICTS_AGAIN + RERUN_KEEPS_PARTS) == names
+
+
+# Each PredictConfig field's other value on a rerun (from the module's fixtures and tmp_path).
+RERUN_VALUES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "model": lambda f: str(f["other_model"]),
+    "images": lambda f: (str(shutil.copy(f["scene"], f["tmp_path"] / "copy.tif")),),
+    "out": lambda f: str(f["tmp_path"] / "elsewhere" / "lc.tif"),
+    "region": lambda f: parse_region(str(f["triangle"])),
+    "dst_crs": lambda f: "EPSG:3857",
+    "resolution": lambda f: 2.0,
+    "overlap_px": lambda f: 4,
+    "batch_size": lambda f: 3,
+    "device": lambda f: "cuda",
+    "runtime": lambda f: "torch",
+    "tta": lambda f: "flips",
+    "probabilities": lambda f: str(f["tmp_path"] / "p.tif"),
+    "overwrite": lambda f: True,
+    "block_px": lambda f: 16,
+    # local outputs take no storage options; credentials never change a pixel
+    "storage_options": lambda f: {},
+    "progress": lambda f: False,
+    "max_pixels": lambda f: 10**7,
+    "zero_is_nodata": lambda f: False,
+    "pipeline": lambda f: False,
+}
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(PredictConfig)])
+def test_a_rerun_with_another_option_predicts_again_or_keeps_the_finished_part(
+    name: str,
+    scene: Path,
+    random_model: Path,
+    other_model: Path,
+    triangle: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1 of a 2-rank job finished its part before the job died; the rerun changes one
+    option: a part of another value is never reused, one of the same pixels is kept."""
+    assert name in RERUN_VALUES, f"say which other value of {name} a rerun is tested with"
+    base = config_for(random_model, scene, tmp_path / "lc.tif", block_px=40)
+    if name == "device" and not torch.cuda.is_available():
+        # No other device type to run on here: the part's key is seen to hold the type.
+        import landcover.prediction.distributed as distributed
+
+        seen: list[Mapping[str, Any]] = []
+        real_key = distributed.part_key
+
+        def spy(settings: Mapping[str, Any], *args: Any) -> str:
+            seen.append(settings)
+            return real_key(settings, *args)
+
+        monkeypatch.setattr(distributed, "part_key", spy)
+        predict_region(base, rank=1, world_size=2)
+        assert seen and all(s["device"] == "cpu" for s in seen)
+        return
+    predict_region(base, rank=1, world_size=2)
+    fixtures = {"scene": scene, "other_model": other_model, "triangle": triangle}
+    value = RERUN_VALUES[name]({**fixtures, "tmp_path": tmp_path})
+    rerun = dataclasses.replace(base, **{name: value})
+    with caplog.at_level(logging.INFO, logger="landcover.prediction"):
+        run_ranks(rerun, 2)
+    kept = "rank 1: keeping its finished part" in caplog.text
+    assert kept == (name in RERUN_KEEPS_PARTS)
+    assert Path(rerun.out).exists()
+
+
+# -- every output at 1, 2 and 3 ranks, each rank count with its own threads ----------------------
+
+# Ranks on one machine share its cores, so a rank runs with fewer torch threads than one process:
+# 2 for one process, 1 each for 2 ranks, 3 each for 3 ranks (more than this machine's cores, but
+# what counts is another number). On one thread torch runs small batches of a 1x1 convolution
+# through another kernel, and on three it splits elementwise work at other places.
+RANK_THREADS = {1: 2, 2: 1, 3: 3}
+OUTPUTS = ("classes", "probabilities", "stac item", "directory")
+
+
+@pytest.fixture(scope="module")
+def offset_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random model with a large logit added to every class alike (softmax ignores it):
+    the logits' last bits, which another kernel or summation order changes, then show in the
+    probabilities of this small region, as they do now and then over a large one."""
+    folder = tmp_path_factory.mktemp("models")
+    module, meta = load_model_file(write_model(folder / "random.pt", seed=7))
+    head: Any = module.head
+    with torch.no_grad():
+        weights = torch.rand(head.weight.shape[1], generator=torch.Generator().manual_seed(0))
+        head.weight.add_(1e4 * weights.view(1, -1, 1, 1))
+    save_model_file(folder / "offset.pt", module, meta)
+    return folder / "offset.pt"
+
+
+@pytest.fixture(scope="module")
+def rank_outputs(
+    scene: Path, offset_model: Path, triangle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, Path]:
+    """The directory of `predict` (COG, probabilities, STAC item) run as 1, 2 and 3 ranks in
+    rank mode, as an engine runs it, each rank count with its RANK_THREADS."""
+    runs: dict[int, Path] = {}
+    before = torch.get_num_threads()
+    try:
+        for world_size, threads in RANK_THREADS.items():
+            folder = tmp_path_factory.mktemp(f"ranks-{world_size}")
+            torch.set_num_threads(threads)
+            args = [
+                "predict", str(offset_model), str(scene), "--region", str(triangle),
+                "--out", str(folder / "lc.tif"), "--probabilities", str(folder / "p.tif"),
+                "--stac-item", str(folder / "lc.json"), "--block-size", "16",
+                "--batch-size", "3", "--device", "cpu",
+            ]  # fmt: skip
+            env = {
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",  # read, never dialled: the ranks share files only
+                "MASTER_PORT": "29500",
+                "LANDCOVER_ERROR_DIR": str(tmp_path_factory.mktemp("errors")),
+            }
+            for rank in [*range(1, world_size), 0]:  # rank 0 waits for the others' parts
+                rank_args = [*args, "--rank-from-env"] if world_size > 1 else args
+                result = CliRunner(env={**env, "RANK": str(rank)}).invoke(main, rank_args)
+                assert result.exit_code == 0, result.output
+            runs[world_size] = folder
+    finally:
+        torch.set_num_threads(before)
+    return runs
+
+
+def output_of(folder: Path, output: str) -> Any:
+    """One output of a run, as it is compared between rank counts."""
+    if output == "classes":
+        return (folder / "lc.tif").read_bytes()
+    if output == "probabilities":
+        return (folder / "p.tif").read_bytes()
+    if output == "stac item":  # the time of writing and the item's own path are the run's
+        item = json.loads((folder / "lc.json").read_text().replace(str(folder), "OUT"))
+        for key in ("created", "datetime"):
+            item["properties"].pop(key)
+        return item
+    return sorted(p.name for p in folder.iterdir())  # no parts, no lock, no temporary file
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_every_output_is_the_same_at_any_rank_count(
+    rank_outputs: dict[int, Path], output: str, world_size: int
+) -> None:
+    """The region's block rows split among the ranks at boundaries inside blended overlaps
+    (16 px blocks, 32 px windows overlapping by 8 px)."""
+    one, many = rank_outputs[1], rank_outputs[world_size]
+    assert output_of(many, output) == output_of(one, output)
+    if output == "directory":
+        assert output_of(one, output) == ["lc.json", "lc.tif", "p.tif"]
+    if output == "probabilities":
+        probabilities = read(one / "p.tif")[0]
+        assert len(np.unique(probabilities)) > 10  # not one value: the offset keeps them apart

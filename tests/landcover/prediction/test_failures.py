@@ -460,3 +460,18 @@ def test_sigterm_mid_run_leaves_no_temp_files(constant_model: Path, tmp_path: Pa
     assert process.returncode > 0, stderr
     assert "Traceback" not in stderr
     assert list(out_dir.iterdir()) == []
+
+
+def test_a_resolution_the_model_was_not_trained_near_is_one_line(
+    scene: Path, constant_model: Path, tmp_path: Path
+) -> None:
+    """A 1 m model on 300 m pixels would map noise: refused before any window runs."""
+    out = tmp_path / "lc.tif"
+    result = run_cli(str(constant_model), str(scene), "--out", str(out), "--resolution", "300")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "error: --resolution 300 (300 m) is 300x coarser than the 1 m the model was trained at "
+        "(more than 4x is refused); give a --resolution between 0.25 and 4 m, or none for the "
+        "model's own (for a coarser map, read the COG's overviews)"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -3,12 +3,15 @@ from a region in another CRS, and at another resolution."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pyproj
+import pytest
 from affine import Affine
 from rasterio.crs import CRS
 
+from landcover.errors import PredictionError
 from landcover.prediction.outgrid import plan_output_grid
 from landcover.prediction.region import parse_bbox
 from landcover.prediction.setup import open_images
@@ -49,3 +52,44 @@ def test_grid_at_another_resolution_snaps_to_multiples_of_the_pixel(scene: Path)
     plan = plan_output_grid(open_images([str(scene)]), None, resolution_m=2.0)
     assert plan.grid.transform == Affine(2.0, 0.0, 500_000.0, 0.0, -2.0, 4_000_000.0)
     assert (plan.grid.width, plan.grid.height) == (45, 38)  # 90/2, ceil(75/2)
+
+
+@pytest.mark.parametrize(
+    ("resolution", "said"),
+    [
+        (300.0, "--resolution 300 (300 m) is 300x coarser"),
+        (4.5, "--resolution 4.5 (4.5 m) is 4.5x coarser"),
+        (0.2, "--resolution 0.2 (0.2 m) is 5x finer"),
+    ],
+)
+def test_a_resolution_more_than_4x_off_the_models_is_refused(
+    scene: Path, resolution: float, said: str
+) -> None:
+    with pytest.raises(PredictionError) as caught:
+        plan_output_grid(open_images([str(scene)]), None, resolution_m=1.0, resolution=resolution)
+    assert str(caught.value) == (
+        f"{said} than the 1 m the model was trained at (more than 4x is refused); give a "
+        "--resolution between 0.25 and 4 m, or none for the model's own (for a coarser map, "
+        "read the COG's overviews)"
+    )
+
+
+@pytest.mark.parametrize(("resolution", "warned"), [(4.0, True), (0.6, True), (1.5, False)])
+def test_a_resolution_more_than_1_5x_off_the_models_is_warned_about(
+    scene: Path, resolution: float, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    images = open_images([str(scene)])
+    with caplog.at_level(logging.WARNING, logger="landcover.prediction.outgrid"):
+        plan = plan_output_grid(images, None, resolution_m=1.0, resolution=resolution)
+        plan_output_grid(images, None, resolution_m=1.0, resolution=resolution, quiet=True)
+    assert plan.grid.resolution == resolution
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == warned  # once: a quiet plan (a job's other ranks) says nothing
+    if warned:
+        assert lines[0].startswith(f"--resolution {resolution:g} ({resolution:g} m) is ")
+        assert "expect a less accurate map (more than 4x off is refused)" in lines[0]
+
+
+def test_a_model_of_unknown_resolution_takes_any(scene: Path) -> None:
+    plan = plan_output_grid(open_images([str(scene)]), None, resolution_m=0.0, resolution=30.0)
+    assert plan.grid.resolution == 30.0

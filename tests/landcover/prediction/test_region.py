@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pyproj
 import pytest
 import shapely
+from click.testing import CliRunner
 from rasterio.crs import CRS
 
+from landcover.cli.app import main
 from landcover.errors import RegionError
 from landcover.prediction.region import parse_bbox, parse_crs, parse_region, region_from_geojson
+from tests.landcover.prediction.inputs import write_model
 
 SQUARE = {"type": "Polygon", "coordinates": [[[0, 0], [2, 0], [2, 2], [0, 2], [0, 0]]]}
 OTHER = {"type": "Polygon", "coordinates": [[[5, 5], [6, 5], [6, 6], [5, 6], [5, 5]]]}
@@ -134,3 +138,38 @@ def test_reprojection_keeps_curved_edges() -> None:
     assert corners_only.exterior.distance(shapely.Point(x, y)) > 50.0
     back = utm.to_crs(CRS.from_epsg(4326))
     assert back.geometry.symmetric_difference(region.geometry).area < 1e-8
+
+
+@pytest.mark.parametrize(
+    "region_args",
+    [
+        ["--bbox", "500000,3999925,500090,4000000", "--region-crs", "EPSG:999999"],
+        ["--region", "POLYGON ((0 0, 1 0, 1 1, 0 0))", "--region-crs", "EPSG:999999"],
+        ["--region", "{legacy_crs}"],
+    ],
+)
+def test_an_unknown_crs_is_our_one_line_without_gdal_s_own(
+    scene: Path,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    region_args: list[str],
+) -> None:
+    """GDAL/PROJ print "ERROR 1: PROJ: ... crs not found" (or log it, inside rasterio.Env)
+    before our line unless silenced."""
+    legacy = {**SQUARE, "crs": {"type": "name", "properties": {"name": "EPSG:999999"}}}
+    args = [a.replace("{legacy_crs}", str(write(tmp_path, legacy))) for a in region_args]
+    caplog.set_level(logging.INFO)
+    model = write_model(tmp_path / "model.pt")
+    result = CliRunner().invoke(
+        main, ["predict", str(model), str(scene), "--out", str(tmp_path / "lc.tif"), *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: --region-crs 'EPSG:999999' is not a CRS; use e.g. EPSG:4326 or EPSG:26916\n"
+    )
+    assert capfd.readouterr().err == ""
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("rasterio")] == []
+    with pytest.raises(RegionError, match="--dst-crs 'EPSG:999999' is not a CRS"):
+        parse_crs("EPSG:999999", what="--dst-crs")
+    assert capfd.readouterr().err == ""

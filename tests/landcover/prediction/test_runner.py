@@ -525,3 +525,24 @@ def test_blocks_run_under_a_gdal_cache_sized_to_them(
     expected = block_cache_bytes(32, 170, out_bands=CLASS_MAP.num_classes, in_bands=4)
     assert len(seen["blocks"]) > 1 and set(seen["blocks"]) == {expected}
     assert seen["cogs"] == [GDAL_CACHE_BYTES] != [expected]
+
+
+def test_probability_bands_are_named_by_class_and_carry_no_colour(
+    scene: Path, random_model: Path, tmp_path: Path
+) -> None:
+    """Four uint8 bands are red, green, blue and alpha to GDAL unless told otherwise: a viewer
+    would show the probabilities as a colour image, the 4th class as transparency. A GeoTIFF
+    reads its first band of such a raster as gray, the others as undefined."""
+    out, prob = tmp_path / "lc.tif", tmp_path / "p.tif"
+    config = PredictConfig(
+        str(random_model), (str(scene),), str(out), probabilities=str(prob), device="cpu"
+    )
+    predict_region(config)
+    with rasterio.open(prob) as ds:
+        assert ds.count == 4
+        assert ds.colorinterp == (ColorInterp.gray, *[ColorInterp.undefined] * 3)
+        assert ds.descriptions == tuple(CLASS_MAP.class_names[1:])
+        assert ds.scales == (1 / 254,) * 4
+    assert cog_validate(str(prob))[0]
+    with rasterio.open(out) as ds:
+        assert ds.colorinterp == (ColorInterp.palette,)

@@ -6,6 +6,7 @@ import base64
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -175,6 +176,44 @@ def test_runs_of_different_stores_are_separate_curves(tmp_path: Path) -> None:
         assert len({r.run.store for r in curve.rows}) == 1
         assert [r.speedup for r in curve.rows] == pytest.approx([1.0, 2**0.8])
         assert max(r.efficiency for r in curve.rows) <= 1.0
+
+
+# a pair of runs (1 and 2 workers) that differ in one thing: their metrics.jsonl overrides
+# and their run.json
+_DIFFERENT_RESOURCES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any] | None]]] = {
+    "threads": ([{"threads_per_worker": 1}, {"threads_per_worker": 2}], [None, None]),
+    "chip size": (
+        [{}, {}],
+        [{"store": {"url": "c.zarr", "summary": {"chip_size": s}}} for s in (64, 256)],
+    ),
+    "amp": ([{}, {}], [{"amp": True}, {"amp": False}]),
+    "vm size": ([{}, {}], [{"cluster": {"vmSize": v}} for v in ("Standard_D4s_v3", "Standard_F8")]),
+    "store content": ([{}, {}], [{"store": {"url": "c.zarr", "digest": d}} for d in "ab"]),
+    "batch": ([{"batch_size": 8}, {"batch_size": 16}], [None, None]),
+    "model": ([{"model": "small_unet"}, {"model": "unet_resnet18"}], [None, None]),
+    "device": ([{"device": CPU}, {"device": GPU}], [None, None]),
+}
+
+
+@pytest.mark.parametrize("resource", list(_DIFFERENT_RESOURCES))
+def test_runs_that_differ_in_per_worker_resources_are_never_one_curve(
+    tmp_path: Path, resource: str
+) -> None:
+    # the report: a 1-worker run with 2 threads and a 2-worker run with 1 thread
+    # joined one curve, efficiency 23 %
+    overrides, run_jsons = _DIFFERENT_RESOURCES[resource]
+    for n, extra, run_json in zip((1, 2), overrides, run_jsons, strict=True):
+        write_run(
+            tmp_path, f"w{n}", workers=n, epoch_times=[30.0, 10.0], run_json=run_json, **extra
+        )
+    report = build_scaling_report(load_runs([tmp_path]))
+    assert sorted(len(c.rows) for c in report.curves) == [1, 1]
+    assert all(r.speedup == 1.0 for c in report.curves for r in c.rows)
+    labels = [(c.key.device, c.label) for c in report.curves]
+    assert len(set(labels)) == len(labels)  # told apart where a device has both
+    if resource not in ("batch", "model", "device"):
+        (note,) = [n for n in report.notes if "separate curves" in n]
+        assert "differ in" in note and "per-worker resources" in note
 
 
 def test_stores_that_share_a_name_are_told_apart_by_their_url(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from landcover.errors import ReportError
 from landcover.scaling.runs import load_runs
+from landcover.scaling.sweepfile import SweepRecord, migrate, write_sweep
 from tests.landcover.scaling.runfiles import (
     BATCH,
     SAMPLES,
@@ -129,6 +130,28 @@ def test_runs_the_sweep_marks_failed_are_left_out(tmp_path: Path) -> None:
     ]
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": entries}))
     assert [r.workers for r in load_runs([tmp_path])] == [1]
+
+
+def test_a_sweep_directory_gives_only_the_runs_its_sweep_json_lists(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # workers-4 of an earlier sweep left beside the two runs the current sweep.json lists
+    power_law_runs(tmp_path, [1, 2, 4])
+    entries = [{"workers": n, "run_dir": f"w{n}", "status": "done"} for n in (1, 2)]
+    write_sweep(tmp_path / "sweep.json", SweepRecord.model_validate(migrate({"runs": entries})))
+    with caplog.at_level("WARNING", logger="landcover.scaling.runs"):
+        runs = load_runs([tmp_path])
+    assert sorted(r.workers for r in runs) == [1, 2]
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message == f"{tmp_path}: skipping w4: not one of the runs sweep.json lists " + (
+        "(pass it alone to report it)"
+    )
+    # passed alone, it is read
+    assert [r.workers for r in load_runs([tmp_path / "w4"])] == [4]
+    # a sweep that has not finished a run yet says so
+    write_sweep(tmp_path / "sweep.json", SweepRecord.model_validate(migrate({"runs": []})))
+    with pytest.raises(ReportError, match=r"sweep\.json: lists no finished run yet"):
+        load_runs([tmp_path])
 
 
 # --- bad input -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ tests/landcover/cli/test_cluster.py.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import shutil
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from cluster.errors import ClusterError, LaunchError
 from landcover.scaling import sweep
 from landcover.scaling.runs import load_runs
 from landcover.scaling.sweep import (
+    SWEEP_RERUN_MAY_CHANGE,
+    SWEEP_RERUN_MUST_MATCH,
     SweepConfig,
     SweepResult,
     SweepRun,
@@ -108,11 +111,14 @@ class FakeLaunch:
             raise LaunchError(f"training failed on simulated node 0 (exit code 1); logs: {out}")
         argv = plan.job.argv
         epochs = int(argv[argv.index("--epochs") + 1])
+        threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 1
         with (out / "metrics.jsonl").open("w") as f:
             for epoch in range(1, epochs + 1):
                 # the first epoch pays warm-up: three times the others
                 time_s = (3 if epoch == 1 else 1) * 8.0 / workers
-                record = metrics_line(epoch, workers, time_s, samples_per_s=80.0 / time_s)
+                record = metrics_line(
+                    epoch, workers, time_s, samples_per_s=80.0 / time_s, threads_per_worker=threads
+                )
                 f.write(json.dumps(record) + "\n")
         return LaunchResult(
             "local", f"job-{workers}", "succeeded", str(out), str(out / "logs"), 1.0
@@ -170,7 +176,7 @@ def test_sweep_records_runs_reuses_them_and_marks_oversubscription(
     assert fake.calls == [1, 2, 4, 8, 8]
     assert not (tmp_path / "sweep" / "workers-8" / "stale").exists()
     # other settings in the same directory are refused, unless overwriting
-    with pytest.raises(ClusterError, match=r"holds a sweep with other settings \(epochs differ\)"):
+    with pytest.raises(ClusterError, match=r"other settings \(--epochs 2 \(now 3\)\)"):
         run_sweep(replace(config, epochs=3))
     run_sweep(
         replace(config, epochs=3, overwrite=True, workers=(1,), extra_args=("--threads", "3"))
@@ -201,6 +207,49 @@ def test_the_report_reads_what_the_sweep_writes(
         (2, "workers-2", 2, False, "sweep.json", "3 of 3"),
         (4, "workers-4", 2, True, "sweep.json", "3 of 3"),
     ]
+
+
+def test_overwrite_with_fewer_worker_counts_leaves_only_the_new_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the issue's report: `scale --workers 1,2` then `scale --workers 1 --overwrite` left
+    # workers-2 (1 thread per worker) beside the new workers-1 (2 threads), and the report
+    # fitted the two: efficiency 23 %
+    monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
+    monkeypatch.setattr("cluster.engine.local_cpu_count", lambda: 2)
+    monkeypatch.setattr(sweep, "launch_plan", FakeLaunch())
+    out = tmp_path / "sweep"
+    config = SweepConfig("chips.zarr", (1, 2), 2, str(out))
+    run_sweep(config)
+    (out / "notes.txt").write_text("mine")  # the user's: not a run of the sweep
+    (out / "workers-8").mkdir()  # not recorded by the sweep: left alone
+    run_sweep(replace(config, workers=(1,), overwrite=True))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "notes.txt",
+        "sweep.json",
+        "workers-1",
+        "workers-8",
+    ]
+    document = json.loads((out / "sweep.json").read_text())
+    assert [(r["workers"], r["threads_per_worker"]) for r in document["runs"]] == [(1, 2)]
+    assert [(r.workers, r.threads_per_worker) for r in load_runs([out])] == [(1, 2)]
+
+
+def test_a_rerun_reuses_only_runs_of_the_same_per_worker_resources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1,2 on 4 cores gives 2 threads per worker; 1,2,4 gives 1: the old 1 and 2 are not
+    # points of the new sweep, and reusing them would mix thread counts in one table
+    monkeypatch.setattr(sweep, "local_cpu_count", lambda: 4)
+    monkeypatch.setattr("cluster.engine.local_cpu_count", lambda: 4)
+    fake = FakeLaunch()
+    monkeypatch.setattr(sweep, "launch_plan", fake)
+    config = SweepConfig("chips.zarr", (1, 2), 2, str(tmp_path / "sweep"))
+    run_sweep(config)
+    run_sweep(config)  # the same sweep again: both runs reused
+    result = run_sweep(replace(config, workers=(1, 2, 4)))
+    assert fake.calls == [1, 2, 1, 2, 4]
+    assert {r.threads_per_worker for r in result.runs} == {1}
 
 
 def test_reserved_training_args_are_refused(tmp_path: Path) -> None:
@@ -341,3 +390,56 @@ def test_table_efficiency_is_from_samples_per_second_not_epoch_time(tmp_path: Pa
     runs = (run(1, 10.0, samples_per_s=100.0), run(8, 1.2, samples_per_s=800.0))
     table = format_sweep_table(SweepResult(tmp_path / "sweep.json", 8, runs))
     assert table.splitlines()[2].split()[7:9] == ["8.00", "100%"]
+
+
+def test_every_sweep_option_is_one_a_rerun_may_change_or_one_it_must_keep() -> None:
+    """A new SweepConfig field fails here until it is put in one of the two."""
+    names = sorted(f.name for f in fields(SweepConfig))
+    assert sorted(SWEEP_RERUN_MAY_CHANGE + SWEEP_RERUN_MUST_MATCH) == names
+
+
+LAB = parse_cluster_spec(
+    {"name": "lab", "engine": "local", "vmSize": "local", "targetNodeCount": 1}
+)
+# Each SweepConfig field changed on a rerun, and the refusal's words (None: the rerun goes on).
+SWEEP_CHANGES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "store": ({"store": "other.zarr"}, "STORE chips.zarr (now other.zarr)"),
+    "workers": ({"workers": (1,)}, None),
+    "epochs": ({"epochs": 3}, "--epochs 2 (now 3)"),
+    "out_dir": ({"out_dir": "moved"}, None),
+    "extra_args": (
+        {"extra_args": ("--batch-size", "4")},
+        "training arguments [--batch-size 8] (now [--batch-size 4])",
+    ),
+    "cluster": ({"cluster": LAB}, "--cluster-json cluster local (now lab)"),
+    "entry_module": ({"entry_module": "stand.in"}, "--entry-module landcover.training (now "),
+    "overwrite": ({"overwrite": True}, None),
+}
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields(SweepConfig)])
+def test_a_rerun_refuses_or_takes_each_changed_sweep_option(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert name in SWEEP_CHANGES, f"say what a sweep rerun with another {name} does"
+    monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
+    monkeypatch.setattr("cluster.engine.local_cpu_count", lambda: 2)
+    monkeypatch.setattr(sweep, "launch_plan", FakeLaunch())
+    out = tmp_path / "sweep"
+    config = SweepConfig("chips.zarr", (1,), 2, str(out), extra_args=("--batch-size", "8"))
+    run_sweep(config)
+    change, words = SWEEP_CHANGES[name]
+    if "out_dir" in change:
+        change = {"out_dir": str(tmp_path / change["out_dir"])}
+        shutil.copytree(out, change["out_dir"])
+    rerun = replace(config, **change)
+    if words is None:
+        assert name in SWEEP_RERUN_MAY_CHANGE
+        assert [r.status for r in run_sweep(rerun).runs] == ["done"]
+        return
+    assert name in SWEEP_RERUN_MUST_MATCH
+    with pytest.raises(ClusterError) as info:
+        run_sweep(rerun)
+    message = str(info.value)
+    assert message.startswith(f"{out} holds a sweep with other settings ({words}")
+    assert message.endswith("pass --overwrite to replace it or choose another --out")

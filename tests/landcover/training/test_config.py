@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from landcover.cli.app import main
 from landcover.errors import TrainingError
 from landcover.training.config import (
     OPTIONS,
@@ -22,6 +26,7 @@ from landcover.training.config import (
     TrainConfig,
     split_argv,
 )
+from tests.conftest import REPO_ROOT
 
 _TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
 _POSITIVE = st.floats(min_value=0, exclude_min=True, allow_nan=False)
@@ -186,3 +191,33 @@ def test_values_given_apart_from_the_argv() -> None:
     assert (config.store_url, config.out_dir, config.epochs, extra) == (
         "s", "r", 2, ("--sleep-s", "0.2"),
     )  # fmt: skip
+
+
+# Every command that takes training options, as a command line ending in those options
+TRAINING_COMMANDS: dict[str, Callable[[str, str], list[str]]] = {
+    "train": lambda store, out: ["train", store, "--out", out],
+    "cluster plan": lambda store, out: ["cluster", "plan", str(REPO_ROOT / "cluster.json"), "--",
+                                        "train", store, "--out", out],
+    "cluster launch": lambda store, out: ["cluster", "launch", str(REPO_ROOT / "cluster.json"),
+                                          "--", "train", store, "--out", out],
+    "scale": lambda store, out: ["scale", store, "--workers", "1", "--epochs", "1", "--out", out,
+                                 "--"],
+    "tune": lambda store, out: ["tune", store, "--trials", "1", "--epochs", "1", "--out", out,
+                                "--space", "loss=ce|ce+dice", "--"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", TRAINING_COMMANDS)
+@pytest.mark.parametrize(
+    ("option", "value"), [("--lr", "inf"), ("--warmup-epochs", "nan"), ("--block-lr", "-inf")]
+)
+def test_a_value_that_is_not_a_finite_number_is_refused_by_every_command(
+    tmp_path: Path, command: str, option: str, value: str
+) -> None:
+    """inf passes `> 0` and would train on NaN losses from the first step."""
+    out = tmp_path / "out"
+    args = [*TRAINING_COMMANDS[command]("chips.zarr", str(out)), option, value]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {option} {float(value)} must be a finite number\n"
+    assert not out.exists()

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from landcover.distenv import DistEnv
+from cluster.netns import NODE_INTERFACE, NodeNetwork, plan_network
+from landcover.distenv import DistEnv, SocketChoice
 from landcover.errors import TrainingError
+from landcover.training import distributed
 from landcover.training.distributed import (
     Collectives,
     check_shard_fits,
     process_group,
 )
+from tests.conftest import REPO_ROOT
 from tests.multiprocess import free_port
 
 
@@ -79,3 +86,87 @@ def _collectives_worker(rank: int, port: int) -> None:
 @pytest.mark.slow
 def test_two_process_gloo_collectives() -> None:
     mp.spawn(_collectives_worker, args=(free_port(),), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+
+
+def _rank_of_two_nodes(rank: int, master: str, port: int) -> DistEnv:
+    return DistEnv(
+        rank=rank, world_size=2, local_rank=0, local_world_size=1, node_rank=rank,
+        master_addr=master, master_port=port,
+    )  # fmt: skip
+
+
+def test_a_rank_that_cannot_connect_is_one_line_naming_master_interface_and_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the issue's report: "internal error: RuntimeError: Gloo connectFullMesh failed ...
+    # remote=[127.0.0.1]" on a node whose host name resolves to loopback
+    chosen = SocketChoice("GLOO_SOCKET_IFNAME", "eth9", "10.0.0.5", chosen=True)
+    monkeypatch.setattr(distributed, "choose_socket_interface", lambda env, backend: chosen)
+    seen: dict[str, str | None] = {}
+
+    def refused(**kwargs: object) -> None:
+        seen["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME")
+        raise RuntimeError(
+            "Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:"
+            "144] no error\nmore"
+        )
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # restored after the test
+    monkeypatch.setattr("torch.distributed.init_process_group", refused)
+    with (
+        pytest.raises(TrainingError) as info,
+        process_group(_rank_of_two_nodes(1, "10.0.0.4", 29500), torch.device("cpu")),
+    ):
+        pass
+    assert seen == {"GLOO_SOCKET_IFNAME": "eth9"}  # set before the group forms
+    assert str(info.value) == (
+        "rank 1 of 2 could not connect to the other ranks (master 10.0.0.4:29500, interface "
+        "eth9 (10.0.0.5, on the route to the master)): Gloo connectFullMesh failed with "
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error; set GLOO_SOCKET_IFNAME "
+        'to the interface on which the nodes reach each other (on slurm "socketInterface" in '
+        "cluster.json), and check that the master port is open between the nodes"
+    )
+
+
+_RANK_ON_A_NODE = """
+import os, sys, torch
+from landcover.distenv import DistEnv
+from landcover.training.distributed import process_group
+rank, master, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+env = DistEnv(rank=rank, world_size=2, local_rank=0, local_world_size=1, node_rank=rank,
+              master_addr=master, master_port=port)
+with process_group(env, torch.device("cpu")) as comms:
+    total = comms.sum_floats([rank + 1.0])[0]
+    print(total, os.environ.get("GLOO_SOCKET_IFNAME"), flush=True)
+"""
+
+
+@pytest.mark.slow  # two processes import torch: about 10 s
+@pytest.mark.usefixtures("require_emulated_nodes")
+def test_two_nodes_whose_host_name_is_loopback_form_a_gloo_group() -> None:
+    # each emulated node is a namespace in which the host name resolves to 127.0.0.1, and
+    # nobody set GLOO_SOCKET_IFNAME: gloo alone would offer 127.0.0.1 to the other node
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    with NodeNetwork(plan_network(2)) as net:
+        layout = net.layout
+        master, port = layout.addresses[0], "29533"
+        command = [sys.executable, "-c", _RANK_ON_A_NODE]
+        ranks = [
+            subprocess.Popen(
+                [*layout.enter(rank), *command, str(rank), master, port],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for rank in (0, 1)
+        ]
+        try:
+            outputs = [rank.communicate(timeout=120) for rank in ranks]
+        finally:
+            for rank in ranks:
+                rank.kill()
+    for rank, (out, err) in zip(ranks, outputs, strict=True):
+        assert rank.returncode == 0, err[-2000:]
+        assert out.split() == ["3.0", NODE_INTERFACE]  # the interface on the route

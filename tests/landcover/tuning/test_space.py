@@ -71,8 +71,19 @@ def test_bad_space_is_one_line(text: str, message: str) -> None:
             "block_momentum_value=0.5:1.5",
             "--space block_momentum_value=0.5:1.5: --block-momentum-value 1.5 must be in [0, 1)",
         ),
+        ("lr=1e-4:inf:log", "--space lr=0.0001:inf:log: --lr inf must be a finite number"),
+        ("warmup_epochs=0|nan", "--space warmup_epochs=0.0|nan: --warmup-epochs nan must be a "
+         "finite number"),
+        ("block_momentum=true|false,compression=fp16|none", "--space block_momentum=true|false,"
+         "compression=fp16|none: block_momentum=true with compression=fp16: --compression fp16 "
+         "compresses DDP gradients but --block-momentum averages models instead; use one of "
+         "them"),
+        ("sync_bn=true|false,block_momentum=false|true", "--space sync_bn=true|false,"
+         "block_momentum=false|true: sync_bn=true with block_momentum=true: --sync-bn "
+         "all-reduces BatchNorm statistics in every step, which --block-momentum's local steps "
+         "avoid (BMUF averages them at block ends); use one of them"),
     ],
-)
+)  # fmt: skip
 def test_values_are_checked_by_train_config(text: str, message: str) -> None:
     with pytest.raises(TuneError) as info:
         parse_space(text).check(BASE)

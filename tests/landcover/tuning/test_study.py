@@ -138,10 +138,11 @@ def test_another_search_in_the_same_dir_is_refused_unless_overwrite(
     with pytest.raises(TuneError) as info:
         run_study(tune_config(tiny_store, out, trials=1, space=other))
     assert str(info.value) == (
-        f"{out} holds a search with other settings (space differ); pass --overwrite to replace "
-        "it or choose another --out"
+        f"{out} holds a search with other settings (--space {SPACE} (now lr=0.001:0.01)); "
+        "pass --overwrite to replace it or choose another --out"
     )
-    with pytest.raises(TuneError, match=r"\(epochs, training differ\)"):
+    changes = r"\(--epochs 1 \(now 2\); --batch-size 8 \(now 16\); --threads 1 \(now None\)\)"
+    with pytest.raises(TuneError, match=changes):
         run_study(tune_config(tiny_store, out, trials=1, epochs=2, extra_args=()))
     (out / "trial-000" / "keep").write_text("old")
     result = run_study(tune_config(tiny_store, out, trials=1, space=other, overwrite=True))
