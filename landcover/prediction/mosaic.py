@@ -77,12 +77,10 @@ def read_mosaic(
     bands = max(s.count for s in plan.sources)
     data = np.zeros((bands, height, width), dtype=np.uint8)
     valid = np.zeros((height, width), dtype=bool)
-    for source, outline in zip(plan.sources, plan.footprints, strict=True):
+    for i in plan.sources_touching(area):
         if valid.all():
             break
-        if not outline.intersects(area):
-            continue
-        got = read_source_onto(reader, source, rect)
+        got = read_source_onto(reader, plan.sources[i], rect)
         if got is None:
             continue
         values, covered = got

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import shapely
 from affine import Affine
@@ -84,6 +84,16 @@ class GridPlan:
     footprints: tuple[BaseGeometry, ...]
     region: BaseGeometry | None
     area: BaseGeometry
+    # The footprints in an STRtree (None: scan them): a window finds the sources under it
+    # in O(log N), so a state's thousands of sources cost no more per window than a county's.
+    footprint_index: shapely.STRtree | None = field(default=None, compare=False, repr=False)
+
+    def sources_touching(self, geometry: BaseGeometry) -> list[int]:
+        """Indices, in the plan's order, of the sources whose footprint intersects `geometry`."""
+        if self.footprint_index is None:
+            return [i for i, f in enumerate(self.footprints) if f.intersects(geometry)]
+        hits = self.footprint_index.query(geometry, predicate="intersects")
+        return sorted(int(i) for i in hits)
 
 
 def plan_output_grid(
@@ -156,7 +166,7 @@ def plan_output_grid(
             "--bbox, or predict groups of neighbouring images separately"
         )
     shapely.prepare(area)
-    return GridPlan(grid, tuple(picked), footprints, region_dst, area)
+    return GridPlan(grid, tuple(picked), footprints, region_dst, area, shapely.STRtree(footprints))
 
 
 def check_model_resolution(resolution: float, crs: CRS, model_m: float, *, warn: bool) -> None:

@@ -149,8 +149,4 @@ def sources_read(plan: GridPlan, share: RankShare, layout: WindowLayout) -> list
             share.row0 - reach, -reach, share.row1 - share.row0 + 2 * reach, grid.width + 2 * reach
         )
     )
-    return [
-        s.path
-        for s, outline in zip(plan.sources, plan.footprints, strict=True)
-        if outline.intersects(strip)
-    ]
+    return [plan.sources[i].path for i in plan.sources_touching(strip)]

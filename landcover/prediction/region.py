@@ -28,6 +28,7 @@ from shapely.geometry import box, shape
 from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import RegionError
+from tiling.crs import transformer
 
 DEFAULT_REGION_CRS = "EPSG:4326"
 # Edge segments per side when reprojecting: enough that a 1-degree box in UTM is within
@@ -164,10 +165,8 @@ def reproject_geometry(geometry: BaseGeometry, src_crs: CRS, dst_crs: CRS) -> Ba
     minx, miny, maxx, maxy = geometry.bounds
     span = max(maxx - minx, maxy - miny)
     dense = shapely.segmentize(geometry, span / _DENSIFY_SEGMENTS) if span > 0 else geometry
-    transformer = pyproj.Transformer.from_crs(
-        pyproj.CRS.from_wkt(src_crs.to_wkt()), pyproj.CRS.from_wkt(dst_crs.to_wkt()), always_xy=True
-    )
-    moved = shapely.transform(dense, lambda xy: _transform_xy(transformer, xy))
+    to_dst = transformer(src_crs, dst_crs)  # built once per CRS pair: one per source is costly
+    moved = shapely.transform(dense, lambda xy: _transform_xy(to_dst, xy))
     if not moved.is_valid:
         moved = shapely.make_valid(moved)
     return moved

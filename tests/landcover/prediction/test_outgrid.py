@@ -93,3 +93,34 @@ def test_a_resolution_more_than_1_5x_off_the_models_is_warned_about(
 def test_a_model_of_unknown_resolution_takes_any(scene: Path) -> None:
     plan = plan_output_grid(open_images([str(scene)]), None, resolution_m=0.0, resolution=30.0)
     assert plan.grid.resolution == 30.0
+
+
+def test_thousands_of_sources_are_found_under_a_window_as_a_scan_finds_them() -> None:
+    """2,000 small sources (a state's count; no files: their descriptions alone), some in
+    another CRS: the spatial index gives, for windows anywhere on the grid, exactly the
+    sources whose footprint a scan of every footprint finds, in the plan's order."""
+    import numpy as np
+    import shapely
+
+    from tiling.sources import RasterInfo
+
+    utm, albers = CRS.from_epsg(26918), CRS.from_epsg(5070)
+    sources = [
+        RasterInfo(
+            path=f"s{k}.tif", crs=utm if k % 7 else albers,
+            transform=Affine(1, 0, 370_000 + 200 * (k % 60), 0, -1, 4_300_000 - 200 * (k // 60))
+            if k % 7 else Affine(1, 0, 1_625_000 + 3 * k, 0, -1, 1_960_000 - 2 * k),
+            height=256, width=256, count=4, dtype="uint8", nodata=None, block_shape=(256, 256),
+            mask_kind="none",
+        )
+        for k in range(2000)
+    ]  # fmt: skip
+    plan = plan_output_grid(sources, None, resolution_m=1.0, max_pixels=None)
+    assert plan.footprint_index is not None and len(plan.sources) == 2000
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        row, col = rng.integers(0, plan.grid.height), rng.integers(0, plan.grid.width)
+        size = int(rng.integers(1, 700))
+        window = shapely.box(*plan.grid.window_bounds(int(row), int(col), size, size))
+        scan = [i for i, f in enumerate(plan.footprints) if f.intersects(window)]
+        assert plan.sources_touching(window) == scan
