@@ -190,6 +190,10 @@ class LazyGroup(click.Group):
                 message = refused_by_file_system(exc)
                 _leave_rank_error(ctx, message, bad_input=True)
                 raise UserFacingError(message, exit_code=2) from exc
+            refusal = storage_refusal(exc)
+            if refusal is not None:
+                _leave_rank_error(ctx, refusal, bad_input=True)
+                raise UserFacingError(refusal, exit_code=2) from exc
             _leave_rank_error(ctx, f"internal error: {type(exc).__name__}: {exc}")
             if ctx.obj and ctx.obj.get("verbose", 0) > 0:
                 raise
@@ -207,6 +211,30 @@ def refused_by_file_system(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return f"{path}: {exc.strerror or 'permission denied'}; check its permissions"
     return write_failure_message(path, exc)
+
+
+# How libraries that do their own writing (SQLite under tune's study, GDAL's block writes
+# under predict's COGs) word a file system's refusal, lower-cased.
+_FULL_DISK_TEXTS = ("no space left on device", "database or disk is full", "disk quota exceeded")
+_READ_ONLY_TEXTS = ("read-only file system", "attempt to write a readonly database")
+
+
+def storage_refusal(exc: BaseException) -> str | None:
+    """The one line for a full or read-only file system that reached us as another library's
+    error rather than an OSError (SQLite's "database or disk is full", GDAL's "No space left
+    on device"), found anywhere in the exception's chain; None when it is no such refusal."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        said = (str(current).splitlines() or [""])[0]
+        text = said.lower()
+        if any(t in text for t in _FULL_DISK_TEXTS):
+            return f"the disk is full ({said}); free space there or choose another output"
+        if any(t in text for t in _READ_ONLY_TEXTS):
+            return f"the output is on a read-only file system ({said}); choose another output"
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _leave_rank_error(ctx: click.Context, message: str, *, bad_input: bool = False) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import click
 import pytest
+import rasterio.errors
 from click.testing import CliRunner
 
 from landcover.cli import app as cli
@@ -98,3 +100,37 @@ def test_train_refuses_an_incomplete_store_unless_allowed(tiny_store: str, tmp_p
     assert allowed.exit_code == 0, allowed.output
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["config"]["allow_incomplete"] is True
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (sqlite3.OperationalError("database or disk is full"), "the disk is full"),
+        (
+            rasterio.errors.RasterioIOError("out/lc.tif: No space left on device"),
+            "the disk is full (out/lc.tif: No space left on device)",
+        ),
+        (
+            sqlite3.OperationalError("attempt to write a readonly database"),
+            "the output is on a read-only file system",
+        ),
+    ],
+)
+def test_a_full_or_read_only_disk_said_by_another_library_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, said: str
+) -> None:
+    """SQLite (tune's study) and GDAL (predict's COG blocks) word a full disk their own way,
+    sometimes wrapped in another error: still one line, exit 2, no traceback."""
+
+    @click.command()
+    def full() -> None:
+        try:
+            raise error
+        except Exception as inner:
+            raise RuntimeError("while writing") from inner
+
+    monkeypatch.setitem(cli.COMMANDS, "full", "tests.landcover.cli.test_main:_FULL")
+    monkeypatch.setitem(globals(), "_FULL", full)
+    result = CliRunner().invoke(cli.main, ["full"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {said}") and result.output.count("\n") == 1

@@ -37,7 +37,8 @@ learners.
 
 Cost: one spawned pair of processes trains the 7 runs (8 epochs of 12 steps of 8 chips per
 worker; `bmuf-keep` stops after 12 steps), so torch's import is paid once. Eight epochs leave
-every working mode well above the learning floor and keep this file, the suite's largest cost, within its budget.
+every working mode well above the learning floor and keep this file, the suite's largest
+cost, within its budget.
 """
 
 from __future__ import annotations
