@@ -49,16 +49,21 @@ from cluster.errors import ClusterError, LaunchError
 from cluster.machine import local_cpu_count
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec, ElasticSpec, local_spec
-from landcover.errors import ReportError
 from landcover.scaling.metricsfile import read_finished_epochs
 from landcover.scaling.sweepfile import (
     SWEEP_FILE,
     RunStatus,
     SweepRecord,
     SweepRun,
-    read_sweep,
     write_launch,
     write_sweep,
+)
+from landcover.scaling.sweepreuse import (
+    SWEEP_RERUN_MAY_CHANGE,
+    SWEEP_RERUN_MUST_MATCH,
+    previous_runs,
+    remove_recorded_runs,
+    same_resources,
 )
 from landcover.training.config import TrainConfig, split_argv
 from landcover.training.launch import WORKER_MODULE, training_job, worker_config
@@ -86,14 +91,6 @@ logger = logging.getLogger(__name__)
 
 RUN_PREFIX = "workers-"
 _RESERVED_ARGS = ("--out", "--epochs", "--nproc")
-
-
-# A rerun into DIR may change the worker counts (a finished point is reused when it had the
-# new sweep's per-worker resources) and moves or overwrites DIR; every other SweepConfig field
-# must match sweep.json's settings (`SweepRecord.differences`), or the rerun is refused
-# naming both values. Every field is in one of the two (tests/landcover/scaling/test_sweep.py).
-SWEEP_RERUN_MAY_CHANGE = ("workers", "out_dir", "overwrite")
-SWEEP_RERUN_MUST_MATCH = ("store", "epochs", "extra_args", "cluster", "entry_module")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +197,9 @@ def run_sweep(
     sweep_path = out / SWEEP_FILE
     # every point's spec before any run: a worker count the cluster cannot run is refused now
     specs = {workers: spec_for_workers(config.cluster, workers) for workers in config.workers}
-    previous = _previous_runs(sweep_path, record, config.overwrite)
+    previous = previous_runs(sweep_path, record, config.overwrite)
     if config.overwrite:
-        _remove_recorded_runs(sweep_path)
+        remove_recorded_runs(sweep_path)
     out.mkdir(parents=True, exist_ok=True)
     runs: list[SweepRun] = []
     if config.overwrite or not sweep_path.exists():
@@ -211,7 +208,7 @@ def run_sweep(
         spec = specs[workers]
         run_dir = out / f"{RUN_PREFIX}{workers}"
         reused = previous.get(workers)
-        if reused is not None and not _same_resources(reused, spec, training.threads):
+        if reused is not None and not same_resources(reused, spec, training.threads):
             logger.info("not reusing %s: it ran with other per-worker resources", run_dir)
             reused = None
         if reused is not None and (run_dir / METRICS_FILE).exists():
@@ -268,53 +265,6 @@ def _record(config: SweepConfig, redactor: Redactor) -> SweepRecord:
         updated=None,
         runs=(),
     )
-
-
-def _previous_runs(path: Path, record: SweepRecord, overwrite: bool) -> dict[int, SweepRun]:
-    """Finished runs of an earlier sweep of the same settings in the same DIR."""
-    if overwrite or not path.exists():
-        return {}
-    old = read_sweep(path)
-    changed = old.differences(record)
-    if changed:
-        raise ClusterError(
-            f"{path.parent} holds a sweep with other settings ({'; '.join(changed)}); "
-            "pass --overwrite to replace it or choose another --out"
-        )
-    return {r.workers: r for r in old.runs if r.status == "done"}
-
-
-def _same_resources(run: SweepRun, spec: ClusterSpec, threads: int | None) -> bool:
-    """Whether a finished run had what this sweep gives its point: the same threads per
-    worker and nodes x processes per node."""
-    return (run.threads_per_worker, run.nodes, run.processes_per_node) == (
-        threads,
-        spec.node_count,
-        spec.processes_per_node,
-    )
-
-
-def _remove_recorded_runs(path: Path) -> None:
-    """--overwrite: remove the run directories the sweep.json at `path` records (those inside
-    its directory only; nothing it does not name), then the file. A sweep.json that cannot be
-    read names nothing: its directories stay, and the new sweep.json lists only new runs."""
-    if not path.exists():
-        return
-    sweep_dir = path.parent.resolve()
-    try:
-        old = read_sweep(path)
-    except ReportError as exc:
-        logger.warning("%s; leaving the run directories beside it in place", exc)
-        return
-    for run in old.runs:
-        if run.run_dir is None:
-            continue
-        run_dir = path.parent / run.run_dir
-        inside = run_dir.resolve().parent == sweep_dir
-        if inside and run_dir.is_dir() and not run_dir.is_symlink():
-            logger.info("--overwrite: removing %s of the previous sweep", run_dir)
-            shutil.rmtree(run_dir)
-    path.unlink()
 
 
 def sweep_training(config: SweepConfig) -> tuple[TrainConfig, tuple[str, ...]]:
