@@ -76,14 +76,13 @@ def resolve_inputs(
             )
         for match in matches:
             _keep_once(match, kept, what)
-    items: list[StacSource] = []
+    items: dict[str, StacSource] = {}  # by the name its raster is read under
     if documents or stac.search is not None:
         bands = NUM_BANDS if what == "image" else None
         for source in stac_sources(documents, stac, storage_options=storage_options, bands=bands):
             name = _keep_once(source.href, kept, what)
-            if all(name != s.href for s in items):
-                items.append(replace(source, href=name))  # the name its raster is read under
-    return Inputs(paths=tuple(kept.values()), stac_items=tuple(items))
+            items.setdefault(name, replace(source, href=name))
+    return Inputs(paths=tuple(kept.values()), stac_items=tuple(items.values()))
 
 
 def input_identity(path: str) -> Any:

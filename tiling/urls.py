@@ -226,7 +226,7 @@ def remote_failure(url: str, exc: BaseException, *, name: str | None = None) -> 
     None when none of them says so (then the file itself is at fault). The message starts with
     `name` (default: the URL)."""
     name = url if name is None else name
-    chain = _exception_chain(exc)
+    chain = exception_chain(exc)
     for error in chain:
         if isinstance(error, (ConnectionError, socket.gaierror)) or any(
             cls.__name__ in _CONNECTION_ERRORS for cls in type(error).__mro__
@@ -285,7 +285,7 @@ def _os_reason(error: OSError) -> str:
     return str(error.strerror)
 
 
-def _exception_chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
     """`exc` and every exception it refers to: causes, contexts, urllib3's `reason`,
     aiohttp's `os_error`, and exceptions among the arguments (requests wraps that way)."""
     chain: list[BaseException] = []

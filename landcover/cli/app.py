@@ -223,17 +223,15 @@ def storage_refusal(exc: BaseException) -> str | None:
     """The one line for a full or read-only file system that reached us as another library's
     error rather than an OSError (SQLite's "database or disk is full", GDAL's "No space left
     on device"), found anywhere in the exception's chain; None when it is no such refusal."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        said = (str(current).splitlines() or [""])[0]
+    from tiling.urls import exception_chain  # imports zarr: only on this error path
+
+    for error in exception_chain(exc):
+        said = (str(error).splitlines() or [""])[0]
         text = said.lower()
         if any(t in text for t in _FULL_DISK_TEXTS):
             return f"the disk is full ({said}); free space there or choose another output"
         if any(t in text for t in _READ_ONLY_TEXTS):
             return f"the output is on a read-only file system ({said}); choose another output"
-        current = current.__cause__ or current.__context__
     return None
 
 
