@@ -54,6 +54,16 @@ def _vrt(path: Path, source: Path, *, crs: CRS, transform: Affine, size: int, ba
     )
 
 
+def _write_tif(path: Path, pixels: np.ndarray, crs: CRS) -> None:
+    """The one small file every VRT of a kind points at (its own placement is never read)."""
+    bands, height, width = pixels.shape
+    with rasterio.open(
+        path, "w", driver="GTiff", width=width, height=height, count=bands, dtype="uint8",
+        crs=crs, transform=Affine(1, 0, 0, 0, -1, 0), tiled=True, blockxsize=256, blockysize=256,
+    ) as dst:  # fmt: skip
+        dst.write(pixels)
+
+
 def build_state_mosaic(
     folder: Path, n: int, *, size_px: int = 256, label_px: int = 2048, seed: int = 0
 ) -> StateMosaic:
@@ -61,13 +71,8 @@ def build_state_mosaic(
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     image_file = folder / "base-image.tif"
-    pixels = rng.integers(1, 255, size=(4, size_px, size_px), dtype=np.uint8)
-    with rasterio.open(
-        image_file, "w", driver="GTiff", width=size_px, height=size_px, count=4, dtype="uint8",
-        crs=IMAGE_CRS, transform=Affine(1, 0, 0, 0, -1, 0), tiled=True,
-        blockxsize=256, blockysize=256,
-    ) as dst:  # fmt: skip
-        dst.write(pixels)
+    _write_tif(image_file, rng.integers(1, 255, size=(4, size_px, size_px), dtype=np.uint8),
+               IMAGE_CRS)  # fmt: skip
     cols = math.ceil(math.sqrt(n))
     step = size_px - OVERLAP_PX
     images = []
@@ -87,13 +92,8 @@ def build_state_mosaic(
     )
     left, bottom, right, top = transform_bounds(IMAGE_CRS, LABEL_CRS, *bounds_utm)
     label_file = folder / "base-labels.tif"
-    codes = rng.integers(1, 7, size=(1, label_px, label_px), dtype=np.uint8)
-    with rasterio.open(
-        label_file, "w", driver="GTiff", width=label_px, height=label_px, count=1, dtype="uint8",
-        crs=LABEL_CRS, transform=Affine(1, 0, 0, 0, -1, 0), tiled=True,
-        blockxsize=256, blockysize=256,
-    ) as dst:  # fmt: skip
-        dst.write(codes)
+    _write_tif(label_file, rng.integers(1, 7, size=(1, label_px, label_px), dtype=np.uint8),
+               LABEL_CRS)  # fmt: skip
     (folder / "labels").mkdir(exist_ok=True)
     labels = []
     x0, y0 = math.floor(left), math.ceil(top)
