@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from landcover.data.augment import dihedral, gather_chips, inverse_dihedral, random_ops
+    from landcover.data.augment import (
+        dihedral,
+        gather_chips,
+        inverse_dihedral,
+        random_gains,
+        random_ops,
+    )
     from landcover.data.normalise import check_band_stats, normalise
     from landcover.data.shards import Batch, ShardDataset, derive_seed
 
@@ -22,6 +28,7 @@ __all__ = [
     "gather_chips",
     "inverse_dihedral",
     "normalise",
+    "random_gains",
     "random_ops",
 ]
 
@@ -34,6 +41,7 @@ __getattr__, __dir__ = lazy_exports(
         "dihedral": "augment",
         "gather_chips": "augment",
         "inverse_dihedral": "augment",
+        "random_gains": "augment",
         "random_ops": "augment",
         "check_band_stats": "normalise",
         "normalise": "normalise",

@@ -1,6 +1,8 @@
 """Augmentation: the 8 symmetries of the square (flips and 90-degree rotations), applied to a
 chip's image and mask alike while it is gathered from the shard into a batch, and undone by
-`inverse_dihedral` (test-time augmentation in prediction maps logits back with it)."""
+`inverse_dihedral` (test-time augmentation in prediction maps logits back with it); and random
+band gains (`random_gains`), so that a model does not learn the brightness of the tiles it
+was trained on."""
 
 from __future__ import annotations
 
@@ -17,6 +19,15 @@ def random_ops(n: int, generator: torch.Generator) -> list[int]:
     return ops
 
 
+def random_gains(n: int, bands: int, jitter: float, generator: torch.Generator) -> torch.Tensor:
+    """Per-chip band gains (n, bands, 1, 1) for photometric augmentation: a brightness gain in
+    [1 - jitter, 1 + jitter] shared by a chip's bands (band ratios such as NDVI kept) times a
+    gain per band in [1 - jitter / 2, 1 + jitter / 2] (the colour balance of another flight)."""
+    brightness = 1 + jitter * (2 * torch.rand((n, 1, 1, 1), generator=generator) - 1)
+    colour = 1 + jitter / 2 * (2 * torch.rand((n, bands, 1, 1), generator=generator) - 1)
+    return brightness * colour
+
+
 def gather_chips(
     images: torch.Tensor,
     labels: torch.Tensor,
@@ -27,9 +38,9 @@ def gather_chips(
     int64 labels; chip k under `dihedral(., ops[k])`, the same for image and mask.
 
     With ops, one strided copy per chip straight from the shard into the batch, converting the
-    dtype on the way: a chip stays in cache while it is transposed, which measured ~15x faster
-    on CPU than whole-batch masked selects (`torch.where` per transform) and ~25 % faster than
-    gathering uint8 first and converting the batch after.
+    dtype on the way: a chip stays in cache while it is transposed, which is faster on CPU
+    than whole-batch masked selects (`torch.where` per transform) and than gathering uint8
+    first and converting the batch after.
     """
     if ops is None:
         where = indices.to(images.device)

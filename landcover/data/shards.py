@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from landcover.data.augment import gather_chips, random_ops
+from landcover.data.augment import gather_chips, random_gains, random_ops
 from landcover.data.normalise import check_band_stats, normalise
 from landcover.errors import TrainingError
 
@@ -96,13 +96,23 @@ class ShardDataset:
         """uint8 chips → what the model sees (`normalise` with this shard's band stats)."""
         return normalise(images, self.mean, self.std)
 
-    def batch(self, indices: torch.Tensor, *, generator: torch.Generator | None = None) -> Batch:
+    def batch(
+        self,
+        indices: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        brightness_jitter: float = 0.0,
+    ) -> Batch:
         """Chips `indices` as normalised float32 images and int64 labels, each chip under a
-        random flip/rotation when a generator is given."""
+        random flip/rotation when a generator is given, and random band gains
+        (`random_gains`) when `brightness_jitter` is too."""
         ops = random_ops(len(indices), generator) if generator is not None else None
         images, labels = gather_chips(self.images, self.labels, indices, ops)
-        # In place on the fresh float batch; augmentation moves pixels, never changes their
-        # values, so "0 in every band" still marks the pixels without data.
+        if generator is not None and brightness_jitter > 0:
+            gains = random_gains(len(indices), images.shape[1], brightness_jitter, generator)
+            images.mul_(gains.to(images.device))
+        # In place on the fresh float batch; augmentation moves pixels and scales them, so
+        # "0 in every band" still marks the pixels without data.
         return Batch(normalise(images, self.mean, self.std), labels)
 
     def epoch_batches(
@@ -114,10 +124,11 @@ class ShardDataset:
         epoch: int,
         rank: int,
         augment: bool = True,
+        brightness_jitter: float = 0.0,
     ) -> EpochBatches:
         return EpochBatches(
             self, batch_size=batch_size, steps=steps, seed=seed, epoch=epoch, rank=rank,
-            augment=augment,
+            augment=augment, brightness_jitter=brightness_jitter,
         )  # fmt: skip
 
     def sequential_batches(self, batch_size: int) -> Iterator[Batch]:
@@ -145,6 +156,7 @@ class EpochBatches:
         epoch: int,
         rank: int,
         augment: bool,
+        brightness_jitter: float = 0.0,
     ) -> None:
         if steps * batch_size > len(dataset):
             raise TrainingError(
@@ -156,6 +168,7 @@ class EpochBatches:
         self.steps = steps
         self.generator = torch.Generator().manual_seed(derive_seed(seed, epoch, rank))
         self.augment = augment
+        self.brightness_jitter = brightness_jitter
         self.data_time_s = 0.0
 
     def __len__(self) -> int:
@@ -168,7 +181,11 @@ class EpochBatches:
         for step in range(self.steps):
             start = time.perf_counter()
             indices = order[step * self.batch_size : (step + 1) * self.batch_size]
-            batch = self.dataset.batch(indices, generator=self.generator if self.augment else None)
+            batch = self.dataset.batch(
+                indices,
+                generator=self.generator if self.augment else None,
+                brightness_jitter=self.brightness_jitter,
+            )
             self.data_time_s += time.perf_counter() - start
             yield batch
 

@@ -1,5 +1,6 @@
-"""Segmentation models: the registry (`available`, `build_model`), U-Nets, torchvision models with
-4-band stems, and the self-describing model file."""
+"""Segmentation models: the registry (`available`, `build_model`), `small_unet`, smp models
+(`smp:ARCH:ENCODER`, `unet_resnet*`), torchvision models with 4-band stems, and the
+self-describing model file."""
 
 from __future__ import annotations
 

@@ -11,6 +11,11 @@ of the RGB filters, so a pretrained network sees NIR as "another brightness" at 
 Weights come from torchvision's URLs through the torch hub cache (`$TORCH_HOME/hub/checkpoints`).
 Without network and without a seeded cache, building a pretrained model raises `TrainingError`;
 it never falls back to a random init.
+
+`pretrained=PATH` reads the encoder's weights from a file instead (`read_weights_file`: a state
+dict saved with `torch.save` or as safetensors, or a landcover `model.pt`, whose `encoder.*`
+tensors are taken). smp models (`landcover.models.smp_models`) adapt the stem the way smp does
+and read `imagenet` from the Hugging Face cache only (`hf_cached_file`), never the network.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import contextlib
 import io
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from landcover.errors import TrainingError
+from landcover.models.weightsource import IMAGENET, check_pretrained_value
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +39,16 @@ __all__ = [
     "PRETRAINED_CHOICES",
     "check_pretrained",
     "download_weights",
+    "encoder_tensors",
+    "hf_cached_file",
     "load_encoder_state",
+    "pretrained_state",
+    "read_weights_file",
     "replace_conv_in_channels",
     "widen_stem_weight",
 ]
 
-PRETRAINED_CHOICES = ("imagenet",)
+PRETRAINED_CHOICES = (IMAGENET,)
 
 
 def widen_stem_weight(rgb_weight: torch.Tensor, in_channels: int) -> torch.Tensor:
@@ -159,10 +170,73 @@ def check_pretrained(name: str, pretrained: str | None, *, supported: bool) -> b
     """Whether model `name` loads pretrained weights; an unknown or unsupported value fails."""
     if pretrained is None:
         return False
-    if pretrained not in PRETRAINED_CHOICES:
-        raise TrainingError(
-            f"pretrained={pretrained!r} is not known; use one of {list(PRETRAINED_CHOICES)} or None"
-        )
+    check_pretrained_value(pretrained)
     if not supported:
         raise TrainingError(f"{name} has no pretrained weights; use pretrained=None")
     return True
+
+
+def pretrained_state(
+    pretrained: str, model_name: str, imagenet: Callable[[], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """The weights `pretrained` names: `imagenet()` for "imagenet", else the file's."""
+    return imagenet() if pretrained == IMAGENET else read_weights_file(pretrained, model_name)
+
+
+def read_weights_file(path: str, model_name: str) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: safetensors by suffix, else `torch.load(weights_only=True)`
+    of a state dict, or of a dict holding one under `state_dict` (a landcover `model.pt`)."""
+    if not os.path.isfile(path):
+        raise TrainingError(
+            f"{model_name}: pretrained weights file {path} not found; give the path of an "
+            "encoder state dict (.pth, .safetensors)"
+        )
+    try:
+        if path.lower().endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            payload: Any = load_file(path, device="cpu")
+        else:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch/safetensors raise RuntimeError, UnpicklingError, EOFError…
+        reason = (str(exc).strip().split(". ")[0] or type(exc).__name__).splitlines()[0]
+        raise TrainingError(
+            f"{model_name}: cannot read pretrained weights {path} ({reason}); give a state dict "
+            "saved with torch.save or safetensors"
+        ) from None
+    if isinstance(payload, dict) and isinstance(payload.get("state_dict"), dict):
+        payload = payload["state_dict"]
+    if not isinstance(payload, dict) or not all(
+        isinstance(v, torch.Tensor) for v in payload.values()
+    ):
+        raise TrainingError(
+            f"{model_name}: pretrained weights {path} are not a state dict of tensors; give "
+            "an encoder state dict (.pth, .safetensors)"
+        )
+    return dict(payload)
+
+
+def encoder_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The encoder's tensors of a state dict: those under `encoder.` (a whole segmentation
+    model's) without that prefix, else all of them (an encoder's own)."""
+    prefix = "encoder."
+    if any(k.startswith(prefix) for k in state):
+        return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+    return dict(state)
+
+
+def hf_cached_file(repo_id: str, filename: str, revision: str, model_name: str) -> str:
+    """The path of `filename` of a Hugging Face repo in the local cache, never downloaded;
+    TrainingError naming where to place it when it is not there."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, filename, revision=revision)
+    if isinstance(cached, str):
+        return cached
+    folder = "models--" + repo_id.replace("/", "--")
+    expected = os.path.join(constants.HF_HUB_CACHE, folder, "snapshots", revision, filename)
+    raise TrainingError(
+        f"{model_name}: ImageNet weights are not in the Hugging Face cache and landcover never "
+        f"downloads them; place {filename} of {repo_id} (revision {revision}) at {expected} "
+        "(HF_HUB_CACHE sets the cache), or pass --pretrained PATH of an encoder state dict"
+    )

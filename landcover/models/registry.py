@@ -1,9 +1,11 @@
 """Model registry: a plain dict of name → builder, and one factory.
 
 Every model takes `in_channels` bands (R, G, B, NIR by default) and returns logits
-(B, num_classes, H, W) as a Tensor for any H, W. The U-Nets are in `landcover.models.unet`,
-torchvision's segmentation models in `landcover.models.segmentation`, the 4-band stems and
-pretrained weights (`pretrained="imagenet"`) in `landcover.models.pretrained`.
+(B, num_classes, H, W) as a Tensor for any H, W. `small_unet` is in `landcover.models.unet`,
+the smp models (`unet_resnet*`, and every `smp:ARCH:ENCODER` name besides the registered
+ones) in `landcover.models.smp_models`, torchvision's segmentation models in
+`landcover.models.segmentation`, the 4-band stems and pretrained weights
+(`pretrained="imagenet"` or a weights file) in `landcover.models.pretrained`.
 
 torchvision is imported by the builders that need it, not with this module: importing
 `torchvision.models` takes seconds, paid by every DDP worker, and `small_unet` (and
@@ -22,7 +24,14 @@ from landcover.models.segmentation import (
     build_lraspp_mobilenet_v3_large,
     build_resnet50_segmentation,
 )
-from landcover.models.unet import build_small_unet, build_unet_resnet
+from landcover.models.smp_models import (
+    SMP_PREFIX,
+    build_smp_model,
+    build_unet_resnet,
+    is_smp_name,
+    parse_smp_name,
+)
+from landcover.models.unet import build_small_unet
 
 __all__ = ["DEFAULT_MODEL", "ModelBuilder", "available", "build_model", "check_model_name"]
 
@@ -48,10 +57,17 @@ def available() -> list[str]:
 
 
 def check_model_name(name: str) -> ModelBuilder:
-    """The builder of model `name`; UnknownModelError listing `available()` if none."""
+    """The builder of model `name` (a registered name or `smp:ARCH:ENCODER`);
+    UnknownModelError listing `available()` if none."""
+    if is_smp_name(name):
+        parse_smp_name(name)
+        return partial(build_smp_model, name)
     builder = _REGISTRY.get(name)
     if builder is None:
-        raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(available())}")
+        raise UnknownModelError(
+            f"unknown model {name!r}; choose one of: {', '.join(available())}, or "
+            f"{SMP_PREFIX}ARCH:ENCODER (`landcover models` lists them)"
+        )
     return builder
 
 

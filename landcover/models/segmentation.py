@@ -16,6 +16,7 @@ from landcover.models.pretrained import (
     check_pretrained,
     download_weights,
     load_encoder_state,
+    pretrained_state,
     replace_conv_in_channels,
 )
 
@@ -42,7 +43,7 @@ def build_resnet50_segmentation(
     name: str, in_channels: int, num_classes: int, pretrained: str | None
 ) -> nn.Module:
     """`deeplabv3_resnet50` or `fcn_resnet50` (torchvision's builder `name`), its ResNet-50
-    backbone ImageNet-pretrained when `pretrained="imagenet"`."""
+    backbone ImageNet-pretrained when `pretrained="imagenet"`, or from a weights file."""
     import torchvision.models.segmentation as tvseg
 
     use_weights = check_pretrained(name, pretrained, supported=True)
@@ -52,7 +53,10 @@ def build_resnet50_segmentation(
     backbone: Any = net.backbone
     backbone.conv1 = replace_conv_in_channels(backbone.conv1, in_channels)
     if use_weights:
-        state = download_weights("ResNet50_Weights", name)
+        assert pretrained is not None
+        state = pretrained_state(
+            pretrained, name, lambda: download_weights("ResNet50_Weights", name)
+        )
         load_encoder_state(
             backbone, state, stem_key="conv1.weight", in_channels=in_channels, model_name=name
         )
@@ -63,7 +67,7 @@ def build_lraspp_mobilenet_v3_large(
     in_channels: int, num_classes: int, pretrained: str | None
 ) -> nn.Module:
     """`lraspp_mobilenet_v3_large`, its MobileNetV3 backbone ImageNet-pretrained when
-    `pretrained="imagenet"`."""
+    `pretrained="imagenet"`, or from a weights file."""
     import torchvision.models.segmentation as tvseg
 
     name = "lraspp_mobilenet_v3_large"
@@ -74,7 +78,10 @@ def build_lraspp_mobilenet_v3_large(
     stem: Any = net.backbone["0"]
     stem[0] = replace_conv_in_channels(stem[0], in_channels)
     if use_weights:
-        state = download_weights("MobileNet_V3_Large_Weights", name)
+        assert pretrained is not None
+        state = pretrained_state(
+            pretrained, name, lambda: download_weights("MobileNet_V3_Large_Weights", name)
+        )
         # The backbone is mobilenet.features: drop the "features." prefix and the classifier.
         features = {
             k.removeprefix("features."): v for k, v in state.items() if k.startswith("features.")

@@ -17,6 +17,7 @@ from torch import nn
 from landcover.data.shards import ShardDataset
 from landcover.errors import TrainingError
 from landcover.models.registry import build_model as build_registered
+from landcover.models.smp_models import check_chip_size
 from landcover.training.config import TrainConfig
 from landcover.training.distributed import (
     Collectives,
@@ -73,7 +74,8 @@ def open_store_for_training(
 def build_model(
     config: TrainConfig, store: TrainingStore, device: torch.device, *, channels_last: bool
 ) -> nn.Module:
-    """The model of `--model` on `device`, the same initial weights on every rank (seeded)."""
+    """The model of `--model` on `device`, the same initial weights on every rank (seeded);
+    TrainingError when the store's chip size does not suit it."""
 
     torch.manual_seed(config.seed)
     model = build_registered(
@@ -81,7 +83,9 @@ def build_model(
         in_channels=len(store.summary.band_mean),
         num_classes=int(store.class_map.num_classes),
         pretrained=config.pretrained,
-    ).to(device)
+    )
+    check_chip_size(model, config.model, int(store.summary.chip_size))
+    model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     return model

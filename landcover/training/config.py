@@ -27,6 +27,7 @@ import click
 from cluster.redact import Redactor
 from landcover.comm.spec import parse_compression
 from landcover.errors import TrainingError
+from landcover.models.weightsource import check_pretrained_value
 from landcover.options import storage_options_option
 
 Optimizer = Literal["adamw", "sgd"]
@@ -34,7 +35,6 @@ Loss = Literal["ce", "ce+dice"]
 ClassWeights = Literal["auto", "none"]
 Device = Literal["auto", "cpu", "cuda"]
 LrScaling = Literal["linear", "sqrt", "none"]
-Pretrained = Literal["imagenet"]
 TRACKING_BACKENDS = ("tensorboard", "mlflow")
 DEFAULT_LR: Mapping[str, float] = {"adamw": 2e-3, "sgd": 0.02}
 WORKER_PROG = "python -m landcover.training"
@@ -77,10 +77,16 @@ class TrainConfig:
     store_url: str = field(metadata=_flag("STORE"))
     out_dir: str = field(metadata=_flag("--out", "Run directory (RUN_DIR)."))
     model: str = _option(
-        "--model", "small_unet", "Model registry name (landcover.models.registry.available())."
+        "--model",
+        "small_unet",
+        "Model registry name, or smp:ARCH:ENCODER (e.g. smp:Unet:resnet34); `landcover models` "
+        "lists them.",
     )
-    pretrained: Pretrained | None = _option(
-        "--pretrained", None, "Start the encoder from ImageNet weights (needs the torch hub cache)."
+    pretrained: str | None = _option(
+        "--pretrained",
+        None,
+        "Start the encoder from weights: imagenet (from the local torch hub / Hugging Face "
+        "cache) or PATH of an encoder state dict (.pth, .safetensors).",
     )
     epochs: int = _option("--epochs", 10)
     batch_size: int = _option("--batch-size", 16, "Chips per step per worker.")
@@ -104,6 +110,13 @@ class TrainConfig:
     )
     augment: bool = _option(
         "--augment", True, "Random flips and 90-degree rotations.", off="--no-augment"
+    )
+    brightness_jitter: float = _option(
+        "--brightness-jitter",
+        0.2,
+        "With --augment, scale each chip's bands by a random gain in [1-J, 1+J] and each band "
+        "by one in [1-J/2, 1+J/2], so that the model does not learn one tile's brightness "
+        "(0: off; the default was chosen by benchmarks/bench_quality.py).",
     )
     seed: int = _option("--seed", 0)
     patience: int | None = _option(
@@ -189,6 +202,10 @@ class TrainConfig:
             (self.warmup_epochs >= 0, f"--warmup-epochs {self.warmup_epochs} must be >= 0"),
             (self.weight_decay >= 0, f"--weight-decay {self.weight_decay} must be >= 0"),
             (
+                0 <= self.brightness_jitter < 1,
+                f"--brightness-jitter {self.brightness_jitter} must be in [0, 1)",
+            ),
+            (
                 self.patience is None or self.patience >= 1,
                 f"--patience {self.patience} must be >= 1",
             ),
@@ -229,6 +246,7 @@ class TrainConfig:
             if not ok:
                 raise TrainingError(message)
         parse_compression(self.compression)  # a bad value fails here, not after the load
+        check_pretrained_value(self.pretrained)
         parse_tracking(self.tracking)
 
     @property

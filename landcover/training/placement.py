@@ -53,13 +53,16 @@ class Placement:
         """This rank's place for run.json's `ranks`: rank, node and host (names differ where a
         scheduler runs several nodes on one host, as the SLURM testbed does)."""
         env = self.env
-        return {
+        place: dict[str, Any] = {
             "rank": env.rank,
             "local_rank": env.local_rank,
             "node_rank": env.node_rank,
             "node": env.node_name or self.host,
             "host": self.host,
         }
+        if env.worker_address is not None:  # the Dask worker it ran in
+            place["worker"] = env.worker_address
+        return place
 
     @property
     def channels_last(self) -> bool:

@@ -77,6 +77,7 @@ RESUME_MUST_MATCH = (
     "loss",
     "class_weights",
     "augment",
+    "brightness_jitter",
     "seed",
     "compression",
     "block_momentum",
@@ -108,6 +109,8 @@ RESUME_MAY_CHANGE = (
 # are (the store has its own check), credentials.
 _UNREPORTED_CHANGES = ("store_url", "out_dir", "resume", "overwrite", "storage_options")
 _SPECS: dict[str, OptionSpec] = {option.name: option for option in OPTIONS}
+# How a checkpoint from before an option existed trained, where that is not today's default.
+_BEFORE_RECORDED: dict[str, Any] = {"brightness_jitter": 0.0}
 FIX = "train into a new --out, or pass --overwrite instead of --resume to start this run over"
 
 
@@ -298,11 +301,12 @@ def check_local_resume(config: TrainConfig, summary: StoreSummary) -> None:
 
 
 def _resume_value(config: Mapping[str, Any], option: OptionSpec) -> Any:
-    """The value of `option` in a TrainConfig JSON as a resume compares it: the default where
-    an older checkpoint did not record the option, and `--lr` as the optimizer's default
-    when left out (the lr the run trained with)."""
+    """The value of `option` in a TrainConfig JSON as a resume compares it: where an older
+    checkpoint did not record the option, how it trained (`_BEFORE_RECORDED`, else the
+    default), and `--lr` as the optimizer's default when left out (the lr the run trained
+    with)."""
     default = option.default if option.has_default else None
-    value = config.get(option.name, default)
+    value = config.get(option.name, _BEFORE_RECORDED.get(option.name, default))
     if option.name == "lr" and value is None:
         return DEFAULT_LR.get(str(config.get("optimizer", _SPECS["optimizer"].default)))
     return value

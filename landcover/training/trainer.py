@@ -204,6 +204,7 @@ class Trainer:
             epoch=epoch,
             rank=place.env.rank,
             augment=config.augment,
+            brightness_jitter=config.brightness_jitter,
         )
         loss_sum = torch.zeros((), dtype=torch.float64, device=place.device)
         place.collectives.barrier()

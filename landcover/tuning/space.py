@@ -7,6 +7,7 @@ of `name=...` items, each a `TrainConfig` field:
   bounds are written as integers (`batch_size=8:32`), floats otherwise; an integer field takes
   integer bounds only.
 - `name=a|b|c` a choice, each value converted to the field's kind (`augment=true|false`).
+  A text option's value is always a choice, colons and all (`model=smp:Unet:resnet34`).
 
 The options that `landcover tune` sets itself (the store, run dir, epochs, seed, resume and
 overwrite) and the storage options are not tunable. The values are checked by `TrainConfig`
@@ -143,7 +144,9 @@ def parse_space(text: str) -> SearchSpace:
 
 
 def _parse_item(item: str, option: OptionSpec, value: str) -> Parameter:
-    if "|" in value or ":" not in value:
+    # free text (a model name such as smp:Unet:resnet34) is never a range
+    free_text = option.kind is str and option.choices is None
+    if "|" in value or ":" not in value or free_text:
         values = tuple(_convert(item, option, v.strip()) for v in value.split("|"))
         if len(set(values)) != len(values):
             raise TuneError(f"--space {item!r}: a choice is given twice; list each value once")

@@ -37,6 +37,33 @@ def test_augmented_batches_are_normalised_like_plain_ones() -> None:
         assert torch.equal(a.flatten().sort().values, b.flatten().sort().values)
 
 
+def test_brightness_jitter_scales_bands_within_bounds_and_keeps_nodata() -> None:
+    ds = make_dataset()
+    ds.images[0, :, :3, :3] = 0  # pixels without data in every band
+    indices = torch.arange(6)
+    seed = 3
+    plain = ds.batch(indices, generator=torch.Generator().manual_seed(seed))
+    jittered = ds.batch(
+        indices, generator=torch.Generator().manual_seed(seed), brightness_jitter=0.3
+    )
+    assert torch.equal(plain.labels, jittered.labels)  # same symmetries drawn first
+    mean, std = torch.tensor(MEAN).view(1, 4, 1, 1), torch.tensor(STD).view(1, 4, 1, 1)
+    raw_plain, raw_jittered = plain.images * std + mean, jittered.images * std + mean
+    has_data = (plain.images != 0).any(dim=1, keepdim=True)
+    bright = (raw_plain > 20) & has_data  # well clear of float error in the ratio
+    gains = (raw_jittered / raw_plain).flatten(2)
+    per_band = gains.where(bright.flatten(2), torch.nan).nanmedian(dim=2).values
+    spread = (gains - per_band[..., None]).abs().where(bright.flatten(2), 0.0)
+    assert float(spread.max()) < 1e-3  # one gain per chip and band
+    # brightness in [0.7, 1.3] x colour in [0.85, 1.15], and not all alike
+    assert (per_band > 0.7 * 0.85).all() and (per_band < 1.3 * 1.15).all()
+    assert float(per_band.std()) > 0.01
+    # Nodata stays nodata: normalised to exactly 0 in every band.
+    nodata = (plain.images == 0).all(dim=1)
+    assert int(nodata.sum()) >= 9
+    assert torch.equal((jittered.images == 0).all(dim=1), nodata)
+
+
 def test_epoch_batches_are_a_pure_function_of_seed_epoch_rank() -> None:
     ds = make_dataset()
 

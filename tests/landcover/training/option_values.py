@@ -14,6 +14,7 @@ OTHER_TEXT: dict[str, str] = {
     "out_dir": "mounted/run",
     "model": next(name for name in available() if name != TrainConfig("s", "o").model),
     "compression": "fp16",
+    "pretrained": "imagenet",
     "tracking": "none",
 }
 

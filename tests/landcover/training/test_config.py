@@ -115,8 +115,7 @@ def test_worker_options_round_trip_through_the_command_line(
 
 def test_choices_are_the_literal_types() -> None:
     choices = {o.name: o.choices for o in OPTIONS if o.choices is not None}
-    assert choices == {
-        "pretrained": ("imagenet",),
+    assert choices == {  # --pretrained is free text: imagenet or a weights file's path
         "lr_scaling": get_args(LrScaling),
         "optimizer": get_args(Optimizer),
         "loss": get_args(Loss),
@@ -133,6 +132,7 @@ def test_choices_are_the_literal_types() -> None:
          "training arguments: Invalid value for '--epochs': 'notanint' is not a valid integer."),
         (["--epochs", "0"], "--epochs 0 must be >= 1"),
         (["--block-momentum-value", "1"], "--block-momentum-value 1.0 must be in [0, 1)"),
+        (["--brightness-jitter", "1"], "--brightness-jitter 1.0 must be in [0, 1)"),
         (["--optimizer", "adam"],
          "training arguments: Invalid value for '--optimizer': 'adam' is not one of "
          "'adamw', 'sgd'."),
@@ -153,8 +153,15 @@ def test_bad_values_are_one_line(args: list[str], message: str) -> None:
 def test_bad_values_of_the_api_name_the_option() -> None:
     with pytest.raises(TrainingError, match=r"^--optimizer 'adam': use one of \('adamw', 'sgd'\)$"):
         TrainConfig("s", "r", optimizer="adam")  # type: ignore[arg-type]
-    with pytest.raises(TrainingError, match=r"^--pretrained 'x': use one of \('imagenet',\)$"):
-        TrainConfig("s", "r", pretrained="x")  # type: ignore[arg-type]
+    with pytest.raises(
+        TrainingError,
+        match=r"^pretrained='x' is not known; use one of \['imagenet'\], the path of an encoder "
+        r"weights file \(\.pth, .*\), or None$",
+    ):
+        TrainConfig("s", "r", pretrained="x")
+    assert TrainConfig("s", "r", pretrained="weights/encoder.pth").pretrained == (
+        "weights/encoder.pth"
+    )
 
 
 def test_a_stand_in_entry_module_keeps_its_own_arguments() -> None:

@@ -122,6 +122,15 @@ def test_an_option_an_older_checkpoint_did_not_record_is_its_default() -> None:
     check_resumable(PATH, older, config=BASE.to_json(), store=STORE)
 
 
+def test_a_checkpoint_from_before_brightness_jitter_trained_without_it() -> None:
+    saved = saved_checkpoint(BASE)
+    old = {k: v for k, v in saved.config.items() if k != "brightness_jitter"}
+    older = Checkpoint.from_payload({**saved.to_payload(), "config": old})
+    with pytest.raises(TrainingError, match=r"pass --brightness-jitter 0\.0, or"):
+        check_resumable(PATH, older, config=BASE.to_json(), store=STORE)
+    check_resumable(PATH, older, config={**BASE.to_json(), "brightness_jitter": 0.0}, store=STORE)
+
+
 def test_epochs_may_grow_or_shrink_but_not_below_the_epochs_done() -> None:
     saved = saved_checkpoint(BASE, epoch=3)
     for epochs in (3, 5):

@@ -1,0 +1,101 @@
+"""smp models through the commands: `landcover models`, and `--model smp:ARCH:ENCODER` through
+train, export and predict (with TTA). ONNX export of an smp model takes minutes on 2 busy
+cores: it is checked by hand (see docs/guide/models.md), TorchScript here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from click.testing import CliRunner
+
+from landcover import cli
+from landcover.models import catalog
+from landcover.models.registry import available, build_model
+from landcover.tuning.space import parse_space
+from tests.landcover.prediction.inputs import pixels, write_image
+
+# timm's test EfficientNet under a Segformer head: 0.46 M parameters, seconds to train
+SMP_MODEL = "smp:Segformer:tu-test_efficientnet"
+
+
+def test_models_lists_registered_and_smp_models_with_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one curated encoder keeps it quick: each architecture is still built once
+    monkeypatch.setattr(catalog, "CURATED_ENCODERS", ("resnet18",))
+    monkeypatch.setattr(catalog, "CURATED_PAIRS", ())
+    result = CliRunner().invoke(cli.main, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.output)
+    counts = {m["name"]: m["parameters"] for m in listed["models"]}
+    assert set(available()) <= set(counts)
+    assert {"Unet", "UnetPlusPlus", "FPN", "DeepLabV3Plus", "Segformer"} <= set(
+        listed["smp_architectures"]
+    )
+    assert "smp:UnetPlusPlus:resnet18" in counts and "smp:DPT:resnet18" not in counts  # ViTs only
+    for name in ("small_unet", "smp:FPN:resnet18"):
+        model = build_model(name, in_channels=4, num_classes=listed["num_classes"])
+        assert counts[name] == sum(p.numel() for p in model.parameters()), name
+    assert counts["unet_resnet18"] == counts["smp:Unet:resnet18"]  # the same network
+
+    result = CliRunner().invoke(cli.main, ["models", "--encoders"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert {"resnet34", "efficientnet-b0", "mit_b0"} <= set(lines)
+    assert lines[-1].startswith("tu-NAME: any timm model")
+
+
+def test_smp_model_trains_exports_and_predicts(tiny_store: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(
+        cli.main,
+        ["train", tiny_store, "--out", str(run_dir), "--model", SMP_MODEL, "--epochs", "1",
+         "--batch-size", "8", "--device", "cpu", "--threads", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    model = run_dir / "model.pt"
+    files = {"torch": model}
+    for fmt in ("torchscript",):
+        files[fmt] = tmp_path / f"model.{fmt}"
+        result = CliRunner().invoke(
+            cli.main, ["export", str(model), "--format", fmt, "--out", str(files[fmt])]
+        )
+        assert result.exit_code == 0, result.output
+        assert f"{SMP_MODEL} as {fmt}" in result.output
+    scene = write_image(tmp_path / "scene.tif", pixels(90, 110, seed=3))
+    classes = {}
+    for kind, path in files.items():
+        out = tmp_path / f"{kind}.tif"
+        args = ["predict", str(path), str(scene), "--out", str(out), "--device", "cpu",
+                "--tta", "flips"]  # fmt: skip
+        result = CliRunner().invoke(cli.main, args)
+        assert result.exit_code == 0, result.output
+        with rasterio.open(out) as ds:
+            classes[kind] = ds.read(1)
+            assert ds.shape == (90, 110)
+    agreement = float(np.mean(classes["torchscript"] == classes["torch"]))
+    assert agreement >= 0.999, agreement
+
+
+def test_bad_smp_model_fails_train_in_one_line_before_loading(
+    tiny_store: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        ["train", tiny_store, "--out", str(tmp_path / "run"), "--model", "smp:Unet:resnet33",
+         "--device", "cpu"],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: smp:Unet:resnet33: smp has no encoder 'resnet33'")
+    assert result.output.count("\n") == 1
+    assert not (tmp_path / "run" / "model.pt").exists()
+
+
+def test_tune_space_takes_smp_model_names() -> None:
+    space = parse_space(f"model=small_unet|{SMP_MODEL},lr=1e-4:1e-2:log")
+    assert str(space) == f"model=small_unet|{SMP_MODEL},lr=0.0001:0.01:log"
+    assert parse_space(str(space)) == space
