@@ -11,9 +11,18 @@ EPSG:5070. For each count N it runs, in a fresh process each:
 and prints seconds, milliseconds per source, and the ratio of the per-source cost to that
 at the smallest N (1.0 = linear in N; a cost that grows with N shows as a ratio above 1).
 Then the footprint-planning count alone (`--footprints`, default 40,000): the label index
-built and every image matched, no files opened.
+built and every image matched, no files opened; and the plan file at that count
+(`tiling.planfile`: its bytes, rank 0's write and another rank's load).
+
+Then the end-to-end state-count run (`--end-to-end`, `staterun.py`): for each count, tile and
+then tiled predict (`predict --out DIR/ --tile-size`), each as `--ranks` processes started as
+an engine starts them, printing per-unit costs against N and each rank's peak RSS; one more
+run at the smallest count with `--pixel-px` sources separates the per-unit cost from the
+per-pixel cost, and the two give the estimate for 4,000 quarter-quads on 16 and 64 nodes.
+Every table is also written to `--json` (benchmarks/results/state.json).
 
 Usage: python benchmarks/bench_state.py [--counts 160,1600] [--footprints 40000]
+       [--end-to-end 100,400] [--ranks 2] [--pixel-px 512] [--no-predict]
 Never asserts.
 """
 
@@ -29,6 +38,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from resultfile import Cell, ResultFile, ResultTable, this_machine, today, write_result_file  # noqa: E402
 
 
 def _child(kind: str, n: int) -> None:
@@ -99,23 +111,95 @@ def _footprints(n: int) -> tuple[float, int, int]:
     return time.perf_counter() - start, matched, len(labels)
 
 
+def _plan_file(n: int) -> tuple[int, float, float]:
+    """Bytes of the plan file of `n` footprint-only sources, and seconds to write it (rank 0)
+    and to load it (another rank)."""
+    import numpy as np
+    from affine import Affine
+    from rasterio.crs import CRS
+    from rasterio.warp import transform_bounds
+
+    from tiling.grid import chip_grid
+    from tiling.labels import LabelIndex
+    from tiling.plan import PlacedImage, TileConfig, assemble_plan, class_map_of
+    from tiling.planfile import plan_from_json, plan_to_json
+    from tiling.sources import RasterInfo
+    from tiling.split import chip_blocks, choose_split
+    from tiling.staging import PartStaging
+
+    utm, albers = CRS.from_epsg(26918), CRS.from_epsg(5070)
+    side = int(n**0.5) + 1
+
+    def info(path: str, crs: CRS, x: float, y: float, size: int, count: int) -> RasterInfo:
+        return RasterInfo(
+            path=path, crs=crs, transform=Affine(1, 0, x, 0, -1, y), width=size, height=size,
+            count=count, dtype="uint8", nodata=None, block_shape=(256, 256), mask_kind="zero",
+        )  # fmt: skip
+
+    images = [
+        info(f"i{k}", utm, 300_000 + (k % side) * 248, 4_400_000 - (k // side) * 248, 256, 4)
+        for k in range(n)
+    ]
+    extent = (300_000, 4_400_000 - side * 248, 300_000 + side * 248 + 256, 4_400_000)
+    left, bottom, right, top = transform_bounds(utm, albers, *extent)
+    edge = int(max(right - left, top - bottom)) + 2
+    labels = [info("l", albers, left - 1, top + 1, edge, 1)]  # one label raster over them all
+    config = TileConfig(images=("i*",), labels=("l",), out="s.zarr", chip_size=64)
+    index = LabelIndex(labels)
+    placed = []
+    for image in images:
+        grid = chip_grid(256, 256, 64, 64, where=image.path)
+        placed.append(PlacedImage(image, grid, index.match(image), chip_blocks(image, grid, 256.0)))
+    rule = choose_split(np.concatenate([p.blocks.reshape(-1, 2) for p in placed]),
+                        val_fraction=0.1, edge_m=256.0)  # fmt: skip
+    paths = tuple(i.path for i in images)
+    plan = assemble_plan(config, class_map=class_map_of(config), images=paths, labels=("l",),
+                         placed=placed, split=rule, skipped=())  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
+        staging = PartStaging(str(Path(tmp) / "s.zarr"))
+        start = time.perf_counter()
+        body = plan_to_json(plan, "k" * 24)
+        staging.put_plan("k" * 24, body)
+        write_s = time.perf_counter() - start
+        start = time.perf_counter()
+        read = staging.get_plan("k" * 24)
+        assert read is not None
+        plan_from_json(config, read, key="k" * 24, images=plan.params.images, labels=("l",))
+        load_s = time.perf_counter() - start
+    return len(body), write_s, load_s
+
+
+def _print_table(columns: list[str], rows: list[list[Cell]]) -> None:
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "|".join("---" if k == 0 else "---:" for k in range(len(columns))) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--counts", default="160,1600")
     parser.add_argument("--footprints", type=int, default=40_000)
+    parser.add_argument("--end-to-end", default="100,400", help="counts; '' skips it")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--pixel-px", type=int, default=512)
+    parser.add_argument("--no-predict", action="store_true")
+    parser.add_argument("--json", default=str(HERE / "results" / "state.json"))
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child[0], int(args.child[1]))
         return
-    counts = sorted(int(c) for c in args.counts.split(","))
-    print(f"# bench_state — {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}")
+    counts = sorted(int(c) for c in args.counts.split(",") if c)
+    load_before = os.getloadavg()[0]
+    print(f"# bench_state — {os.cpu_count()} cores; load {load_before:.2f}")
     print("sources: 256 px VRTs in UTM 18N; labels: 2048 px VRT tiles in EPSG:5070; 64 px chips")
     print()
-    print(
-        "| stage | N sources | label tiles | s | ms/source | ratio to smallest N | peak RSS MiB |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    tables: list[ResultTable] = []
+    columns = ["stage", "N sources", "label tiles", "s", "ms/source", "ratio to smallest N",
+               "peak RSS MiB"]  # fmt: skip
+    rows: list[list[Cell]] = []
+    plan_s_per_source = 0.0
     for kind in ("plan", "tile"):
         base = None
         for n in counts:
@@ -124,15 +208,17 @@ def main() -> None:
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             if done.returncode != 0:
-                print(f"| {kind} | {n} | failed: {done.stderr.strip().splitlines()[-1]} |||||")
+                rows.append([kind, n, f"failed: {done.stderr.strip().splitlines()[-1]}"])
                 continue
             row = json.loads(done.stdout.strip().splitlines()[-1])
             per = 1e3 * row["s"] / n
             base = base or per
-            print(
-                f"| {kind} | {n} | {row['labels']} | {row['s']:.1f} | {per:.1f} "
-                f"| {per / base:.2f} | {row['rss'] / 2**20:.0f} |"
-            )
+            if kind == "plan":
+                plan_s_per_source = per / 1e3
+            rows.append([kind, n, row["labels"], round(row["s"], 1), round(per, 1),
+                         round(per / base, 2), round(row["rss"] / 2**20)])  # fmt: skip
+    _print_table(columns, rows)
+    tables.append(ResultTable("planning", "Planning and tiling at state counts", columns, rows))
     if args.footprints:
         seconds, matched, tiles = _footprints(args.footprints)
         print()
@@ -141,7 +227,102 @@ def main() -> None:
             f"({matched} matches) in {seconds:.1f} s ({1e6 * seconds / args.footprints:.0f} "
             "µs per image)"
         )
-    print(f"load after: {os.getloadavg()[0]:.2f}")
+        size, write_s, load_s = _plan_file(args.footprints)
+        print(
+            f"plan file of {args.footprints} sources: {size / 2**20:.1f} MiB, written in "
+            f"{write_s:.1f} s (rank 0), loaded in {load_s:.1f} s (any other rank)"
+        )
+        tables.append(ResultTable(
+            "footprints", "Footprints and the plan file at state counts",
+            ["sources", "label tiles", "match s", "plan file MiB", "write s", "load s"],
+            [[args.footprints, tiles, round(seconds, 1), round(size / 2**20, 1),
+              round(write_s, 1), round(load_s, 1)]],
+        ))  # fmt: skip
+    e2e = sorted(int(c) for c in args.end_to_end.split(",") if c)
+    if e2e:
+        tables.extend(_end_to_end(e2e, args.ranks, args.pixel_px, not args.no_predict,
+                                  plan_s_per_source))  # fmt: skip
+    load_after = os.getloadavg()[0]
+    print(f"load after: {load_after:.2f}")
+    command = "python benchmarks/bench_state.py " + " ".join(sys.argv[1:])
+    write_result_file(args.json, ResultFile(
+        benchmark="bench_state.py", command=command.strip(), machine=this_machine(),
+        date=today(), tables=tables,
+        conditions=f"load average {load_before:.1f} before, {load_after:.1f} after",
+    ))  # fmt: skip
+    print(f"wrote {args.json}")
+
+
+def _end_to_end(
+    counts: list[int], ranks: int, pixel_px: int, predict: bool, plan_s_per_source: float
+) -> list[ResultTable]:
+    """Tile and tiled predict as ranks at each count; the state estimate from the rates."""
+    from staterun import (
+        QUARTER_QUAD_PX,
+        RANKS_PER_NODE,
+        STATE_SOURCES,
+        TILE_PX,
+        end_to_end,
+        estimate,
+        fit_unit_cost,
+    )
+
+    columns = ["stage", "N sources", "source px", "ranks", "wall s", "units",
+               "rank-ms per unit", "ratio to smallest N", "peak RSS per rank MiB"]  # fmt: skip
+    rows: list[list[Cell]] = []
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench_state_e2e_") as tmp:
+        sizes = [(n, 256) for n in counts] + [(counts[0], pixel_px)]
+        for n, size in sizes:
+            runs.extend(end_to_end(Path(tmp), n, ranks, size_px=size, predict=predict))
+    base: dict[str, float] = {}
+    for run in runs:
+        size = round((run.pixels / run.n_sources) ** 0.5)
+        if run.error:
+            rows.append([run.stage, run.n_sources, size, ranks, "failed: " + run.error])
+            continue
+        per = 1e3 * run.rank_s_per_unit
+        if size == 256:
+            base.setdefault(run.stage, per)
+        ratio = round(per / base[run.stage], 2) if size == 256 else ""
+        rss = "/".join(str(round(r / 2**20)) for r in run.rss_bytes)
+        rows.append([run.stage, run.n_sources, size, ranks, round(run.wall_s, 1), run.units,
+                     round(per, 1), ratio, rss])  # fmt: skip
+    print()
+    print(f"end to end, {ranks} ranks (units: sources for tile, {TILE_PX} px tiles for predict)")
+    _print_table(columns, rows)
+    tables = [ResultTable("end_to_end", "Tile and tiled predict at state counts, as ranks",
+                          columns, rows)]  # fmt: skip
+    ok = {(r.stage, r.n_sources, round((r.pixels / r.n_sources) ** 0.5)): r
+          for r in runs if not r.error}  # fmt: skip
+    pair = [(ok.get((s, counts[0], 256)), ok.get((s, counts[0], pixel_px)))
+            for s in ("tile", "predict")]  # fmt: skip
+    if any(a is None or b is None for a, b in pair):
+        return tables
+    tile_cost = fit_unit_cost(*pair[0])  # type: ignore[arg-type]
+    predict_cost = fit_unit_cost(*pair[1])  # type: ignore[arg-type]
+    print()
+    print(
+        f"model: rank-seconds = a x units + b x pixels (fitted at N = {counts[0]}, "
+        f"{256} and {pixel_px} px): tile a = {1e3 * tile_cost[0]:.1f} ms/source, "
+        f"b = {1e9 * tile_cost[1]:.1f} s/Gpx; predict a = {1e3 * predict_cost[0]:.1f} ms/tile, "
+        f"b = {1e9 * predict_cost[1]:.1f} s/Gpx"
+    )
+    print(
+        f"state: {STATE_SOURCES} quarter-quads of {QUARTER_QUAD_PX / 1e6:.0f} Mpx, "
+        f"{RANKS_PER_NODE} ranks a node; time = (a x units + b x pixels) / ranks + rank 0's "
+        f"planning ({1e3 * plan_s_per_source:.1f} ms/source)"
+    )
+    est_rows: list[list[Cell]] = []
+    for nodes in (16, 64):
+        e = estimate(tile_cost, predict_cost, plan_s_per_source, nodes)
+        est_rows.append([nodes, nodes * RANKS_PER_NODE, round(e["tile_h"], 2),
+                         round(e["predict_h"], 2), int(e["tiles"])])  # fmt: skip
+    est_columns = ["nodes", "ranks", "tile h", "predict h", f"{TILE_PX} px tiles"]
+    _print_table(est_columns, est_rows)
+    tables.append(ResultTable("estimate", "A state from the measured rates", est_columns,
+                              est_rows))  # fmt: skip
+    return tables
 
 
 if __name__ == "__main__":

@@ -104,3 +104,23 @@ def build_state_mosaic(
             _vrt(path, label_file, crs=LABEL_CRS, transform=transform, size=label_px, bands=1)
             labels.append(path)
     return StateMosaic(images=images, labels=labels, bounds_utm=bounds_utm)
+
+
+def main() -> None:
+    """`python benchmarks/statemosaic.py DIR --sources N`: write a mosaic under DIR."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a synthetic state mosaic of VRTs.")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--sources", type=int, default=40)
+    parser.add_argument("--size-px", type=int, default=256)
+    args = parser.parse_args()
+    mosaic = build_state_mosaic(args.folder, args.sources, size_px=args.size_px)
+    print(
+        f"wrote {len(mosaic.images)} image VRTs in {args.folder / 'naip'} (UTM 18N) and "
+        f"{len(mosaic.labels)} label VRTs in {args.folder / 'labels'} (EPSG:5070)"
+    )
+
+
+if __name__ == "__main__":
+    main()

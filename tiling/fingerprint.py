@@ -62,14 +62,7 @@ def fingerprint(path: str, storage_options: Mapping[str, Any] | None = None) -> 
     with storage_errors(path):
         info = fs.info(inner)
         size = int(info["size"])
-        stamp = next(
-            (
-                str(info[k])
-                for k in ("etag", "ETag", "last_modified", "LastModified", "mtime")
-                if info.get(k) is not None
-            ),
-            "",
-        )
+        stamp = _remote_stamp(info)
         head = fs.cat_file(inner, start=0, end=min(size, SAMPLE_BYTES))
         tail = fs.cat_file(inner, start=max(0, size - SAMPLE_BYTES), end=size)
     return Fingerprint(size=size, modified=stamp, sample_sha256=_sample_hash(size, head, tail))
@@ -83,6 +76,43 @@ def fingerprints(
         return [fingerprint(p, storage_options) for p in paths]
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="fp") as pool:
         return list(pool.map(lambda p: fingerprint(p, storage_options), paths))
+
+
+def stamp(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    """(size, modification stamp) of a file, as its `Fingerprint` has them: one stat (one
+    metadata request on blob storage), no read."""
+    if is_local(path):
+        try:
+            st = os.stat(local_path(path))
+        except FileNotFoundError:
+            raise SourceNotFoundError(f"{path}: no such file; check the path") from None
+        return st.st_size, str(st.st_mtime_ns)
+    fs, inner = filesystem(path, storage_options)
+    with storage_errors(path):
+        info = fs.info(inner)
+    return int(info["size"]), _remote_stamp(info)
+
+
+def stamps(
+    paths: Sequence[str], storage_options: Mapping[str, Any] | None = None, *, workers: int = 16
+) -> list[tuple[int, str]]:
+    """`stamp` of each of `paths`, in order; remote ones a few requests in flight."""
+    if all(is_local(p) for p in paths):
+        return [stamp(p) for p in paths]  # a stat is microseconds: no pool
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="stamp") as pool:
+        return list(pool.map(lambda p: stamp(p, storage_options), paths))
+
+
+def _remote_stamp(info: Mapping[str, Any]) -> str:
+    """An object's modification stamp: its ETag, else its last-modified time."""
+    return next(
+        (
+            str(info[k])
+            for k in ("etag", "ETag", "last_modified", "LastModified", "mtime")
+            if info.get(k) is not None
+        ),
+        "",
+    )
 
 
 def _local(path: str) -> Fingerprint:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +166,8 @@ class TilePlan:
         return -(-self.max_train // world_size) * (self.chip_bytes + 8)
 
 
-def _check_config(config: TileConfig) -> None:
+def check_config(config: TileConfig) -> None:
+    """Refuse options no run can use (one line naming the option and its value)."""
     if config.chip_size < 1:
         raise TilingError(f"--chip-size must be positive, got {config.chip_size}")
     if config.effective_stride < 1:
@@ -192,7 +193,8 @@ def _check_config(config: TileConfig) -> None:
     check_storage_options((*config.images, *config.labels, config.out), config.storage_options)
 
 
-def _class_map(config: TileConfig) -> ClassMap | None:
+def class_map_of(config: TileConfig) -> ClassMap | None:
+    """The store's class table for these options (None for an images-only store)."""
     if not config.labels:
         return None
     if config.class_map == IDENTITY:
@@ -206,8 +208,8 @@ def _class_map(config: TileConfig) -> ClassMap | None:
 
 def plan_tiling(config: TileConfig) -> TilePlan:
     """Expand and validate every input; no pixels are read and nothing is written."""
-    _check_config(config)
-    class_map = _class_map(config)
+    check_config(config)
+    class_map = class_map_of(config)
     options = config.storage_options
     image_paths = expand_inputs(config.images, storage_options=options, what="image")
     label_paths = (
@@ -228,40 +230,74 @@ def plan_tiling(config: TileConfig) -> TilePlan:
     for image in kept:
         grid = chip_grid(image.height, image.width, config.chip_size, stride, where=image.path)
         matched = label_index.match(image) if labels else ()
-        placed.append((image, grid, matched, chip_blocks(image, grid, edge_m)))
+        placed.append(PlacedImage(image, grid, matched, chip_blocks(image, grid, edge_m)))
     rule = choose_split(
-        np.concatenate([b.reshape(-1, 2) for *_, b in placed]),
+        np.concatenate([p.blocks.reshape(-1, 2) for p in placed]),
         val_fraction=config.val_fraction,
         edge_m=edge_m,
     )
+    return assemble_plan(
+        config,
+        class_map=class_map,
+        images=image_paths,
+        labels=label_paths,
+        placed=placed,
+        split=rule,
+        skipped=skipped,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedImage:
+    """An image as planning placed it: its chip grid, matched labels and ground blocks."""
+
+    image: RasterInfo
+    grid: ChipGrid
+    labels: tuple[RasterInfo, ...]
+    blocks: npt.NDArray[np.int64] = field(compare=False)  # (rows, cols, 2)
+
+
+def assemble_plan(
+    config: TileConfig,
+    *,
+    class_map: ClassMap | None,
+    images: tuple[str, ...],
+    labels: tuple[str, ...],
+    placed: Sequence[PlacedImage],
+    split: SplitRule,
+    skipped: tuple[str, ...],
+) -> TilePlan:
+    """The plan of placed images (in input order, ids from 0) under `split`: read windows,
+    each chip's split, the store's parameters and the planned counts. Pure arithmetic, no I/O
+    (`tiling.planfile` rebuilds a published plan with it)."""
     sources = tuple(
         SourcePlan(
             id=source_id,
-            image=image,
-            labels=matched,
-            grid=grid,
-            windows=grid.read_windows(
-                min_height_px=max(MIN_WINDOW_HEIGHT_PX, image.block_shape[0]),
+            image=p.image,
+            labels=p.labels,
+            grid=p.grid,
+            windows=p.grid.read_windows(
+                min_height_px=max(MIN_WINDOW_HEIGHT_PX, p.image.block_shape[0]),
                 max_width_px=MAX_WINDOW_WIDTH_PX,
             ),
-            blocks=blocks,
-            splits=np.where(rule.is_val(blocks), SPLIT_VAL, SPLIT_TRAIN).astype(np.int32),
+            blocks=p.blocks,
+            splits=np.where(split.is_val(p.blocks), SPLIT_VAL, SPLIT_TRAIN).astype(np.int32),
         )
-        for source_id, (image, grid, matched, blocks) in enumerate(placed)
+        for source_id, p in enumerate(placed)
     )
     counts = [s.planned_counts() for s in sources]
     params = StoreParams(
         chip_size=config.chip_size,
-        stride=stride,
+        stride=config.effective_stride,
         shard_size=config.shard_size,
         class_map=class_map,
         val_fraction=config.val_fraction,
         min_valid=config.min_valid,
         split_block_chips=config.split_block_chips,
         compression_level=config.compression_level,
-        images=image_paths,
-        labels=label_paths,
-        split=rule,
+        images=images,
+        labels=labels,
+        split=split,
         zero_is_nodata=config.zero_is_nodata,
     )
     return TilePlan(
@@ -271,7 +307,7 @@ def plan_tiling(config: TileConfig) -> TilePlan:
         sources=sources,
         max_train=sum(train for train, _ in counts),
         max_val=sum(val for _, val in counts),
-        split=rule,
+        split=split,
         skipped=skipped,
     )
 

@@ -37,6 +37,7 @@ import pystac
 import shapely.geometry
 from pystac.stac_io import DefaultStacIO
 from pystac.utils import make_absolute_href
+from shapely import STRtree
 from shapely.geometry.base import BaseGeometry
 
 from tiling.errors import SourceFormatError, SourceNotFoundError, TilingError
@@ -196,12 +197,34 @@ def one_per_place(items: Iterable[pystac.Item], pick: str = "newest") -> list[py
         stamp = end.timestamp()
         return (0, -stamp if newest_first else stamp, item.id)
 
-    kept: list[tuple[pystac.Item, BaseGeometry | None]] = []
-    for item in sorted(items, key=rank):
-        footprint = _footprint(item)
-        if not any(_same_place(item, footprint, k, kf) for k, kf in kept):
-            kept.append((item, footprint))
-    return [item for item, _ in kept]
+    ordered = sorted(items, key=rank)
+    footprints = [_footprint(item) for item in ordered]
+    # Every item's footprint in one STRtree: an item is checked against the kept items whose
+    # bounding boxes meet its own (two places overlap by area only then), not against every
+    # kept item, so thousands of items cost O(N log N), not O(N^2).
+    located = [i for i, footprint in enumerate(footprints) if footprint is not None]
+    tree = STRtree([footprints[i] for i in located])
+    kept = [False] * len(ordered)
+    kept_codes: set[str] = set()  # equal grid codes are one place whatever the footprints
+    for i, item in enumerate(ordered):
+        code = item.properties.get("grid:code")
+        if code is not None and _code_key(code) in kept_codes:
+            continue
+        footprint = footprints[i]
+        if footprint is not None and any(
+            kept[j] and _same_place(item, footprint, ordered[j], footprints[j])
+            for j in (located[k] for k in tree.query(footprint))
+        ):
+            continue
+        kept[i] = True
+        if code is not None:
+            kept_codes.add(_code_key(code))
+    return [item for item, keep in zip(ordered, kept, strict=True) if keep]
+
+
+def _code_key(code: Any) -> str:
+    """A grid code as a set key: equal codes give equal keys (a code need not be a string)."""
+    return json.dumps(code, sort_keys=True)
 
 
 def _footprint(item: pystac.Item) -> BaseGeometry | None:

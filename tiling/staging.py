@@ -2,7 +2,8 @@
 
 It holds what ranks hand to rank 0 (docs/CONTRACTS.md, "Distributed tiling"): each
 source's part (`tiling.parts`), the chip counts every owner publishes, and the interior shard
-objects owners build (`tiling.interior`), which rank 0 moves into the store. It lives beside
+objects owners build (`tiling.interior`), which rank 0 moves into the store; and what rank 0
+hands to the ranks: the run's plan (`tiling.planfile`). It lives beside
 the store, never inside it: readers of the store never list it, and `--overwrite` (which
 clears the store) never races with a rank that is writing into it. Every object is written
 whole: on local disk and NFS under a temporary name renamed over the final one, on blob
@@ -57,6 +58,19 @@ class PartStaging:
     @staticmethod
     def count_name(source_id: int, key: str) -> str:
         return f"{source_id:06d}.{key}.chips"  # key: `run_key`
+
+    @staticmethod
+    def plan_name(key: str) -> str:
+        return f"plan.{key}.json"  # key: `tiling.planfile.plan_key`
+
+    def put_plan(self, key: str, body: bytes) -> None:
+        """Publish the run's plan (rank 0), whole: a reader sees all of it or nothing."""
+        self._put_small(self.plan_name(key), body)
+
+    def get_plan(self, key: str) -> bytes | None:
+        """The plan published under `key`; None when there is none (yet)."""
+        with self._read(self.plan_name(key)) as data:
+            return None if data is None else bytes(data)
 
     @staticmethod
     def object_name(part: SourcePart, array: str, k: int) -> str:

@@ -1,5 +1,5 @@
 """Prediction of a region: the region, the output grid, blending of overlapping windows, the
-windowed runner and the COG outputs."""
+windowed runner, the COG outputs and the tiled map product."""
 
 from __future__ import annotations
 
@@ -11,16 +11,20 @@ if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid, plan_output_grid
     from landcover.prediction.region import Region, parse_bbox, parse_region
     from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
+    from landcover.prediction.tiled import TiledSetup, predict_product, predict_tiles
 
 __all__ = [
     "OutputGrid",
     "PredictConfig",
     "PredictResult",
     "Region",
+    "TiledSetup",
     "parse_bbox",
     "parse_region",
     "plan_output_grid",
+    "predict_product",
     "predict_region",
+    "predict_tiles",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -34,5 +38,8 @@ __getattr__, __dir__ = lazy_exports(
         "parse_region": "region",
         "OutputGrid": "outgrid",
         "plan_output_grid": "outgrid",
+        "TiledSetup": "tiled",
+        "predict_product": "tiled",
+        "predict_tiles": "tiled",
     },
 )

@@ -145,8 +145,9 @@ class BlockPredictor:
 
 class BlockWriter:
     """Writes predicted blocks into the open class (and probabilities) GeoTIFFs, whose first
-    row is grid row `first_row` (a rank's part starts at its first block row), and counts the
-    pixels of each class code; `class_pixels[0]` also counts the unwritten blocks' pixels."""
+    row is grid row `first_row` (a rank's part starts at its first block row) and whose first
+    column is grid column `first_col` (a tile of a tiled product), and counts the pixels of
+    each class code; `class_pixels[0]` also counts the unwritten blocks' pixels."""
 
     def __init__(
         self,
@@ -155,9 +156,11 @@ class BlockWriter:
         num_classes: int,
         *,
         first_row: int = 0,
+        first_col: int = 0,
     ) -> None:
         self.classes_dst, self.probabilities_dst = classes_dst, probabilities_dst
         self.num_classes, self.first_row = num_classes, first_row
+        self.first_col = first_col
         self.class_pixels = np.zeros(num_classes, dtype=np.int64)
 
     def __call__(self, predicted: PredictedBlock) -> None:
@@ -168,7 +171,7 @@ class BlockWriter:
             return
         counts = np.bincount(predicted.classes.ravel(), minlength=self.num_classes)
         self.class_pixels += counts[: self.num_classes]
-        window = Window(col0, row0 - self.first_row, width, height)
+        window = Window(col0 - self.first_col, row0 - self.first_row, width, height)
         self.classes_dst.write(predicted.classes, 1, window=window)
         if self.probabilities_dst is not None and predicted.probabilities is not None:
             self.probabilities_dst.write(predicted.probabilities, window=window)

@@ -5,7 +5,10 @@ does (`landcover.data.normalise`), runs them in batches through a `WindowModel` 
 onnxruntime, `landcover.prediction.runtime`), with test-time augmentation when asked
 (`landcover.prediction.tta`), and adds their logits to the block's `LogitBlender`. It keeps
 the logits of windows that reach into the next block of the same block row, so only windows
-on the boundary to the next block ROW are run twice.
+on the boundary to the next block ROW are run twice. A block adds its windows' logits in
+window order, whether they were carried or run now, so a pixel's sum comes out the same
+whichever schedule (blocks, tiles of a tiled product, ranks) computes it; on the CPU the runtime
+makes a window's logits independent of its batch (`landcover.prediction.runtime`).
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ class WindowRunner:
             logits = average_over_symmetries(self._model_pass, x, self.tta_ops)
             results.extend(zip(batch, logits, strict=True))
             self.windows_run += len(batch)
+        # Window order, not schedule order: a pixel's sum of weighted logits is then added up
+        # in the same order whichever block, tile or rank computes it.
+        results.sort(key=lambda item: item[0])
         for (r, c), window_logits in results:
             blender.add(window_logits, r, c)
             if c + size > right_edge and right_edge < self.layout.width:

@@ -71,8 +71,9 @@ def run_ranks(cfg: TileConfig, world_size: int) -> list[TileResult]:
 
 @pytest.fixture
 def rank_1_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """For tests that run rank 1 without rank 0: the counts before its sources never come,
-    so it stages its parts whole after a short wait rather than COUNT_WAIT_S."""
+    """For tests that run rank 1 without rank 0: neither the plan nor the counts before its
+    sources come, so it plans the run itself and stages its parts whole after a short wait
+    rather than COUNT_WAIT_S."""
     monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)
 
 
@@ -263,6 +264,7 @@ def test_one_process_reuses_parts_and_ranks_skip_committed_sources(
     cut = spy_cuts(monkeypatch)
     result = tile(cfg)  # one process: appends rank 1's parts, cuts rank 0's sources itself
     monkeypatch.undo()
+    monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)  # rank_1_alone's, which undo() undid
     assert set(cut) == {i for i, o in enumerate(owners) if o == 0} and result.sources_written == 4
     assert snapshot(str(out), {}) == snapshot(str(one_process), {})
     late = tile(cfg, rank=1, world_size=2)  # a rank that starts after the store is complete
@@ -356,6 +358,7 @@ def test_one_process_moves_thin_parts_in_where_they_fit_and_recuts_where_not(
     one_process: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    rank_1_alone: None,
 ) -> None:
     out = tmp_path / "thin.zarr"
     cfg = four_config(scenes, four_images, out)

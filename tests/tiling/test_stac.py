@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
+import pystac
 import pytest
+import shapely.geometry
 
 from tests.tiling.rasters import Scenes
 from tests.tiling.stacfiles import (
@@ -207,3 +211,38 @@ def test_an_item_json_is_one_item(scenes: Scenes, tmp_path: Path) -> None:
     path = tmp_path / "b-item.json"
     path.write_text(json.dumps(item.to_dict()))
     assert expand_inputs([str(path)]) == (str(scenes.images[1]),)
+
+
+def test_thousands_of_items_keep_what_the_pairwise_rule_keeps_on_a_sample() -> None:
+    """2,000 items over 1,000 places (repeat flights, slightly shifted; grid codes on some,
+    bbox only on some): each sampled item is kept exactly when no item kept before it (newest
+    first) is the same place by the rule of the module docstring, checked pair by pair."""
+    rng = np.random.default_rng(0)
+    base = datetime(2010, 1, 1, tzinfo=UTC)
+    items, boxes = [], {}
+    for k in range(2000):
+        place = int(rng.integers(0, 1000))
+        west = (place % 40) * 0.06 + rng.uniform(-0.004, 0.004)
+        south = (place // 40) * 0.06 + rng.uniform(-0.004, 0.004)
+        footprint = shapely.geometry.box(west, south, west + 0.0625, south + 0.0625)
+        geometry = None if rng.random() < 0.1 else shapely.geometry.mapping(footprint)
+        code = f"Q{place}" if rng.random() < 0.5 else None
+        props = {} if code is None else {"grid:code": code}
+        boxes[f"i{k}"] = footprint
+        items.append(pystac.Item(f"i{k}", geometry, list(footprint.bounds),
+                                 base + timedelta(hours=k), props))  # fmt: skip
+    kept = {item.id for item in one_per_place(items)}
+    assert 1000 > len(kept) > 200
+    newest_first = items[::-1]  # item k flew k hours after the first
+
+    def same_place(a: pystac.Item, b: pystac.Item) -> bool:
+        code_a, code_b = a.properties.get("grid:code"), b.properties.get("grid:code")
+        if code_a is not None and code_b is not None:
+            return bool(code_a == code_b)
+        fa, fb = boxes[a.id], boxes[b.id]
+        return bool(fa.intersection(fb).area > 0.5 * min(fa.area, fb.area))
+
+    for i in rng.choice(len(items), 25, replace=False):
+        item = newest_first[int(i)]
+        before = [other for other in newest_first[: int(i)] if other.id in kept]
+        assert (item.id in kept) == (not any(same_place(item, other) for other in before))

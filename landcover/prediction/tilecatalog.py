@@ -1,0 +1,192 @@
+"""The index files of a tiled map product, written once every tile is committed:
+
+- `<name>.json` per tile: its STAC item (built when the tile was written,
+  `landcover.prediction.stacitem.cog_item`, with the file extension's size and checksum);
+- `collection.json`: a STAC Collection linking every item (relative hrefs, self-contained),
+  with the extent of the tiles, the class table under `item_assets` and the model with its
+  validation metrics under `landcover:model`;
+- `mosaic.vrt`: a GDAL VRT of the whole output grid over every tile (relative paths), with
+  the tiles' colour table, nodata and class tags: GDAL's own copy of one tile, widened.
+
+They list the tiles and read none of their pixels, so writing them costs the same for a
+state as for a county.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pystac
+import rasterio.shutil
+from pystac.extensions.classification import ClassificationExtension
+from pystac.extensions.file import FileExtension
+from pystac.extensions.projection import ProjectionExtension
+from pystac.extensions.raster import RasterExtension
+from pystac.layout import CustomLayoutStrategy
+
+from landcover.models.modelfile import ModelMeta
+from landcover.prediction.outgrid import TAG_SOURCES, OutputGrid
+from landcover.prediction.stacitem import ASSET_KEY, COG_MEDIA_TYPE
+from landcover.prediction.tilerecords import ProductDir, TileRecord
+from tiling.urls import is_local
+
+COLLECTION = "collection.json"
+MOSAIC = "mosaic.vrt"
+# Metrics of the model's training run copied into the collection (ModelMeta.training).
+MODEL_METRICS = ("val_miou", "val_accuracy", "per_class_iou", "epoch")
+
+
+def write_catalog(
+    product_dir: ProductDir,
+    records: Sequence[TileRecord],
+    grid: OutputGrid,
+    meta: ModelMeta,
+    model: str,
+    sources: Sequence[str],
+) -> None:
+    """Write every tile's item, `mosaic.vrt` and, last, `collection.json` into the product;
+    `sources`: the images the tiles were predicted from (the mosaic's sources tag)."""
+    with tempfile.TemporaryDirectory(prefix="landcover-catalog-") as scratch:
+        collection = product_collection(product_dir, records, meta, model)
+        collection.normalize_hrefs(scratch, strategy=_ITEMS_BESIDE_TILES)
+        collection.save(pystac.CatalogType.SELF_CONTAINED)
+        for record in records:
+            product_dir.put_file(
+                str(Path(scratch) / f"{record.name}.json"), f"{record.name}.json", overwrite=True
+            )
+        vrt = mosaic_vrt(product_dir, records, grid, scratch, sources)
+        product_dir.put_file(vrt, MOSAIC, overwrite=True)
+        product_dir.put_file(str(Path(scratch) / COLLECTION), COLLECTION, overwrite=True)
+
+
+def product_collection(
+    product_dir: ProductDir, records: Sequence[TileRecord], meta: ModelMeta, model: str
+) -> pystac.Collection:
+    """The product's STAC Collection with one item per tile (hrefs not yet normalised)."""
+    items = [pystac.Item.from_dict(dict(r.item)) for r in records]
+    bboxes = [item.bbox for item in items if item.bbox is not None]
+    spatial = [
+        min(b[0] for b in bboxes),
+        min(b[1] for b in bboxes),
+        max(b[2] for b in bboxes),
+        max(b[3] for b in bboxes),
+    ]
+    times = [t for item in items for t in _times(item)]
+    name = product_dir.url.rstrip("/").rsplit("/", 1)[-1] or "landcover"
+    collection = pystac.Collection(
+        id=name,
+        title=f"land cover {name}",
+        description=(
+            f"Land cover predicted by a {meta.architecture} model ({Path(model).name}) in "
+            f"{len(items)} COG tiles, class table {meta.class_map.name}."
+        ),
+        extent=pystac.Extent(
+            pystac.SpatialExtent([spatial]),
+            pystac.TemporalExtent([[min(times, default=None), max(times, default=None)]]),
+        ),
+        license="other",
+    )
+    for extension in (ProjectionExtension, RasterExtension, ClassificationExtension, FileExtension):
+        extension.add_to(collection)
+    first = items[0].assets[ASSET_KEY].to_dict() if items else {}
+    collection.extra_fields["item_assets"] = {
+        ASSET_KEY: {
+            "type": COG_MEDIA_TYPE,
+            "roles": ["data"],
+            "title": "land cover classes",
+            **{k: v for k, v in first.items() if k in ("raster:bands", "classification:classes")},
+        }
+    }
+    collection.extra_fields["landcover:model"] = _model_fields(meta, model)
+    for item in items:
+        collection.add_item(item)
+    return collection
+
+
+def mosaic_vrt(
+    product_dir: ProductDir,
+    records: Sequence[TileRecord],
+    grid: OutputGrid,
+    into: str,
+    sources: Sequence[str],
+) -> str:
+    """A VRT of the whole grid over every tile (paths relative to the VRT), written in `into`:
+    GDAL's VRT of the first tile, widened to the grid, with one source per tile, and the
+    tiles' images (`sources`) as its sources tag."""
+    first = product_dir.fetch(f"{records[0].name}.tif", into)
+    template = str(Path(into) / ".template.vrt")
+    rasterio.shutil.copy(first, template, driver="VRT")
+    tree = ET.parse(template)
+    root = tree.getroot()
+    root.set("rasterXSize", str(grid.width))
+    root.set("rasterYSize", str(grid.height))
+    geo = root.find("GeoTransform")
+    if geo is not None:
+        geo.text = ", ".join(repr(float(v)) for v in grid.transform.to_gdal())
+    for item in root.iterfind("Metadata/MDI"):
+        if item.get("key") == TAG_SOURCES:  # the first tile's: the mosaic's are all tiles'
+            item.text = json.dumps([_absolute(p) for p in sources])
+    for band in root.iter("VRTRasterBand"):
+        tile_sources = [e for e in band if e.tag in ("SimpleSource", "ComplexSource")]
+        for source in tile_sources:
+            band.remove(source)
+        for record in records:
+            band.append(_placed(tile_sources[0], record))
+    vrt = str(Path(into) / MOSAIC)
+    tree.write(vrt, encoding="utf-8")
+    os.unlink(template)
+    return vrt
+
+
+def _placed(source: ET.Element, record: TileRecord) -> ET.Element:
+    """A copy of a VRT source reading tile `record` at its place in the grid."""
+    placed = copy.deepcopy(source)
+    row0, col0, height, width = record.rect
+    name = placed.find("SourceFilename")
+    if name is not None:
+        name.set("relativeToVRT", "1")
+        name.text = f"{record.name}.tif"
+    properties = placed.find("SourceProperties")
+    if properties is not None:
+        properties.set("RasterXSize", str(width))
+        properties.set("RasterYSize", str(height))
+    for tag, (x, y) in (("SrcRect", (0, 0)), ("DstRect", (col0, row0))):
+        rect = placed.find(tag)
+        if rect is not None:
+            rect.attrib.update(xOff=str(x), yOff=str(y), xSize=str(width), ySize=str(height))
+    return placed
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(path) if is_local(path) and "://" not in path else path
+
+
+def _model_fields(meta: ModelMeta, model: str) -> dict[str, Any]:
+    metrics = {k: meta.training[k] for k in MODEL_METRICS if k in meta.training}
+    return {
+        "file": Path(model).name,
+        "architecture": meta.architecture,
+        "class_map": meta.class_map.name,
+        "bands": list(meta.band_names),
+        "chip_size": meta.chip_size,
+        "resolution_m": meta.resolution_m,
+        "metrics": metrics,
+    }
+
+
+def _times(item: pystac.Item) -> list[Any]:
+    common = item.common_metadata
+    return [t for t in (item.datetime, common.start_datetime, common.end_datetime) if t]
+
+
+# Items at <dir>/<tile>.json, beside their COGs (the asset hrefs are ./<tile>.tif).
+_ITEMS_BESIDE_TILES = CustomLayoutStrategy(
+    item_func=lambda item, parent_dir: f"{parent_dir}/{item.id}.json"
+)

@@ -1,0 +1,518 @@
+"""Predict a tiled map product: one COG per tile of a fixed lattice (`landcover.prediction.
+maptiles`), a STAC Collection with one item per tile and a VRT mosaic of them
+(`landcover.prediction.tilecatalog`), in a directory on disk or on az://.
+
+Tiles are the unit of work. `predict_tiles(setup, names)` predicts the given tiles, each as a
+window of the output grid: its blocks are read, run and blended by the very machinery of a
+one-COG prediction (`landcover.prediction.blockstages`), and a pixel comes out the same
+whichever block, tile or rank computes it (`landcover.prediction.windows`), so the mosaic of
+the tiles equals the one COG of the same region pixel for pixel. A tile is committed by its
+record (`landcover.prediction.tilerecords`) after its COG; a tile whose record has this run's
+key and whose COG has the recorded size is kept, so a rerun redoes only the tiles missing or
+made from other inputs. A tile file this run did not make (no record, or another key) is
+replaced only with --overwrite.
+
+`predict_product` is the stage: every rank of a job takes its tiles (balanced by area,
+`maptiles.assign_tiles`) and writes them itself; rank 0 then waits for every tile's record and
+writes the collection and the mosaic, which only list the tiles (no rank reads the pixels of
+the whole).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import rasterio
+import torch
+from pystac.extensions.file import FileExtension
+from shapely.geometry import box
+
+from landcover.atomic import check_can_create_in
+from landcover.errors import OutputExistsError, PredictionError, RegionError
+from landcover.models.modelfile import ModelMeta
+from landcover.outputlock import exclusive_outputs
+from landcover.prediction.blend import WindowLayout
+from landcover.prediction.blocks import region_has_pixels, require_predicted_pixels
+from landcover.prediction.blockstages import (
+    BlockPredictor,
+    BlockWriter,
+    PredictedBlock,
+    PreparedBlock,
+    prepare_block,
+)
+from landcover.prediction.distributed import RankRun
+from landcover.prediction.maptiles import MapTile, assign_tiles, map_tiles, tile_costs
+from landcover.prediction.outfiles import (
+    OutputPaths,
+    class_profile,
+    describe_class_raster,
+    to_cog,
+)
+from landcover.prediction.outgrid import GridPlan, plan_output_grid
+from landcover.prediction.pipeline import run_pipeline
+from landcover.prediction.region import parse_crs
+from landcover.prediction.runner import PredictConfig
+from landcover.prediction.runtime import WindowModel, load_window_model
+from landcover.prediction.setup import (
+    GDAL_CACHE_BYTES,
+    FreedMemory,
+    block_cache_bytes,
+    check_model,
+    check_sources_fit,
+    open_images,
+    resolve_device,
+    warnings_to_log,
+    window_overlap,
+)
+from landcover.prediction.stacitem import ASSET_KEY, cog_item
+from landcover.prediction.tilecatalog import write_catalog
+from landcover.prediction.tilerecords import RECORDS_DIR, ProductDir, TileRecord, tile_key
+from landcover.prediction.tta import tta_ops
+from landcover.prediction.windows import WindowRunner
+from tiling.fingerprint import fingerprint, fingerprints
+from tiling.polling import poll_delays
+from tiling.reader import RasterReader
+from tiling.units import UnitRunner
+from tiling.urls import check_storage_options, is_local, local_path
+
+logger = logging.getLogger(__name__)
+
+MIN_TILE_PX = 16
+# Rank 0 polls for the other ranks' tile records as it polls for parts (assemble.py).
+POLL_FIRST_S, POLL_GROWTH, POLL_MAX_S = 0.1, 1.5, 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class TiledSetup:
+    """What predicting tiles of a product needs (picklable: a Dask task's argument):
+    the prediction's options, `config.out` being the product's directory, and the tile
+    edge in pixels."""
+
+    config: PredictConfig
+    tile_px: int
+
+
+@dataclass(frozen=True, slots=True)
+class TiledResult:
+    """What `predict_product` did; on ranks other than 0, about the rank's own tiles."""
+
+    out: str
+    grid_width: int
+    grid_height: int
+    resolution: float
+    crs: str
+    tiles: int  # tiles of the product (those with data)
+    predicted: int  # tiles this run predicted (the others were kept)
+    valid_pixels: int
+    sources: tuple[str, ...]
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Product:
+    """A product's plan: the model, the grid, its tiles with work, and each tile's key."""
+
+    setup: TiledSetup
+    model: WindowModel
+    meta: ModelMeta
+    device: torch.device
+    plan: GridPlan
+    layout: WindowLayout
+    tiles: tuple[MapTile, ...]  # the tiles with work, in lattice order
+    costs: tuple[int, ...]
+    keys: dict[str, str]
+    reads: dict[str, list[str]]  # the images each tile reads
+
+
+def is_tiled_output(out: str) -> bool:
+    """Whether `--out` names a tiled product's directory: a trailing slash, or an existing
+    local directory."""
+    return out.endswith("/") or Path(out.removeprefix("file://")).is_dir()
+
+
+def check_tile_size(tile_px: int | None, out: str, max_pixels: int | None) -> int:
+    """The tile edge of a tiled `out`, checked; raises `PredictionError` for a missing or bad
+    --tile-size."""
+    if tile_px is None:
+        raise PredictionError(
+            f"--out {out} is a directory (a tiled map product); give --tile-size PX, e.g. "
+            "--tile-size 10000, or a file name like lc.tif for one COG"
+        )
+    if tile_px < MIN_TILE_PX:
+        raise PredictionError(f"--tile-size {tile_px} px: must be at least {MIN_TILE_PX}")
+    if max_pixels is not None and tile_px * tile_px > max_pixels:
+        raise PredictionError(
+            f"--tile-size {tile_px} px makes tiles of {tile_px * tile_px:,} px, above "
+            f"--max-pixels {max_pixels:,}; use smaller tiles or raise --max-pixels"
+        )
+    return tile_px
+
+
+def predict_product(
+    setup: TiledSetup,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    run_units: UnitRunner | None = None,
+) -> TiledResult:
+    """Predict the tiled product of `setup` as rank `rank` of `world_size`: this rank's tiles,
+    and on rank 0 the collection and the mosaic once every tile is committed.
+
+    With `run_units` (a task scheduler's runner, `tiling.units.UnitRunner`; one rank only),
+    every tile left to predict is a task of its own, started largest first, and this process
+    writes the collection and the mosaic when the tasks are done."""
+    started = time.perf_counter()
+    config = setup.config
+    if not 0 <= rank < world_size:
+        raise PredictionError(
+            f"rank {rank} of world size {world_size}: need 0 <= rank < world size"
+        )
+    if run_units is not None and world_size != 1:
+        raise PredictionError(f"tiles as tasks run from one process, not {world_size} ranks")
+    lock = exclusive_outputs((config.out,), "predict") if rank == 0 else nullcontext()
+    with warnings_to_log(), lock:
+        product = _plan_product(setup, quiet=rank != 0)
+        product_dir = ProductDir(config.out, config.storage_options)
+        owned = assign_tiles(product.costs, world_size)[rank]
+        mine = [product.tiles[i] for i in owned]
+        todo = _tiles_to_predict(product, product_dir, mine)
+        if run_units is None:
+            predicted = len(_predict(product, product_dir, todo))
+        else:
+            cost = dict(zip((t.name for t in product.tiles), product.costs, strict=True))
+            names = sorted((t.name for t in todo), key=lambda n: -cost[n])
+            run_units(_predict_tile_task, names, shared=(setup, uuid.uuid4().hex), what="tile")
+            predicted = len(names)
+        if rank == 0:
+            records = _wait_for_tiles(product, product_dir)
+            pixels = np.sum([np.asarray(r.class_pixels, np.int64) for r in records], axis=0)
+            require_predicted_pixels(pixels)
+            read = dict.fromkeys(p for t in product.tiles for p in product.reads[t.name])
+            write_catalog(
+                product_dir, records, product.plan.grid, product.meta, config.model, list(read)
+            )
+        else:
+            records = [r for t in mine if (r := product_dir.read_record(t.name)) is not None]
+    valid = int(sum(sum(r.class_pixels[1:]) for r in records))
+    grid = product.plan.grid
+    return TiledResult(
+        out=product_dir.url,
+        grid_width=grid.width,
+        grid_height=grid.height,
+        resolution=grid.resolution,
+        crs=grid.crs.to_string(),
+        tiles=len(records),
+        predicted=predicted,
+        valid_pixels=valid,
+        sources=tuple(s.path for s in product.plan.sources),
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def predict_tiles(setup: TiledSetup, names: Sequence[str]) -> list[TileRecord]:
+    """Predict the tiles `names` of the product of `setup` into its directory and commit
+    each; a tile already committed with this run's key is kept. Returns the tiles' records.
+
+    The unit of work of a tiled product: an engine may call it from any process, once per
+    tile or with any list, twice for a tile if it must. It plans the product itself (loads
+    the model, plans the grid), refuses tile files from other runs without --overwrite as
+    `predict_product` does, and writes no collection or mosaic."""
+    with warnings_to_log():
+        _predict_named(_plan_product(setup, quiet=True), names)
+    product_dir = ProductDir(setup.config.out, setup.config.storage_options)
+    records = [product_dir.read_record(n) for n in names]
+    return [r for r in records if r is not None]
+
+
+# One planned product per process, for the tile tasks of one run (`_predict_tile_task`).
+_PLANNED: dict[str, _Product] = {}
+_PLANNED_LOCK = threading.Lock()
+
+
+def _predict_tile_task(setup: TiledSetup, run_id: str, name: str) -> None:
+    """A task of `predict_product(run_units=...)`: predict tile `name`. The product is planned
+    once per process and run (`run_id`), not once per tile: a worker that takes many tiles
+    of a run loads the model and plans the grid once."""
+    with warnings_to_log():
+        with _PLANNED_LOCK:
+            product = _PLANNED.get(run_id)
+            if product is None:
+                _PLANNED.clear()  # another run's plan: its inputs may have changed since
+                product = _PLANNED[run_id] = _plan_product(setup, quiet=True)
+        _predict_named(product, [name])
+
+
+def _predict_named(product: _Product, names: Sequence[str]) -> None:
+    """Predict and commit the tiles `names` of `product`, keeping those already committed."""
+    product_dir = ProductDir(product.setup.config.out, product.setup.config.storage_options)
+    by_name = {t.name: t for t in product.tiles}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise PredictionError(
+            f"tile {unknown[0]} is not a tile with data of {product_dir.url}; "
+            f"its tiles are {', '.join(list(by_name)[:3])}..."
+        )
+    tiles = [by_name[n] for n in dict.fromkeys(names)]
+    _predict(product, product_dir, _tiles_to_predict(product, product_dir, tiles))
+
+
+def _plan_product(setup: TiledSetup, *, quiet: bool) -> _Product:
+    config = setup.config
+    urls = [config.model, *config.images, config.out]
+    check_storage_options(urls, config.storage_options)
+    check_tile_size(setup.tile_px, config.out, config.max_pixels)
+    if is_local(config.out):
+        check_can_create_in(local_path(config.out), option="--out")
+    if config.probabilities is not None:
+        raise PredictionError(
+            f"--probabilities {config.probabilities}: a tiled --out {config.out} writes class "
+            "tiles only; drop --probabilities or give --out a file name like lc.tif"
+        )
+    if config.batch_size < 1:
+        raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
+    if config.block_px < 16:
+        raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
+    tta_ops(config.tta)
+    device = resolve_device(config.device)
+    FreedMemory().reuse()
+    model, meta = load_window_model(
+        config.model, runtime=config.runtime, device=device, storage_options=config.storage_options
+    )
+    check_model(config.model, meta)
+    overlap = window_overlap(config.overlap_px, meta.chip_size)
+    sources = open_images(
+        config.images, storage_options=config.storage_options, zero_is_nodata=config.zero_is_nodata
+    )
+    check_sources_fit(sources, meta, config.model)
+    plan = plan_output_grid(
+        sources,
+        config.region,
+        resolution_m=meta.resolution_m,
+        crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
+        resolution=config.resolution,
+        max_pixels=None,  # --max-pixels guards one COG; here each tile (check_tile_size)
+        quiet=quiet,
+    )
+    grid = plan.grid
+    layout = WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
+    if plan.region is not None and not region_has_pixels(plan, config.block_px):
+        raise RegionError(
+            f"region covers no pixel centre of the images at {grid.resolution:g} "
+            "units/px after masking; give a larger region or a finer --resolution"
+        )
+    lattice = map_tiles(grid, setup.tile_px)
+    costs = tile_costs(plan, lattice)
+    tiles = tuple(t for t, c in zip(lattice, costs, strict=True) if c > 0)
+    kept_costs = tuple(c for c in costs if c > 0)
+    # The settings a distributed one-COG run keys its parts by (one owner of that list).
+    settings = RankRun(
+        config, plan, layout, meta.num_classes, device.type, OutputPaths(config.out), 0, 1
+    ).settings()
+    model_print = fingerprint(config.model, config.storage_options)
+    reads = {t.name: _sources_read(plan, layout, t) for t in tiles}
+    paths = list(dict.fromkeys(p for ps in reads.values() for p in ps))
+    prints = dict(zip(paths, fingerprints(paths, config.storage_options), strict=True))
+    keys = {
+        t.name: tile_key(
+            settings,
+            setup.tile_px,
+            (t.row0, t.col0, t.height, t.width),
+            model_print,
+            [(p, prints[p]) for p in reads[t.name]],
+        )
+        for t in tiles
+    }
+    logger.info(
+        "tiled product of %d x %d px in %d tile(s) of %d px from %d image(s)",
+        grid.width,
+        grid.height,
+        len(tiles),
+        setup.tile_px,
+        len(plan.sources),
+    )
+    return _Product(setup, model, meta, device, plan, layout, tiles, kept_costs, keys, reads)
+
+
+def _sources_read(plan: GridPlan, layout: WindowLayout, tile: MapTile) -> list[str]:
+    """Paths of the images a tile reads (the tile and the windows reaching past it)."""
+    reach = layout.size
+    outline = box(
+        *plan.grid.window_bounds(
+            tile.row0 - reach, tile.col0 - reach, tile.height + 2 * reach, tile.width + 2 * reach
+        )
+    )
+    return [plan.sources[i].path for i in plan.sources_touching(outline)]
+
+
+def _tiles_to_predict(
+    product: _Product, product_dir: ProductDir, tiles: Sequence[MapTile]
+) -> list[MapTile]:
+    """Those of `tiles` without a committed COG of this run's key; raises
+    `OutputExistsError` for tile files this run did not make, unless --overwrite. Only the
+    caller's own tiles: another rank may be writing the others now."""
+    present = product_dir.names()
+    todo: list[MapTile] = []
+    foreign: list[str] = []
+    for tile in tiles:
+        record = product_dir.read_record(tile.name)
+        if (
+            record is not None
+            and record.key == product.keys[tile.name]
+            and product_dir.size(f"{tile.name}.tif") == record.file_bytes
+        ):
+            continue
+        todo.append(tile)
+        if f"{tile.name}.tif" in present and (
+            record is None or record.key != product.keys[tile.name]
+        ):
+            foreign.append(tile.name)
+    if foreign and not product.setup.config.overwrite:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise OutputExistsError(
+            f"{product_dir.url}{foreign[0]}.tif{more} exist from another run (other model, "
+            "images, region or options); pass --overwrite to predict them again, or choose "
+            "another --out"
+        )
+    kept = len(tiles) - len(todo)
+    if kept:
+        logger.info("keeping %d finished tile(s) in %s", kept, product_dir.url)
+    return todo
+
+
+def _predict(
+    product: _Product, product_dir: ProductDir, tiles: Sequence[MapTile]
+) -> list[TileRecord]:
+    records = []
+    with ExitStack() as stack:
+        stack.enter_context(
+            rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS")
+        )
+        if product_dir.local:
+            scratch = product_dir.root  # a rename within the directory is atomic
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+        else:
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="landcover-tile-"))
+        reader = RasterReader(storage_options=product.setup.config.storage_options)
+        stack.callback(reader.close)
+        for tile in tiles:
+            records.append(_predict_tile(product, product_dir, reader, tile, scratch))
+    return records
+
+
+def _predict_tile(
+    product: _Product, product_dir: ProductDir, reader: RasterReader, tile: MapTile, scratch: str
+) -> TileRecord:
+    """Predict one tile into a COG, put it in place and commit its record."""
+    token = uuid.uuid4().hex[:8]
+    tiled = str(Path(scratch) / f".{tile.name}.{token}.tiles.part.tif")
+    cog = str(Path(scratch) / f".{tile.name}.{token}.cog.part.tif")
+    try:
+        windows, class_pixels = _predict_into(product, reader, tile, tiled)
+        to_cog(tiled, cog, resampling="MODE")
+        item = cog_item(cog)
+        item.id = tile.name
+        item.assets[ASSET_KEY].href = f"./{tile.name}.tif"
+        size = Path(cog).stat().st_size
+        files = FileExtension.ext(item.assets[ASSET_KEY], add_if_missing=True)
+        files.size = size
+        files.checksum = "1220" + _sha256(cog)  # multihash: sha2-256, 32 bytes
+        product_dir.put_file(cog, f"{tile.name}.tif", overwrite=True)  # checked before
+        record = TileRecord(
+            name=tile.name,
+            key=product.keys[tile.name],
+            rect=(tile.row0, tile.col0, tile.height, tile.width),
+            windows=windows,
+            class_pixels=tuple(int(v) for v in class_pixels),
+            file_bytes=size,
+            item=item.to_dict(include_self_link=False, transform_hrefs=False),
+        )
+        product_dir.commit(record)
+    finally:
+        for path in (tiled, cog):
+            Path(path).unlink(missing_ok=True)
+            Path(path + ".aux.xml").unlink(missing_ok=True)
+    logger.info("wrote tile %s (%d windows) to %s", tile.name, windows, product_dir.url)
+    return record
+
+
+def _predict_into(
+    product: _Product, reader: RasterReader, tile: MapTile, tiled: str
+) -> tuple[int, npt.NDArray[np.int64]]:
+    """Predict `tile`'s blocks into the tiled GeoTIFF `tiled` of the tile's grid, as a
+    one-COG run predicts its blocks (reading, inference and writing overlap)."""
+    config, meta, plan = product.setup.config, product.meta, product.plan
+    windows = WindowRunner(
+        product.model,
+        meta,
+        product.layout,
+        batch_size=config.batch_size,
+        where=config.model,
+        device=product.device,
+        tta_ops=tta_ops(config.tta),
+    )
+    target = tile.grid(plan.grid)
+    cache = block_cache_bytes(config.block_px, target.width, 1, in_bands=meta.in_channels)
+    with (
+        rasterio.Env(GDAL_CACHEMAX=cache),
+        rasterio.open(tiled, "w", **class_profile(target)) as dst,
+    ):
+        describe_class_raster(dst, meta, sources=product.reads[tile.name])
+        predictor = BlockPredictor(
+            windows, meta.num_classes, device=product.device, probabilities=False
+        )
+        writer = BlockWriter(dst, None, meta.num_classes, first_row=tile.row0, first_col=tile.col0)
+        memory = FreedMemory()
+
+        def predict(prepared: PreparedBlock) -> PredictedBlock:
+            if prepared.rect[1] == tile.col0:
+                windows.new_block_row()  # the tile's own block row starts here
+            predicted = predictor(prepared)
+            if prepared.todo:
+                memory.release()
+            return predicted
+
+        run_pipeline(
+            tile.blocks(config.block_px),
+            partial(prepare_block, plan, product.layout, reader),
+            predict,
+            writer,
+            threaded=config.pipeline,
+        )
+    return windows.windows_run, writer.class_pixels
+
+
+def _wait_for_tiles(product: _Product, product_dir: ProductDir) -> list[TileRecord]:
+    """Rank 0: the committed record of every tile, in tile order, once all are there."""
+    pending = {t.name for t in product.tiles}
+    found: dict[str, TileRecord] = {}
+    delays = poll_delays(product_dir.url, POLL_FIRST_S, POLL_MAX_S, POLL_GROWTH)
+    while True:
+        committed = product_dir.names(RECORDS_DIR)
+        for name in sorted(n for n in pending if f"{n}.json" in committed):
+            record = product_dir.read_record(name)
+            if record is not None and record.key == product.keys[name]:
+                found[name] = record
+        pending -= set(found)
+        if not pending:
+            return [found[t.name] for t in product.tiles]
+        time.sleep(next(delays))
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
