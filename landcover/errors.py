@@ -63,3 +63,7 @@ class TuneError(LandcoverError):
 
 class ExportError(LandcoverError):
     """A model that cannot be exported as asked (format, opset, a missing optional library)."""
+
+
+class ViewError(LandcoverError):
+    """A map or imagery that `landcover view` (or a picture of a map) cannot show."""

@@ -1,6 +1,7 @@
 """Evaluation of a land-cover map against truth: the scores (confusion matrix, IoU,
 precision, recall), the comparison of a predicted raster with truth rasters, and the report
-(metrics.json, metrics.md, confusion.png)."""
+(metrics.json, metrics.md, confusion.png; with the scenes' panels, classes.png, panel-NN.png
+and report.html)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from landcover.evaluation.compare import EvaluateConfig, evaluate_prediction
+    from landcover.evaluation.panels import ScenePanel, scene_panels
     from landcover.evaluation.report import (
         REPORT_FILES,
         check_report_target,
@@ -29,11 +31,13 @@ __all__ = [
     "ClassScore",
     "EvaluateConfig",
     "Evaluation",
+    "ScenePanel",
     "check_report_target",
     "confusion_matrix",
     "confusion_png",
     "evaluate_prediction",
     "plot_confusion",
+    "scene_panels",
     "scores_from_confusion",
     "write_report",
 ]
@@ -43,6 +47,8 @@ __getattr__, __dir__ = lazy_exports(
     {
         "EvaluateConfig": "compare",
         "evaluate_prediction": "compare",
+        "ScenePanel": "panels",
+        "scene_panels": "panels",
         "REPORT_FILES": "report",
         "check_report_target": "report",
         "confusion_png": "report",

@@ -1,8 +1,9 @@
 """The evaluation report: metrics.json, metrics.md and confusion.png in one directory, and
-the confusion-matrix plot.
+the confusion-matrix plot; with the scenes' panels (`landcover.evaluation.panels`), also
+classes.png, panel-NN.png per scene and report.html.
 
-Each file is replaced atomically once all three are rendered; matplotlib is imported only
-when a plot is drawn.
+Each file is replaced atomically once all are rendered; matplotlib is imported only when a
+plot is drawn.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +26,9 @@ from landcover.atomic import (
 from landcover.errors import EvaluationError
 from landcover.evaluation.scores import Evaluation
 
+if TYPE_CHECKING:
+    from landcover.evaluation.panels import ScenePanel
+
 __all__ = [
     "REPORT_FILES",
     "check_report_target",
@@ -32,12 +38,22 @@ __all__ = [
 ]
 
 REPORT_FILES = ("metrics.json", "metrics.md", "confusion.png")
+PICTURE_FILES = ("classes.png", "report.html")  # and panel-NN.png, with the panels
+PANEL_GLOB = "panel-[0-9]*.png"
 
 
-def check_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> list[Path]:
+def panel_name(number: int) -> str:
+    """The file name of the panel of scene `number` (from 1)."""
+    return f"panel-{number:02d}.png"
+
+
+def check_report_target(
+    out_dir: str | os.PathLike[str], *, overwrite: bool, pictures: bool = False
+) -> list[Path]:
     """The report's file paths in `out_dir`, refused when `out_dir` is not a directory,
-    unless `overwrite` already holds one of them, or takes no new files. Cheap: call it
-    before evaluating."""
+    unless `overwrite` already holds one of them (with `pictures`, also classes.png,
+    report.html or a panel-NN.png), or takes no new files. Cheap: call it before
+    evaluating."""
     target = Path(out_dir)
     if target.exists() and not target.is_dir():
         raise EvaluationError(
@@ -46,18 +62,27 @@ def check_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> 
         )
     paths = [target / name for name in REPORT_FILES]
     refuse_existing(paths, overwrite=overwrite)
+    if pictures:
+        earlier = sorted(target.glob(PANEL_GLOB)) if target.is_dir() else []
+        refuse_existing([*(target / name for name in PICTURE_FILES), *earlier], overwrite=overwrite)
     check_can_create_in(target, option="--out")
     return paths
 
 
 def write_report(
-    evaluation: Evaluation, out_dir: str | os.PathLike[str], *, overwrite: bool = False
+    evaluation: Evaluation,
+    out_dir: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    panels: Sequence[ScenePanel] | None = None,
 ) -> list[Path]:
-    """metrics.json, metrics.md and confusion.png in `out_dir`, all three or none, put in
-    place once all are rendered and written (a failing plot or a full disk replaces nothing;
-    without `overwrite`, a file that appeared since the check is never replaced)."""
-    paths = check_report_target(out_dir, overwrite=overwrite)
+    """metrics.json, metrics.md and confusion.png in `out_dir` (with `panels`, also
+    classes.png, a panel-NN.png per scene and report.html), all or none, put in place once
+    all are rendered and written (a failing plot or a full disk replaces nothing; without
+    `overwrite`, a file that appeared since the check is never replaced)."""
+    paths = check_report_target(out_dir, overwrite=overwrite, pictures=panels is not None)
     png = confusion_png(evaluation)
+    pictures = [] if panels is None else _pictures(evaluation, png, panels)
     try:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -68,10 +93,32 @@ def write_report(
             (paths[0], lambda tmp: Path(tmp).write_text(texts[0], encoding="utf-8")),
             (paths[1], lambda tmp: Path(tmp).write_text(texts[1], encoding="utf-8")),
             (paths[2], lambda tmp: Path(tmp).write_bytes(png)),
+            *((Path(out_dir) / name, _bytes_writer(data)) for name, data in pictures),
         ],
         overwrite=overwrite,
     )
-    return paths
+    return [*paths, *(Path(out_dir) / name for name, _ in pictures)]
+
+
+def _pictures(
+    evaluation: Evaluation, confusion: bytes, panels: Sequence[ScenePanel]
+) -> list[tuple[str, bytes]]:
+    """(file name, bytes) of the panels, classes.png and report.html."""
+    from landcover.evaluation.panels import classes_png, panel_png, report_html
+
+    drawn = [(panel_name(i), panel_png(p, evaluation.class_map)) for i, p in enumerate(panels, 1)]
+    classes = classes_png(evaluation)
+    page = report_html(
+        evaluation,
+        confusion=confusion,
+        classes=classes,
+        panels=[(p.name, png) for p, (_, png) in zip(panels, drawn, strict=True)],
+    )
+    return [*drawn, ("classes.png", classes), ("report.html", page.encode("utf-8"))]
+
+
+def _bytes_writer(data: bytes) -> Callable[[str], object]:
+    return lambda tmp: Path(tmp).write_bytes(data)
 
 
 def plot_confusion(evaluation: Evaluation, path: str | os.PathLike[str]) -> None:

@@ -19,7 +19,7 @@ import json
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +33,14 @@ from landcover.atomic import check_output_file, publish, refuse_existing, requir
 from landcover.classes import NODATA_CODE, colormap
 from landcover.errors import LandcoverError, PredictionError
 from landcover.models.modelfile import ModelMeta
-from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, TAG_MODEL, OutputGrid
+from landcover.prediction.outgrid import (
+    TAG_CLASS_MAP,
+    TAG_CLASS_NAMES,
+    TAG_MODEL,
+    TAG_SOURCES,
+    OutputGrid,
+    sources_tag,
+)
 from tiling.urls import filesystem, is_local, storage_errors
 
 # Probabilities are stored as round(p * 254); 255 marks pixels outside the region.
@@ -188,11 +195,14 @@ def probability_profile(grid: OutputGrid, meta: ModelMeta) -> dict[str, Any]:
     return profile
 
 
-def describe_class_raster(dst: Any, meta: ModelMeta) -> None:
-    """Colour table, band description and class tags of the class raster."""
+def describe_class_raster(dst: Any, meta: ModelMeta, *, sources: Sequence[str] = ()) -> None:
+    """Colour table, band description and class tags of the class raster, and the images it
+    is predicted from (`sources`; local paths made absolute) for viewers to show beneath it."""
     dst.write_colormap(1, colormap(meta.class_map))
     dst.set_band_description(1, "land cover class")
     dst.update_tags(**_class_tags(meta))
+    if sources:
+        dst.update_tags(**{TAG_SOURCES: sources_tag(sources)})
 
 
 def describe_probability_raster(dst: Any, meta: ModelMeta) -> None:

@@ -6,8 +6,10 @@ metadata tags of a land-cover raster. Reading sources onto the grid is in
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +35,17 @@ logger = logging.getLogger(__name__)
 TAG_CLASS_MAP = "LANDCOVER_CLASS_MAP"
 TAG_CLASS_NAMES = "LANDCOVER_CLASS_NAMES"
 TAG_MODEL = "LANDCOVER_MODEL"
+# The images a map was predicted from (a JSON list; local paths absolute): what `view` shows
+# beneath it.
+TAG_SOURCES = "LANDCOVER_SOURCES"
+
+
+def sources_tag(paths: Sequence[str]) -> str:
+    """The value of `TAG_SOURCES` for images at `paths`: a JSON list, local paths made
+    absolute (a map viewed from another directory still finds its images), URLs as given."""
+    return json.dumps([p if "://" in p else os.path.abspath(p) for p in paths])
+
+
 # Without a region, the union of the images must cover at least this share of its bounding
 # grid: images scattered over a continent would otherwise make a continent-sized raster.
 _MIN_UNION_COVER = 0.01

@@ -319,7 +319,7 @@ def _predict_into(
         )
         stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache))
         dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(target)))
-        describe_class_raster(dst, meta)
+        describe_class_raster(dst, meta, sources=[s.path for s in plan.sources])
         prob = None
         if tiles_prob is not None:
             profile = probability_profile(target, meta)

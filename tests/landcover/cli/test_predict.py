@@ -103,7 +103,7 @@ def test_nproc_2_writes_the_bytes_of_one_process(
     inputs: tuple[Path, Path, Path], one_process: tuple[Path, str], tmp_path: Path
 ) -> None:
     out = tmp_path / "lc.tif"
-    result = run(*predict_args(inputs, out, "--nproc", "2"))
+    result = run(*predict_args(inputs, out, "--nproc", "2", "--no-quicklook"))
     assert result.exit_code == 0, result.output
     assert cog_bytes(out) == cog_bytes(one_process[0])
     summary = [line for line in result.output.splitlines() if line.startswith("wrote ")]

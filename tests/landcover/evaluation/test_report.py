@@ -27,7 +27,7 @@ def test_cli_writes_json_markdown_and_png(tmp_path: Path) -> None:
     pred = write_prediction(tmp_path / "pred.tif")
     truth = write(tmp_path / "truth.tif", TRUTH_RAW)
     out = tmp_path / "report"
-    result = run(str(pred), "--truth", str(truth), "--out", str(out))
+    result = run(str(pred), "--truth", str(truth), "--out", str(out), "--no-panels")
     assert result.exit_code == 0, result.output
     assert "| 1 | water | 0.6667 | 0.8000 | 0.8000 | 0.8000 | 5 | 5 |" in result.output
     assert "Pixel accuracy: 0.8889" in result.output

@@ -362,7 +362,7 @@ def rank_outputs(
                 "predict", str(offset_model), str(scene), "--region", str(triangle),
                 "--out", str(folder / "lc.tif"), "--probabilities", str(folder / "p.tif"),
                 "--stac-item", str(folder / "lc.json"), "--block-size", "16",
-                "--batch-size", "3", "--device", "cpu",
+                "--batch-size", "3", "--device", "cpu", "--no-quicklook",
             ]  # fmt: skip
             env = {
                 "WORLD_SIZE": str(world_size),

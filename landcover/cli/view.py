@@ -1,0 +1,82 @@
+"""`landcover view`: a self-contained page of land-cover maps over their imagery."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from landcover.atomic import check_output_file, require_distinct, write_text_atomic
+from landcover.options import output_url_callback, overwrite_option
+from landcover.view.page import DEFAULT_DETAIL_PX, MIN_DETAIL_PX
+
+logger = logging.getLogger(__name__)
+
+
+@click.command("view")
+@click.argument("maps", nargs=-1, required=True, metavar="MAP [MAP...]")
+@click.option(
+    "--out",
+    required=True,
+    callback=output_url_callback(),
+    help="The page to write, e.g. map.html (one file that works offline).",
+)
+@click.option(
+    "--imagery",
+    multiple=True,
+    help="Images to show beneath the maps (repeat the option, or globs) [default: the "
+    "images the maps were predicted from, as `predict` records them].",
+)
+@click.option(
+    "--detail",
+    "detail_px",
+    type=click.IntRange(min=MIN_DETAIL_PX),
+    default=DEFAULT_DETAIL_PX,
+    show_default=True,
+    help="Longer side in px of the finest picture; the page's size grows with it, not "
+    "with the maps'.",
+)
+@click.option("--title", default=None, help="Page title [default: the maps' names].")
+@click.option(
+    "--serve",
+    is_flag=True,
+    help="Then serve the page from 127.0.0.1 on a free port and print its URL (Ctrl-C stops).",
+)
+@overwrite_option
+def view_command(
+    maps: tuple[str, ...],
+    out: str,
+    imagery: tuple[str, ...],
+    detail_px: int,
+    title: str | None,
+    serve: bool,
+    overwrite: bool,
+) -> None:
+    """Write a page showing MAP(s) (land-cover COGs, VRT mosaics or tiled product
+    directories) over their imagery: class colours, a legend with each class's area,
+    opacity, zoom and pan."""
+    from landcover.view import ViewConfig, build_page, open_map, serve_page
+    from tiling.sources import expand_inputs
+
+    page_path = Path(out)
+    require_distinct([("--out", out)], inputs=[("map", m) for m in maps])
+    check_output_file(page_path, option="--out", overwrite=overwrite, example="map.html")
+    opened = tuple(open_map(m) for m in maps)
+    images = expand_inputs(imagery, what="imagery") if imagery else None
+    page = build_page(
+        ViewConfig(
+            maps=opened,
+            imagery=None if images is None else tuple(images),
+            detail_px=detail_px,
+            title=title,
+        )
+    )
+    write_text_atomic(page_path, page.html, overwrite=overwrite)
+    width, height = page.levels[-1]
+    click.echo(
+        f"wrote {page_path}: {len(opened)} map(s), {len(page.images)} image(s) beneath, "
+        f"{width} x {height} px at the finest zoom, {len(page.html.encode()) / 1e6:.1f} MB"
+    )
+    if serve:
+        serve_page(page_path, ready=lambda url: click.echo(f"serving {url} (Ctrl-C stops)"))
