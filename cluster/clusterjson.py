@@ -5,6 +5,7 @@ Flat form (only `targetNodeCount` is required on the local engine)::
     {
       "name": "landcover",                  letters, digits, hyphens; starts with a letter
       "engine": "local",                    "local" (default) | "azureml" | "kubernetes" | "slurm"
+                                            | "dask"
       "vmSize": "local",                    "local" (this machine) or an Azure size; on slurm,
                                             leave it out (or give a size: its GPUs and vCPUs)
       "vmPriority": "dedicated",            "dedicated" | "lowpriority"
@@ -29,8 +30,12 @@ Flat form (only `targetNodeCount` is required on the local engine)::
       "slurm": {"partition": "gpu", "account": "proj42", "timeLimit": "HH:MM:SS",
                 "gpusPerNode": 4, "cpusPerTask": 8, "setup": ["module load cuda", "..."],
                 "extraDirectives": ["--exclusive"], "socketInterface": "ib0"},
+      "dask": {"scheduler": "tcp://host:8786", "threadsPerWorker": 1, "connectTimeout": "30s"},
       "network": {"bandwidth": "1gbit", "latency": "2ms"}
     }
+
+`dask` (engine "dask"): see `cluster.daskspec`; without `scheduler` a launch starts a
+LocalCluster of targetNodeCount x processesPerNode workers on this machine.
 
 `network` (local engine, root): each simulated node runs in its own network namespace behind a
 link of that rate (tc units: "100mbit", "1gbit"); `latency` is a one-way delay, which needs the
@@ -85,6 +90,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cluster.daskspec import dask_spec
+from cluster.engines import engine_info
 from cluster.errors import ClusterSpecError
 from cluster.machine import local_cpu_count, local_gpu_count
 from cluster.redact import Redactor, collect_secret_values
@@ -281,12 +288,18 @@ def _resolve(
             "letter and not ending with a hyphen (it names the compute cluster and the job)"
         )
     engine = common.engine
-    canonical, gpus, vcpus = _vm(vm_size, engine)
+    dask = dask_spec(common.dask) if engine == "dask" or common.dask is not None else None
+    canonical, gpus, vcpus = _vm(vm_size, engine, here=dask is None or dask.embedded)
     gpu_source = canonical
     if engine == "slurm" and elastic is not None:
         raise ClusterSpecError(
             'engine "slurm" has no elastic restarts: drop "elastic" (or autoScale) and resubmit '
             "a failed job with --resume to continue from its checkpoint"
+        )
+    if engine == "dask" and elastic is not None:
+        raise ClusterSpecError(
+            'engine "dask" has no elastic restarts: drop "elastic" (tile and predict tasks are '
+            "retried on their own; resume a failed training with --resume)"
         )
     slurm = None
     if engine == "slurm" or common.slurm is not None:
@@ -324,6 +337,8 @@ def _resolve(
             )
         elif engine != "local":
             notes = (*notes, f"network is emulated by the local engine only: {engine} ignores it")
+    if dask is not None and engine != "dask":
+        notes = (*notes, f'the "dask" section is for engine "dask": {engine} ignores it')
     data = DataSpec(common.data.url, common.data.mode, common.data.account_name)
     if data.url is not None and not data.url.strip():
         raise ClusterSpecError('data.url is empty: give the chip store URL or drop "url"')
@@ -343,18 +358,21 @@ def _resolve(
         azureml=azureml,
         kubernetes=kubernetes,
         slurm=slurm,
+        dask=dask,
         network=network,
         notes=notes,
         secret_values=secrets,
     )
 
 
-def _vm(vm_size: str, engine: str) -> tuple[str, int | None, int | None]:
-    """(canonical name, GPUs per node, vCPUs per node) of a VM size; None where unknown."""
+def _vm(vm_size: str, engine: str, *, here: bool = True) -> tuple[str, int | None, int | None]:
+    """(canonical name, GPUs per node, vCPUs per node) of a VM size; None where unknown.
+    `here`: the nodes are this machine (not a Dask scheduler's workers)."""
     if vm_size.lower() == LOCAL:
-        if engine == "slurm":  # no size given: the partition's nodes, GPUs only if asked for
+        # no size given: the partition's (or the scheduler's) nodes, GPUs only if asked for
+        if engine == "slurm" or not here:
             return LOCAL, 0, None
-        if engine != "local":
+        if not engine_info(engine).local_vm:
             raise ClusterSpecError(
                 f'vmSize "local" names this machine; engine "{engine}" needs an Azure VM size '
                 'such as "Standard_NC6s_v3" (GPU) or "Standard_D4s_v3" (CPU)'

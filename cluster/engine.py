@@ -1,9 +1,9 @@
 """The interface every engine implements, and what it is asked to run.
 
 An engine turns (`ClusterSpec`, `Job`) into a `Plan` — everything it would do, shown redacted
-and as files — and launches a plan. The engines (`cluster.local`, `cluster.azureml`,
-`cluster.kubernetes`, `cluster.slurm`) are imported only when used, so the Azure SDK is needed
-only for `azureml`.
+and as files — and launches a plan. The engines (`cluster.engines` lists them: local, azureml,
+kubernetes, slurm, dask) are imported only when used, so the Azure SDK is needed only for
+`azureml`, Dask only for `dask`.
 
 A job is `python -m ENTRY_MODULE ARGV...` on every worker; the engines know nothing of what the
 module does or what its arguments mean. What it reads and writes are named `inputs` and
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from cluster._atomic import write_texts_atomic
+from cluster.engines import engine_info
 from cluster.errors import ClusterError
 from cluster.machine import local_cpu_count
 from cluster.redact import Redactor, collect_secret_values
@@ -100,8 +101,11 @@ def threads_per_worker(spec: ClusterSpec) -> int | None:
     """CPU threads for each worker: a fair share of the cores each worker really has. On the
     local engine K = max(1, cores // workers), the cores being shared by every simulated node;
     elsewhere K = max(1, vCPUs per node // processes per node) when the VM size is known, or
-    on slurm the CPUs asked for each task (`slurm.cpusPerTask`)."""
-    if spec.engine == "local":
+    on slurm the CPUs asked for each task (`slurm.cpusPerTask`); on dask `dask.threadsPerWorker`,
+    else the local share on the LocalCluster a launch starts."""
+    if spec.dask is not None and spec.dask.threads_per_worker is not None:
+        return spec.dask.threads_per_worker
+    if spec.engine == "local" or (spec.dask is not None and spec.dask.embedded):
         return max(1, local_cpu_count() // spec.workers)
     if spec.engine == "slurm" and spec.slurm is not None and spec.slurm.cpus_per_task:
         return spec.slurm.cpus_per_task
@@ -167,20 +171,9 @@ class Engine(Protocol):
     def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult: ...
 
 
-_ENGINE_CLASSES: dict[str, str] = {
-    "local": "cluster.local:LocalEngine",
-    "azureml": "cluster.azureml:AzureMLEngine",
-    "kubernetes": "cluster.kubernetes:KubernetesEngine",
-    "slurm": "cluster.slurm:SlurmEngine",
-}
-
-
 def get_engine(name: str) -> Engine:
-    """The engine called `name` (imported on first use)."""
-    target = _ENGINE_CLASSES.get(name)
-    if target is None:
-        raise ClusterError(f"unknown engine {name!r}; use one of {', '.join(_ENGINE_CLASSES)}")
-    module_name, attr = target.split(":")
+    """The engine called `name` (imported on first use; `cluster.engines` lists them)."""
+    module_name, attr = engine_info(name).target.split(":")
     engine: Engine = getattr(importlib.import_module(module_name), attr)()
     return engine
 

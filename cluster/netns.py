@@ -12,8 +12,8 @@ namespace the node's interface has the same name, `NODE_INTERFACE`, which gloo a
 told (`node_env`): left to themselves they pick the hostname's address, 127.0.0.1, and hang.
 
 Name lookups from a node fail at once: c10d and gloo look up the name of each peer's address,
-and a namespace reaches no nameserver when the host does not forward, so each lookup waited
-~10 s for the resolver to time out (30 s of a 2-node job's start). Each namespace gets an
+and a namespace reaches no nameserver when the host does not forward, so each lookup would
+wait for the resolver to time out (about 10 s). Each namespace gets an
 `unreachable` route to the host's IPv4 nameservers (`unreachable_routes`), only where the host
 does not forward: there a packet from a node never left the host anyway.
 

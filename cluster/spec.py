@@ -17,6 +17,7 @@ from cluster.redact import Redactor
 from cluster.vmsizes import LOCAL
 
 if TYPE_CHECKING:  # the JSON schema's names (pydantic): not imported to run a spec
+    from cluster.daskspec import DaskSpec
     from cluster.specfile import DataMode, EngineName, KubernetesApi
 
 Priority = Literal["dedicated", "lowpriority"]
@@ -120,6 +121,7 @@ class ClusterSpec:
     azureml: AzureMLSpec | None = None
     kubernetes: KubernetesSpec | None = None
     slurm: SlurmSpec | None = None  # always set on the slurm engine
+    dask: DaskSpec | None = None  # always set on the dask engine
     # each node in its own network namespace behind a link of this shape (`cluster.netns`)
     network: LinkShape | None = None
     # what the file said that no engine acts on, shown in plans

@@ -23,10 +23,11 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from cluster.daskspec import DaskSection
 from cluster.errors import ClusterSpecError
 from cluster.vmsizes import LOCAL
 
-EngineName = Literal["local", "azureml", "kubernetes", "slurm"]
+EngineName = Literal["local", "azureml", "kubernetes", "slurm", "dask"]
 DataMode = Literal["mount", "direct"]
 KubernetesApi = Literal["trainjob", "pytorchjob"]
 DEFAULT_ELASTIC_RESTARTS = 3
@@ -162,6 +163,7 @@ class CommonSection(_Model):
     azureml: AzureMLSection | None = None
     kubernetes: KubernetesSection | None = None
     slurm: SlurmSection | None = None
+    dask: DaskSection | None = None
     network: NetworkSection | None = None
 
 
@@ -237,6 +239,7 @@ _KNOWN_KEYS = sorted(
         *(f.alias or n for n, f in KubernetesSection.model_fields.items()),
         *(f.alias or n for n, f in SlurmSection.model_fields.items()),
         *(f.alias or n for n, f in NetworkSection.model_fields.items()),
+        *(f.alias or n for n, f in DaskSection.model_fields.items()),
         "manual",
         "autoScale",
     }

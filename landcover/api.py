@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from shapely.geometry.base import BaseGeometry
 
     from landcover.prediction.runner import PredictResult
+    from landcover.prediction.tiled import TiledResult
     from landcover.training.trainer import TrainResult
     from tiling.tile import TileResult
 
@@ -37,12 +38,16 @@ Sources = PathLike | Iterable[PathLike]
 Bbox = tuple[float, float, float, float]
 
 
-def tile(images: Sources, out: PathLike, *, labels: Sources = (), **options: Any) -> TileResult:
+def tile(
+    images: Sources, out: PathLike, *, labels: Sources = (), cluster: Any = None, **options: Any
+) -> TileResult:
     """Cut `images` (paths, globs or URLs) and their `labels` into a chip store at `out`.
 
     `options` are `tiling.plan.TileConfig` fields: `chip_size=256`, `stride`, `shard_size`,
     `min_valid`, `class_map`, `val_fraction`, `workers`, `storage_options`, `overwrite`, ...
     Rerunning the same call resumes an interrupted store, as `landcover tile` does.
+    `cluster`: a cluster.json path (engine "dask") or a `distributed.Client`; each source is
+    then cut by a task on that Dask cluster, and the store is the one this process writes.
     """
     from tiling.plan import TileConfig
     from tiling.tile import tile as write_store
@@ -50,22 +55,31 @@ def tile(images: Sources, out: PathLike, *, labels: Sources = (), **options: Any
     config = _config(
         TileConfig, images=_strings(images), out=os.fspath(out), labels=_strings(labels), **options
     )
+    if cluster is not None:
+        from landcover.oncluster import tile_on_cluster
+
+        return tile_on_cluster(config, cluster)
     return write_store(config)
 
 
-def train(store: PathLike, out: PathLike, **options: Any) -> TrainResult:
+def train(store: PathLike, out: PathLike, *, cluster: Any = None, **options: Any) -> TrainResult:
     """Train a model on chip store `store` into run directory `out` (in this process).
 
     `options` are `landcover.training.config.TrainConfig` fields: `model="small_unet"`,
     `epochs=10`, `batch_size=16`, `lr`, `compression`, `block_momentum`, `resume`,
     `overwrite`, ... The run directory holds `model.pt`, `metrics.jsonl` and `run.json`, as
     after `landcover train`; for several workers use `landcover train --nproc N` or
-    `landcover cluster launch`.
+    `landcover cluster launch`, or `cluster`: a cluster.json path or a `distributed.Client`
+    (one DDP rank per Dask worker), the result then read back from the run dir.
     """
     from landcover.training.config import TrainConfig
     from landcover.training.worker import train as run_training
 
     config = _config(TrainConfig, store_url=os.fspath(store), out_dir=os.fspath(out), **options)
+    if cluster is not None:
+        from landcover.oncluster import train_on_cluster
+
+        return train_on_cluster(config, cluster)
     return run_training(config)
 
 
@@ -77,17 +91,25 @@ def predict(
     region: PathLike | Mapping[str, Any] | BaseGeometry | None = None,
     bbox: Bbox | None = None,
     region_crs: str | None = None,
+    cluster: Any = None,
+    tile_px: int | None = None,
     **options: Any,
-) -> PredictResult:
-    """Predict a land-cover COG at `out` from the model file `model` and `images`.
+) -> PredictResult | TiledResult:
+    """Predict a land-cover COG at `out` from the model file `model` and `images`; with
+    `tile_px`, a tiled map product in the directory `out` (one COG per tile of that edge, a
+    STAC collection and a VRT mosaic; `landcover.prediction.tiled`).
 
     The region is a GeoJSON or WKT file, a parsed GeoJSON mapping, a shapely geometry, or a
     `bbox` (W, S, E, N); coordinates in `region_crs` (default EPSG:4326). Without either, the
     union of the images. `options` are `landcover.prediction.runner.PredictConfig` fields:
     `resolution`, `overlap_px`, `batch_size`, `device`, `probabilities`, `block_px`,
     `overwrite`, `storage_options`, `max_pixels`, ...
+    `cluster`: a cluster.json path (engine "dask") or a `distributed.Client`; each worker
+    then predicts its share of the block rows as one rank, and the COG is the same; a tiled
+    product's tiles are tasks of their own.
     """
     from landcover.prediction.runner import PredictConfig, predict_region
+    from landcover.prediction.tiled import TiledSetup, check_tile_size, predict_product
 
     config = _config(
         PredictConfig,
@@ -97,6 +119,17 @@ def predict(
         region=_region(region, bbox, region_crs),
         **options,
     )
+    if tile_px is not None:
+        setup = TiledSetup(config, check_tile_size(tile_px, config.out, config.max_pixels))
+        if cluster is None:
+            return predict_product(setup)
+        from landcover.oncluster import predict_tiles_on_cluster
+
+        return predict_tiles_on_cluster(setup, cluster)
+    if cluster is not None:
+        from landcover.oncluster import predict_on_cluster
+
+        return predict_on_cluster(config, cluster)
     return predict_region(config)
 
 

@@ -9,6 +9,8 @@ SLURM_JOB_NUM_NODES), read when RANK and WORLD_SIZE are both absent; MASTER_ADDR
 then come from the sbatch script (`cluster.slurmplan` sets them). No torch here: the
 environment is checked before anything heavy is imported.
 
+The dask engine adds the worker a rank runs in (LANDCOVER_WORKER_ADDRESS, for run.json).
+
 Every stage reads it here: the training worker, and `landcover tile|predict --rank-from-env`
 (the ranks of a distributed tile or predict job).
 
@@ -29,6 +31,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from cluster.daskrank import WORKER_ADDRESS_ENV
 from landcover.errors import LaunchEnvError
 
 
@@ -47,6 +50,8 @@ class DistEnv:
     # GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME as the launcher set them (None: not set)
     gloo_socket_ifname: str | None = None
     nccl_socket_ifname: str | None = None
+    # the Dask worker this rank runs in (the dask engine sets it), if any
+    worker_address: str | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -132,6 +137,7 @@ def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         node_name=env.get("SLURMD_NODENAME", "").strip() or None,
         gloo_socket_ifname=env.get(SOCKET_IFNAME_VARIABLES["gloo"], "").strip() or None,
         nccl_socket_ifname=env.get(SOCKET_IFNAME_VARIABLES["nccl"], "").strip() or None,
+        worker_address=env.get(WORKER_ADDRESS_ENV, "").strip() or None,
     )
 
 

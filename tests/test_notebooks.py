@@ -18,7 +18,12 @@ from tests.conftest import REPO_ROOT
 from tiling.store import FORMAT_VERSION
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-NOTEBOOKS = ("01_tile_naip.ipynb", "02_train_and_scale.ipynb", "03_predict_region.ipynb")
+NOTEBOOKS = (
+    "01_tile_naip.ipynb",
+    "02_train_and_scale.ipynb",
+    "03_predict_region.ipynb",
+    "04_dask.ipynb",
+)
 KERNEL = "python3"
 CELL_TIMEOUT_S = 300
 # Cells that must draw a figure: an inline backend that stopped rendering would fail here.
@@ -145,3 +150,14 @@ def test_predict_notebook_runs_alone_from_the_repo_root(work: Path) -> None:
     assert "no finished notebook 2 here" in stdout(notebook, "model")
     assert (work / "03-own" / "run" / "model.pt").is_file()
     assert (work / "evaluation" / "metrics.json").is_file()
+
+
+@pytest.mark.slow  # a LocalCluster of 2 workers: tile, train one epoch, predict
+def test_dask_notebook_runs_every_stage_on_the_cluster(work: Path) -> None:
+    notebook = execute("04_dask.ipynb", cwd=NOTEBOOK_DIR)
+
+    assert "same bytes as one process: True" in stdout(notebook, "tile")
+    assert "1 epoch(s), world size 2" in stdout(notebook, "train")
+    assert stdout(notebook, "train").count("ran in Dask worker tcp://") == 2
+    assert "same pixels as one process: True" in stdout(notebook, "predict")
+    assert (work / "04-dask" / "run" / "model.pt").is_file()

@@ -11,9 +11,10 @@ given, windows row-major), while zarr compresses shards on its own thread pool. 
 is therefore byte-for-byte the same for any K. Threads rather than processes: nothing has
 to be pickled, and adlfs/zarr event loops do not survive a fork.
 
-Ranks (`world_size` > 1, one process each, possibly on many machines): every rank plans the
-same run, cuts the sources `tiling.commit.assign_sources` gives it and stages each as a part
-beside the store (`tiling.ranks`, `tiling.parts`); rank 0 alone writes the store, appending
+Ranks (`world_size` > 1, one process each, possibly on many machines): rank 0 plans the run
+and publishes the plan beside the store (`tiling.planfile`), the others load it; each rank
+cuts the sources `tiling.commit.assign_sources` gives it and stages each as a part beside
+the store (`tiling.ranks`, `tiling.parts`); rank 0 alone writes the store, appending
 the parts in input order (`tiling.commit`). docs/CONTRACTS.md, "Distributed tiling", has
 the protocol. A one-process run reuses the parts an interrupted distributed run staged.
 """
@@ -45,6 +46,7 @@ from tiling.commit import (
 from tiling.errors import SourceFormatError, StoreError
 from tiling.fingerprint import Fingerprint, fingerprints
 from tiling.grid import ReadWindow
+from tiling.parts import build_part, part_key
 from tiling.plan import (
     MAX_WINDOW_WIDTH_PX,
     MIN_WINDOW_HEIGHT_PX,
@@ -54,6 +56,7 @@ from tiling.plan import (
     available_cores,
     plan_tiling,
 )
+from tiling.planfile import plan_for_rank, publish_plan
 from tiling.ranks import commit_ranks, stage_rank
 from tiling.reader import RasterReader
 from tiling.resume import check_done_sources, open_writer
@@ -64,6 +67,7 @@ from tiling.store import (
     SPLIT_TRAIN,
     StoreSummary,
 )
+from tiling.units import UnitRunner
 from tiling.writer import ChipStoreWriter
 
 __all__ = [
@@ -75,6 +79,7 @@ __all__ = [
     "TileResult",
     "available_cores",
     "plan_tiling",
+    "stage_source",
     "tile",
 ]
 
@@ -129,19 +134,24 @@ def tile(
     progress: Callable[[int], None] | None = None,
     rank: int = 0,
     world_size: int = 1,
+    run_units: UnitRunner | None = None,
 ) -> TileResult:
     """Write (or resume) the chip store described by `config`.
 
     `progress(n)` is called with numbers of candidate chips done: after each read window in a
     one-process run and on ranks > 0; on rank 0 of several, after each committed source.
     With `world_size` > 1 every rank calls this with the same config; rank 0 returns once the
-    store is complete, the others once their parts are staged (no summary).
+    store is complete, the others once their parts are staged (no summary). `run_units` (one
+    process): each source not yet in the store is first cut and staged as a unit of work
+    there (`tiling.units`: tasks on a Dask cluster), then appended here from its part.
     """
     start = time.perf_counter()
     check_rank(rank, world_size)
-    plan = plan or plan_tiling(config)
+    plan = plan or plan_for_rank(config, rank=rank, world_size=world_size)
     workers = config.effective_workers
     staging = PartStaging(config.out, config.storage_options)
+    if rank == 0 and world_size > 1:
+        publish_plan(plan, staging)  # the other ranks load it instead of planning the run
     owners = source_owners(plan, world_size)
     mine = [s for s in plan.sources if owners[s.id] == rank]
     labels = plan.params.labels if rank == 0 else [lab.path for s in mine for lab in s.labels]
@@ -176,6 +186,10 @@ def tile(
             chips_before = writer.num_chips
             stats, staged, used_staging = CommitStats(), 0, True
             if world_size == 1:
+                if run_units is not None and todo:
+                    run_units(
+                        stage_source, [s.id for s in todo], shared=(config, plan), what="sources"
+                    )
                 names = staging.names()  # one listing: parts an interrupted run of ranks left
                 used_staging = bool(names)
                 reuse = reusable_parts(names, plan, todo, prints)
@@ -366,3 +380,28 @@ def _cut_window(
         val=len(rows) - train,
         candidates=len(window.chips),
     )
+
+
+def stage_source(config: TileConfig, plan: TilePlan, source_id: int) -> int:
+    """Cut source `source_id` of `plan` and stage its part (kept when already staged whole
+    under the same key); the part's chips."""
+    source = plan.sources[source_id]
+    paths = [source.image.path, *(label.path for label in source.labels)]
+    workers = config.effective_workers
+    prints = dict(
+        zip(paths, fingerprints(paths, config.storage_options, workers=workers), strict=True)
+    )
+    key = part_key(plan.params, source, prints)
+    staging = PartStaging(config.out, config.storage_options)
+    staged = staging.get(source.id, key)
+    if staged is not None and staged.interior is None:
+        return staged.num_chips
+    reader = RasterReader(storage_options=config.storage_options)
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tile") as pool:
+            windows = _cut_windows(pool, reader, plan, [source], workers)
+            part = build_part(source.id, key, plan.num_classes, windows)
+    finally:
+        reader.close()
+    staging.put(part)
+    return part.num_chips

@@ -10,11 +10,14 @@ options going to the workers' environment. On the local engine the parent also c
 and the run dir once (`landcover.training.preflight`) before starting any worker.
 
 `-- tile ARGS` and `-- predict ARGS` run those commands instead, one rank per worker
-(`landcover.cli.stagejob`), after their own parser has checked the arguments.
+(`landcover.cli.stagejob`), after their own parser has checked the arguments. On an engine
+that runs tasks (dask), `-- tile ARGS` runs here instead, each source a task on the cluster
+(`landcover.cli.stagetasks`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,10 +32,12 @@ from cluster.engine import (
     plan_job,
     write_plan_files,
 )
+from cluster.engines import engine_info
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
 from landcover.atomic import check_can_create_in
 from landcover.cli.stagejob import STAGES, StageError, logging_args_of, stage_job
+from landcover.cli.stagetasks import describe_stage_tasks, run_stage_as_tasks, runs_as_tasks
 from landcover.errors import TrainingError
 from landcover.options import cluster_json_option, out_dir_option, overwrite_option
 from landcover.scaling.sweep import (
@@ -174,6 +179,9 @@ def plan_command(
         check_can_create_in(out_dir, option="--out")
     spec = load_cluster_spec(cluster_json)
     staged = cluster_stage(click.get_current_context(), train_args)
+    if staged is not None and engine_info(spec.engine).runs_tasks and runs_as_tasks(train_args):
+        click.echo(describe_stage_tasks(spec, train_args))
+        return
     job = staged[0] if staged else cluster_training(train_args, spec, entry_module)[0]
     plan = plan_job(spec, job)
     click.echo(plan.describe())
@@ -213,6 +221,9 @@ def launch_command(
     the workers' output)."""
     spec = load_cluster_spec(cluster_json)
     staged = cluster_stage(ctx, train_args)
+    if staged is not None and engine_info(spec.engine).runs_tasks and runs_as_tasks(train_args):
+        _run_tasks_and_report(ctx, spec, train_args)
+        return
     if staged is not None:
         job, out = staged
         _launch_and_report(
@@ -220,7 +231,7 @@ def launch_command(
         )
         return
     job, config = cluster_training(train_args, spec, entry_module)
-    if entry_module == WORKER_MODULE and spec.engine == "local":
+    if entry_module == WORKER_MODULE and engine_info(spec.engine).runs_here:
         from landcover.training.preflight import check_local_training  # imports torch
 
         check_local_training(config, world_sizes=(spec.workers,))
@@ -233,6 +244,16 @@ def launch_command(
         before=lambda: overwrite_once(spec, config),
         result_text=lambda r: f"run dir {r.run_dir or config.out_dir}",
     )
+
+
+def _run_tasks_and_report(ctx: click.Context, spec: ClusterSpec, stage_args: Sequence[str]) -> None:
+    """Show the plan (unless -q), then run the stage here with its units as tasks; the
+    stage prints its own summary, then one line: done, and where."""
+    started = time.monotonic()
+    if not _quiet(ctx):
+        click.echo(describe_stage_tasks(spec, stage_args), err=True)
+    run_stage_as_tasks(ctx, spec, stage_args)
+    click.echo(f"done: {spec.engine} tasks in {time.monotonic() - started:.1f} s")
 
 
 def _launch_and_report(

@@ -25,6 +25,7 @@ from landcover.cli.stagejob import (
     report,
     stage_options,
 )
+from landcover.cli.stagetasks import unit_runner
 from landcover.distenv import DistEnv, pooled_share
 from landcover.options import (
     LocalOutputPath,
@@ -190,10 +191,11 @@ def tile_command(
     --overwrite.
     """
     stac_inputs.check(images)
-    if nproc > 1 and not dry_run:  # the ranks plan (rank 0 warns), fail alike, or do the work
+    if nproc > 1 and not dry_run:  # rank 0 plans (and warns), the others load its plan
         launch_local_ranks(ctx, "tile", nproc)  # rank 0's summary line is printed once
         return
-    from tiling.tile import TileConfig, available_cores, plan_tiling, tile
+    from tiling.planfile import plan_for_rank
+    from tiling.tile import TileConfig, available_cores, tile
 
     dist = enter_rank(ctx) if rank_from_env else DistEnv()
     pooled = dist.is_distributed and workers is None  # the ranks on a node share its cores
@@ -218,7 +220,7 @@ def tile_command(
             overwrite=overwrite,
             zero_is_nodata=zero_nodata,
         )
-        plan = plan_tiling(config)
+        plan = plan_for_rank(config, rank=dist.rank, world_size=dist.world_size)
     if pooled:  # ranks without sources leave their cores to those with some
         config = replace(config, workers=_pooled_workers(plan, dist, config.effective_workers))
     if dry_run:
@@ -229,7 +231,12 @@ def tile_command(
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
     with _progress_bar(plan.max_chips, enabled=not quiet and dist.is_main) as progress:
         result = tile(
-            config, plan=plan, progress=progress, rank=dist.rank, world_size=dist.world_size
+            config,
+            plan=plan,
+            progress=progress,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            run_units=unit_runner(ctx),  # sources as tasks on a Dask cluster
         )
     if not dist.is_main:
         return  # rank 0 speaks for the job

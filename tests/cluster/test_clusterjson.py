@@ -134,7 +134,7 @@ BAD_SPECS: list[tuple[Any, str]] = [
     ({"targetNodeCount": True}, "targetNodeCount must be a whole number, got True"),
     (
         {"targetNodeCount": 2, "engine": "pbs"},
-        "engine must be 'local', 'azureml', 'kubernetes' or 'slurm', got 'pbs'",
+        "engine must be 'local', 'azureml', 'kubernetes', 'slurm' or 'dask', got 'pbs'",
     ),
     (
         {"targetNodeCount": 2, "engine": "slurm", "slurm": {"timeLimit": "2h"}},

@@ -165,7 +165,7 @@ def test_nameservers_a_node_cannot_reach_are_those_of_a_host_that_does_not_forwa
 @pytest.mark.usefixtures("require_emulated_nodes")
 def test_every_node_fails_a_lookup_of_the_hosts_nameservers_at_once() -> None:
     """Without these routes, each name lookup from a node (c10d and gloo make several) waits
-    ~10 s for the resolver to time out: 30 s of a 2-node job's start on this machine."""
+    for the resolver to time out."""
     layout = plan_network(2)
     with NodeNetwork(layout):
         for ns in layout.namespaces:

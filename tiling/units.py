@@ -1,0 +1,31 @@
+"""Tile's unit of work for a task scheduler: one source, cut into a part staged beside the
+store (`tiling.staging`), the same part a rank of a distributed run stages.
+
+`tile(config, run_units=...)` hands every source not yet in the store to `run_units` (a Dask
+cluster's `cluster.daskclient.TaskRunner`, or anything with its call signature), which runs
+`tiling.tile.stage_source` once per source, anywhere, as often as it must: a part is a pure
+function of the plan and the source, and is published whole. The caller then writes the store as a
+one-process run does, appending each staged part in input order, so the store is
+byte-identical to one process's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+R = TypeVar("R")
+
+
+class UnitRunner(Protocol):
+    """Runs `fn(*shared, unit)` for every unit, anywhere, and returns the results in unit
+    order; `shared` values are sent once, not with every unit; `what` names the units."""
+
+    def __call__(
+        self,
+        fn: Callable[..., R],
+        units: Sequence[Any],
+        *,
+        shared: Sequence[Any] = (),
+        what: str = "units",
+    ) -> list[R]: ...
