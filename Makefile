@@ -10,11 +10,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCK   := requirements.lock
 LATEST_VENV := .venv-latest
+# two test processes (pytest-xdist), one test file each at a time so a file's module fixtures
+# are built once; PYTEST_WORKERS=0 runs the suite in this process
+PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?= -q
 AZURITE := .tools/node_modules/.bin/azurite
 DEMO_OUT ?= demo-output
 
-.PHONY: install demo test test-latest lint format bench clean cluster-up cluster-down
+.PHONY: install demo test test-latest lint format bench bench-peers clean cluster-up cluster-down docs
 
 install: $(STAMP)
 
@@ -32,7 +35,7 @@ demo: $(STAMP)
 	$(VENV)/bin/landcover demo --out $(DEMO_OUT)
 
 test: $(STAMP) $(AZURITE)
-	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest $(PYTEST_ARGS)
+	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The newest versions pyproject allows (as far as this machine's own pip settings let them),
 # in a venv of their own; the lock moves to them only if the whole suite passes.
@@ -41,7 +44,7 @@ test-latest: $(AZURITE)
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
-	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(LATEST_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(LATEST_VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	{ sed -n '/^#/p' $(LOCK); $(LATEST_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	@echo "requirements.lock now pins the versions above; run make test to install them in $(VENV)"
@@ -63,11 +66,28 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format tiling landcover cluster tests benchmarks notebooks
 	$(VENV)/bin/ruff check --fix tiling landcover cluster tests benchmarks notebooks
 
+# the documentation site (mkdocs.yml; the CLI reference and the benchmark tables are generated
+# by docs/hooks/generate.py), strictly: a broken link or a missing results file fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_tile.py
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_comm.py
 	$(PY) benchmarks/bench_predict.py
 
+# TorchGeo, geoai and Raster Vision side by side with ours (benchmarks/bench_peers.py), in a venv
+# of their own. Only torch and torchvision are held to the lock: Raster Vision's boto3 needs
+# python-dateutil < 3, which the lock's pin rules out.
+PEERS_VENV := .venv-peers
+bench-peers:
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	grep -E '^(torch|torchvision)==' $(LOCK) > $(PEERS_VENV)/torch-constraints.txt
+	$(PEERS_VENV)/bin/python -m pip install --quiet \
+		--constraint $(PEERS_VENV)/torch-constraints.txt -e '.[peers]'
+	$(PEERS_VENV)/bin/python benchmarks/bench_peers.py --json benchmarks/results/peers.json
+
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) .tools $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LATEST_VENV) .tools $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache site

@@ -268,4 +268,7 @@ def _load() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from resultfile import recording_tables
+
+    with recording_tables("bench_comm.py"):
+        main()

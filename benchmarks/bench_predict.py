@@ -639,4 +639,7 @@ def _machine() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from resultfile import recording_tables
+
+    with recording_tables("bench_predict.py"):
+        main()

@@ -300,4 +300,7 @@ def _load() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from resultfile import recording_tables
+
+    with recording_tables("bench_scaling.py"):
+        main()

@@ -178,4 +178,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from resultfile import recording_tables
+
+    with recording_tables("bench_store_records.py"):
+        sys.exit(main())

@@ -341,4 +341,7 @@ def print_table(rows: list[Row]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from resultfile import recording_tables
+
+    with recording_tables("bench_tile.py"):
+        sys.exit(main())

@@ -322,4 +322,7 @@ def report(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from resultfile import recording_tables
+
+    with recording_tables("bench_tile_ranks.py"):
+        sys.exit(main())

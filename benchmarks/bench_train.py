@@ -516,4 +516,7 @@ def _sync(device: torch.device) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from resultfile import recording_tables
+
+    with recording_tables("bench_train.py"):
+        main()

@@ -208,4 +208,7 @@ def _machine() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from resultfile import recording_tables
+
+    with recording_tables("bench_tta.py"):
+        main()

@@ -8,12 +8,9 @@ what it waits for at most that late. A rank waiting for the chip counts before i
 looks every LOCAL_COUNT_MAX_S: all ranks of a job may wait at once, and on NFS 256 of them
 make a few thousand lookups a second at that rate. On blob storage a poll is a billed
 request, so the delay grows from `first_s` by `growth` up to `max_s`: a long wait may end
-late, but only after a long wait.
-
-Measured with benchmarks/bench_tile_ranks.py (2 ranks, local disk): with the blob schedule
-on local disk too (0.05 s doubling to 1 s), rank 0 found the other rank's last part 0.26 to
-0.6 s after it was staged, 4 to 8 % of the whole run, with nothing else left to do; the
-other rank found the count it waited for (0.02 s doubling to 0.5 s) up to 0.3 s late.
+late, but only after a long wait. The blob schedule on a local path would find the last
+part of a run up to a second late, when nothing else is left to do
+(`benchmarks/bench_tile_ranks.py` times the wait).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Encoding chips and shard objects exactly as zarr's sharding codec does, off zarr's loop.
 
 Why not `array[a:b] = chips`: zarr compresses every inner chunk through its asyncio
-pipeline on one writer thread, which measured about twice the cost of the compression
-itself. Here each worker thread compresses the chips it cut (zstd releases the GIL), and
-the single writer only concatenates finished chunks into shard objects and PUTs them.
+pipeline on one writer thread, which costs more than the compression itself
+(`benchmarks/bench_tile.py`). Here each worker thread compresses the chips it cut (zstd
+releases the GIL), and the single writer only concatenates finished chunks into shard objects
+and PUTs them.
 
 The bytes are the ones zarr 3 writes for our arrays (tests compare them object for
 object): inner chunks zstd-compressed (`ZstdCodec(level)`) followed by the crc32c of the

@@ -1,9 +1,9 @@
 """The per-source records of a chip store (format version 3 on): the `sources` array.
 
 The `landcover_chips` group attribute is a store's commit point, rewritten once per source.
-Up to format version 2 it also held one record per source (~3 KB with its WKT and
-fingerprints), so at a state's 4,000 sources it grew to ~12 MB and its 8,000 rewrites cost
-the one writer most of an hour (`benchmarks/bench_store_records.py`). From version 3:
+In format version 2 it also holds one record per source (~3 KB with its WKT and
+fingerprints), so it grows with the sources (~12 MB at a state's 4,000) and each rewrite
+costs more than the last (`benchmarks/bench_store_records.py`). From version 3:
 
 - the `sources` array (1-D, variable-length UTF-8, one chunk per element, zstd + crc32c)
   holds one JSON record per done source, in input order. Record k is written once, before
@@ -16,8 +16,7 @@ the one writer most of an hour (`benchmarks/bench_store_records.py`). From versi
   the store; the group attribute keeps its SHA-256) and `label_fingerprints`.
 
 The array grows by doubling while a run writes and is cut to the number of sources when the
-store completes. Readers fetch the N records in one call, 64 at a time: 2 s for 4,000 on a
-local disk (`benchmarks/bench_store_records.py`), against 0.2 s for format 2's one attribute.
+store completes. Readers fetch the N records in one call, 64 at a time.
 """
 
 from __future__ import annotations

@@ -62,6 +62,8 @@ COMMANDS: dict[str, str] = {
     "export": "landcover.cli.export:export_command",
     "demo": "landcover.cli.demo:demo_command",
     "tune": "landcover.cli.tune:tune_command",
+    "models": "landcover.cli.models:models_command",
+    "view": "landcover.cli.view:view_command",
 }
 
 SHORT_HELP: dict[str, str] = {
@@ -77,6 +79,8 @@ SHORT_HELP: dict[str, str] = {
     "export": "Export a model to ONNX or TorchScript, metadata inside.",
     "demo": "Run the whole pipeline on generated data.",
     "tune": "Search training options with Optuna (trials are training runs).",
+    "models": "List the models --model takes, with parameter counts.",
+    "view": "Write a page showing land-cover maps over their imagery.",
 }
 
 

@@ -2,7 +2,9 @@
 
 `predict --nproc N` runs the command as N local ranks, and an engine runs it as a job's ranks
 (`landcover cluster launch cluster.json -- predict ...`, landcover.cli.stagejob): each rank
-predicts its block rows, rank 0 writes the COG and alone prints the summary.
+predicts its block rows, rank 0 writes the COG and alone prints the summary. With
+`--out DIR/ --tile-size PX` each rank writes its own tiles of a tiled map product
+(landcover.prediction.tiled).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +21,9 @@ import click
 from landcover.atomic import require_distinct
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
+from landcover.cli.stagetasks import unit_runner
 from landcover.distenv import DistEnv
-from landcover.errors import EvaluationError, RegionError
+from landcover.errors import EvaluationError, PredictionError, RegionError
 from landcover.options import output_url_callback, overwrite_option, storage_options_option
 from landcover.outputlock import exclusive_outputs
 from landcover.prediction.choices import (
@@ -32,6 +36,8 @@ from landcover.prediction.choices import (
 
 if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid
+    from landcover.prediction.runner import PredictConfig
+    from tiling.units import UnitRunner
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +50,8 @@ logger = logging.getLogger(__name__)
     "--out",
     required=True,
     callback=output_url_callback(remote=True),
-    help="Output land-cover COG: a local path or an az:// URL.",
+    help="Output land-cover COG: a local path or an az:// URL; a directory (DIR/, with the "
+    "slash) for a tiled map product with --tile-size.",
 )
 @click.option(
     "--region",
@@ -127,12 +134,29 @@ logger = logging.getLogger(__name__)
     help="Output block edge in px; memory grows with its square, not with the region.",
 )
 @click.option(
+    "--tile-size",
+    "tile_px",
+    type=int,
+    default=None,
+    metavar="PX",
+    help="With --out DIR/ (a trailing slash or a directory): write a tiled map product, one "
+    "COG per PX x PX tile (named E{x}_N{y} by its upper-left map corner), a STAC "
+    "collection.json and mosaic.vrt; a rerun redoes only missing or changed tiles.",
+)
+@click.option(
     "--zero-nodata/--no-zero-nodata",
     "zero_is_nodata",
     default=True,
     show_default=True,
     help="In images that declare no nodata and have no mask, pixels 0 in all bands are "
     "nodata (the black collar of reprojected NAIP). --no-zero-nodata keeps them as data.",
+)
+@click.option(
+    "--quicklook/--no-quicklook",
+    default=True,
+    show_default=True,
+    help="Also write a small PNG of the map with a legend beside it: <out>.quicklook.png "
+    "(DIR/quicklook.png for a tiled product; local outputs only).",
 )
 @overwrite_option
 @storage_options_option
@@ -158,7 +182,9 @@ def predict_command(
     probabilities: str | None,
     stac_item: str | None,
     block_px: int,
+    tile_px: int | None,
     zero_is_nodata: bool,
+    quicklook: bool,
     overwrite: bool,
     storage_options: dict[str, Any],
     nproc: int,
@@ -185,6 +211,8 @@ def predict_command(
         )
     stac_inputs.check(images, area=True)
     check_distinct_outputs(ctx.params)
+    tiled = _check_tiled_output(out, tile_px, max_pixels, probabilities, stac_item)
+    quicklook = _check_quicklook(out, quicklook, tiled=tiled, overwrite=overwrite)
     if nproc > 1:  # the ranks check the rest (outputs first, before the model loads)
         # A run writing them now is refused before the ranks start (rank 0 takes the lock);
         # an output that cannot be written at all is left to the ranks' own check.
@@ -236,6 +264,12 @@ def predict_command(
         max_pixels=max_pixels,
         zero_is_nodata=zero_is_nodata,
     )
+    if tiled:
+        runner = unit_runner(click.get_current_context())  # tiles as tasks on a Dask cluster
+        _predict_tiled(config, tile_px, dist, summary_to, runner)
+        if quicklook and dist.is_main:  # the product's own picture: replaced on a rerun
+            _write_quicklook(out, overwrite=True)
+        return
     # SIGTERM: cli.main's handler lets cleanup run
     result = predict_region(
         config, rank=dist.rank, world_size=dist.world_size, local_ranks=dist.local_ranks
@@ -252,6 +286,85 @@ def predict_command(
         sources = [s for s in inputs.stac_items if s.href in used]
         write_stac_item(stac_item, result.out, sources=sources, overwrite=overwrite)
         report(summary_to, f"wrote {stac_item}")
+    if quicklook:
+        _write_quicklook(result.out, overwrite=overwrite)
+
+
+def _check_quicklook(out: str, quicklook: bool, *, tiled: bool, overwrite: bool) -> bool:
+    """Whether to write the map's quicklook: asked for and the output local. Refuses, before
+    any work, a file at the quicklook's path without --overwrite (a tiled product's own
+    quicklook is replaced: a rerun resumes the product)."""
+    from tiling.urls import is_local
+
+    if not quicklook or not is_local(out):
+        return False
+    if not tiled and not os.path.lexists(out):  # an existing map is refused by its own check
+        from landcover.view.quicklook import check_quicklook_target
+
+        check_quicklook_target(out, overwrite=overwrite)
+    return True
+
+
+def _write_quicklook(out: str, *, overwrite: bool) -> None:
+    from landcover.view.quicklook import write_quicklook
+
+    logger.info("wrote %s", write_quicklook(out, overwrite=overwrite))
+
+
+def _check_tiled_output(
+    out: str,
+    tile_px: int | None,
+    max_pixels: int,
+    probabilities: str | None,
+    stac_item: str | None,
+) -> bool:
+    """Whether `out` is a tiled product's directory; refuses --tile-size without one, and
+    the options a tiled product has no use for."""
+    from landcover.prediction.tiled import check_tile_size, is_tiled_output
+
+    if not is_tiled_output(out):
+        if tile_px is not None:
+            raise PredictionError(
+                f"--tile-size {tile_px} needs --out to be a directory for the tiles, e.g. "
+                f"--out {out.rsplit('.', 1)[0]}/ (with the trailing slash); drop --tile-size "
+                "for one COG"
+            )
+        return False
+    check_tile_size(tile_px, out, max_pixels)
+    for option, value, fix in (
+        ("--probabilities", probabilities, "a tiled product holds class tiles only"),
+        ("--stac-item", stac_item, "a tiled product writes its own collection.json"),
+    ):
+        if value is not None:
+            raise PredictionError(f"{option} {value}: {fix}; drop {option}")
+    return True
+
+
+def _predict_tiled(
+    config: PredictConfig,
+    tile_px: int | None,
+    dist: DistEnv,
+    summary_to: str | None,
+    runner: UnitRunner | None,
+) -> None:
+    """Predict a tiled product as this rank of the job, or with its tiles as tasks of
+    `runner`; rank 0 prints the summary."""
+    from landcover.prediction.tiled import TiledSetup, predict_product
+
+    assert tile_px is not None  # _check_tiled_output
+    result = predict_product(
+        TiledSetup(config, tile_px), rank=dist.rank, world_size=dist.world_size, run_units=runner
+    )
+    if not dist.is_main:
+        return
+    report(
+        summary_to,
+        f"wrote {result.out}: {result.tiles} tile(s) of {tile_px} px ({result.predicted} "
+        f"predicted, {result.tiles - result.predicted} kept) over {result.grid_width} x "
+        f"{result.grid_height} px at {result.resolution:g}, {result.valid_pixels:,} px "
+        f"predicted from {len(result.sources)} image(s) in {result.elapsed_s:.1f} s; "
+        "collection.json, mosaic.vrt",
+    )
 
 
 def check_distinct_outputs(params: Mapping[str, Any], *, images: Sequence[str] = ()) -> None:
@@ -298,6 +411,13 @@ def _summary_line(
     callback=output_url_callback(),
     help="Write metrics.json, metrics.md and confusion.png here (a local directory).",
 )
+@click.option(
+    "--panels/--no-panels",
+    default=True,
+    show_default=True,
+    help="With --out: also a panel per scene (imagery | truth | prediction | disagreement) "
+    "as panel-NN.png, the per-class table as classes.png, and report.html holding them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @overwrite_option
 @storage_options_option
@@ -306,6 +426,7 @@ def evaluate_command(
     truth: tuple[str, ...],
     class_map: str | None,
     out_dir: str | None,
+    panels: bool,
     as_json: bool,
     overwrite: bool,
     storage_options: dict[str, Any],
@@ -333,10 +454,15 @@ def evaluate_command(
         storage_options=storage_options,
     )
     if out_dir is not None:  # fail before the work, not after it
-        check_report_target(out_dir, overwrite=overwrite)
+        check_report_target(out_dir, overwrite=overwrite, pictures=panels)
     evaluation = evaluate_prediction(config)
     if out_dir is not None:
-        for path in write_report(evaluation, out_dir, overwrite=overwrite):
+        scenes = None
+        if panels:
+            from landcover.evaluation.panels import scene_panels
+
+            scenes = scene_panels(config, evaluation)
+        for path in write_report(evaluation, out_dir, overwrite=overwrite, panels=scenes):
             logger.info("wrote %s", path)
     if as_json:
         click.echo(json.dumps(evaluation.to_json(), indent=2))

@@ -36,11 +36,9 @@ at step T torch's AdamW would divide by 1 - β1^(T+k) ≈ 1 instead of 1 - β1^k
 local step after a block end would be 1 - β1^k of its nominal size (a tenth for the first one,
 36 % on average over a block of 8). So the trainer's AdamW under BMUF is `ResettableAdamW`,
 whose first moment keeps its own count, restarted with it; the second moment, a
-per-coordinate scale, is never reset. Measured (SGD, 2 workers, 12 epochs, best val mIoU minus
-plain DDP's; before blocks followed the epochs): unet_resnet18 on bench_comm's store, seeds
-0 / 1, kept -0.056 / -0.002, reset +0.006 / +0.029; small_unet on test_comm_training's store,
-seeds 0-3, kept +0.015 on average, reset +0.025 (mean of the last 3 epochs: +0.019 and
-+0.050). The trainer's `--keep-local-momentum` keeps it.
+per-coordinate scale, is never reset. How the reset compares with keeping the momentum is
+measured over seeds by `benchmarks/bench_comm.py --seeds N`; the trainer's
+`--keep-local-momentum` keeps it.
 
 `BlockMomentum.state_dict()` holds this rank's Δ, W_global, the BatchNorm statistics of the
 last block end and the position in the block; resuming mid-block also needs each rank's own

@@ -189,8 +189,8 @@ def argmax_classes(scores: torch.Tensor) -> torch.Tensor:
 
     The same result, ties (the first class) and NaN (the first NaN wins, as for torch's)
     included, but taken as a running maximum over the classes in whole-plane elementwise
-    steps: on CPU, torch's reduction over the outer dimension is about 4x slower, as slow as
-    a third of a small model's forward pass over the same pixels.
+    steps: on CPU, torch's reduction over the outer dimension is several times slower, a
+    noticeable share of a small model's forward pass over the same pixels.
     """
     best = scores[0].clone()
     best_nan = torch.isnan(best)

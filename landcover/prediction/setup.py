@@ -55,16 +55,16 @@ class FreedMemory:
 
     `reuse()` makes glibc serve allocations up to 1 GiB from the heap and keep what is freed
     there: the model's activations then reuse the same pages batch after batch. With glibc's
-    default (and the 1 MiB mmap threshold this project set before) every activation over the
-    threshold was a fresh mmap that the kernel zero-filled page by page in every batch:
-    measured, small_unet's forward pass took 2.5x as long, a third of its CPU time in the
-    kernel. Call `reuse()` before the model loads (set after it, RSS crept more).
+    default (or a 1 MiB mmap threshold) every activation over the threshold is a fresh mmap
+    that the kernel zero-fills page by page in every batch, which slows the forward pass
+    several times over (`benchmarks/bench_predict.py`). Call `reuse()` before the model
+    loads (set after it, RSS creeps more).
 
     `release()`, after each block that ran the model, notes the RSS after the first one (its
     pages for batches included) and from then on returns the free pages to the OS
     (malloc_trim) whenever RSS has grown by more than `slack` over it: the heap's
-    fragmentation cannot make RSS creep with the number of blocks (measured without it: +12%
-    at 16x the area), and the pages of a batch are not faulted in again after every block.
+    fragmentation cannot make RSS creep with the number of blocks, and the pages of a batch
+    are not faulted in again after every block.
     Process-wide; no-ops where there is no glibc.
     """
 
@@ -98,9 +98,9 @@ def block_cache_bytes(block_px: int, width: int, out_bands: int, *, in_bands: in
       a block row leaves unfinished (one row of them across the grid, `out_bands` bytes a
       pixel): one evicted would be compressed, read back and written again.
 
-    Anything more holds tiles no block reads again: a fixed 64 MiB cache held every source
-    tile of a small region, filled up on a larger one, and RSS rose with the region by up to
-    those 64 MiB (measured: rank 0's peak at 16x the area 1.12x, now flat within the noise).
+    Anything more holds tiles no block reads again: a fixed 64 MiB cache would hold every
+    source tile of a small region and fill up on a larger one, so RSS would rise with the
+    region by up to those 64 MiB.
     """
     window = block_px + 2 * SOURCE_TILE_PX
     need = in_bands * window * window

@@ -1,6 +1,6 @@
-"""The bytes `tile` writes, pinned: every object of three small stores against digests taken
-from the code before the one-worker speed-ups of issue 15, so that no faster path (reading,
-masks, statistics, encoding, shard assembly) can change a byte of a store.
+"""The bytes `tile` writes, pinned: every object of three small stores against pinned digests,
+so that no faster path (reading, masks, statistics, encoding, shard assembly) can change a
+byte of a store.
 
 Covered: labels read on the image grid from two tiles (first wins, a nodata stripe), labels
 warped from 30 m Albers, an image with a nodata corner, overlapping chips (stride < chip

@@ -224,7 +224,7 @@ def test_synth_writes_scenes_and_says_where(tmp_path: Path) -> None:
 
 
 def test_two_small_scenes_get_a_val_split(tmp_path: Path) -> None:
-    """Issue 11: `synth --scenes 2 --size 512` tiled at 128 px put nothing in val."""
+    """Two small scenes (`synth --scenes 2 --size 512` tiled at 128 px) give a val split."""
     assert run("synth", str(tmp_path / "d"), "--scenes", "2", "--size", "512").exit_code == 0
     out = tmp_path / "c.zarr"
     result = run(

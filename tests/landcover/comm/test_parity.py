@@ -1,6 +1,6 @@
 """Every communication mode through the real trainer: 2 gloo workers on a small synthetic store.
 
-test_comm.py checks the hooks and BMUF on a toy model; this file checks what issue 4 asks of
+test_comm.py checks the hooks and BMUF on a toy model; this file checks
 `landcover.training.train` itself, with small_unet, for none, fp16, bf16, powersgd:2, onebit and
 block momentum (BMUF):
 
