@@ -11,12 +11,15 @@ cheap, so what is left is the per-unit cost) are tiled
   parts appended here), the cluster's start not counted (a Dask user's cluster is running);
 
 for two values of N, and N no-op tasks go through the same `TaskRunner` (submit, retries,
-progress, results in order): the pure per-task cost of the scheduler. Prints per-source
+progress, results in order): the pure per-task cost of the scheduler. Then predict's unit: a
+tiled product (`predict --out DIR/ --tile-size PX`) of one scene and an untrained small_unet,
+cut into N tiles for two tile sizes, by one process and as N tasks on the same cluster
+(`predict_product(setup, run_units=...)`), with the tiles' pixels compared. Prints per-source
 seconds, the ratios to one process and to the local engine, the slope between the two N
 (the marginal cost of one more source, which removes the fixed costs), and whether every
 store is byte-identical to one process's. Best of `--repeat`. Never asserts on time.
 
-    python benchmarks/bench_dask.py [--sources 8,32] [--repeat 2]
+    python benchmarks/bench_dask.py [--sources 8,32] [--tiles 64,32] [--repeat 2]
         [--json benchmarks/results/dask.json]
 """
 
@@ -32,9 +35,15 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import rasterio
 from distributed import Client, LocalCluster
 
 from cluster.daskclient import TaskRunner
+from landcover.models.modelfile import ModelMeta, save_model_file
+from landcover.models.registry import build_model
+from landcover.prediction.runner import PredictConfig
+from landcover.prediction.tiled import TiledSetup, predict_product
+from tiling.classes import DEFAULT_CLASS_MAP, get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
 
@@ -85,12 +94,50 @@ def measure(
     return n, one_s, ranks_s, tasks_s, same
 
 
+def untrained_model(path: Path) -> Path:
+    """A small_unet model file with random weights (prediction costs the same)."""
+    class_map = get_class_map(DEFAULT_CLASS_MAP)
+    meta = ModelMeta("small_unet", class_map, ("red", "green", "blue", "nir"), (110.0,) * 4,
+                     (60.0,) * 4, chip_size=CHIP, resolution_m=1.0)  # fmt: skip
+    save_model_file(path, build_model("small_unet", num_classes=class_map.num_classes), meta)
+    return path
+
+
+def tile_pixels(folder: Path) -> dict[str, bytes]:
+    pixels = {}
+    for tif in sorted(folder.glob("E*_N*.tif")):
+        with rasterio.open(tif) as ds:
+            pixels[tif.name] = ds.read().tobytes()
+    return pixels
+
+
+def measure_tiles(
+    work: Path, model: Path, image: Path, tile_px: int, runner: TaskRunner, repeat: int
+) -> tuple[int, float, float, bool]:
+    """(tiles, one process s, dask tasks s, same tiles) of a tiled product of `image`."""
+
+    def setup(name: str) -> TiledSetup:
+        out = work / f"{name}-{tile_px}"
+        shutil.rmtree(out, ignore_errors=True)  # every repeat predicts every tile
+        config = PredictConfig(model=str(model), images=(str(image),), out=f"{out}/",
+                               block_px=256, progress=False)  # fmt: skip
+        return TiledSetup(config, tile_px)
+
+    one_s = best(repeat, lambda: predict_product(setup("one")))
+    tasks_s = best(repeat, lambda: predict_product(setup("tasks"), run_units=runner))
+    one = tile_pixels(work / f"one-{tile_px}")
+    return len(one), one_s, tasks_s, tile_pixels(work / f"tasks-{tile_px}") == one
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sources", default="8,32", help="source counts, e.g. 8,32")
+    parser.add_argument("--tiles", default="64,32", help="tile sizes in px of a tiled predict")
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     counts = [int(n) for n in args.sources.split(",")]
+    tile_sizes = [int(n) for n in args.tiles.split(",")]
+    tile_rows = []
     work = Path(tempfile.mkdtemp(prefix="bench-dask-"))
     rows = []
     noops = []
@@ -111,6 +158,10 @@ def main() -> int:
                                     args.repeat))  # fmt: skip
                 units = list(range(n))
                 noops.append((n, best(args.repeat, partial(runner, noop, units))))
+            model = untrained_model(work / "model.pt")
+            for tile_px in tile_sizes:
+                tile_rows.append(measure_tiles(work, model, scenes.image_paths[0], tile_px,
+                                               runner, args.repeat))  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -141,6 +192,19 @@ def main() -> int:
     print("|---|---|---|")
     for (n, noop_s), (_, _, _, tasks_s, _) in zip(noops, rows, strict=True):
         print(f"| {n} | {1000 * noop_s / n:.1f} | {noop_s / tasks_s:.2f} |")
+    print(f"\n## Predict: the tiles of a tiled product as Dask tasks ({SIZE_PX} px scene)\n")
+    print("| tile px | tiles | one process s/tile | dask tasks (2 workers) s/tile | "
+          "dask / one process | identical |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for tile_px, (n, one_s, tasks_s, same) in zip(tile_sizes, tile_rows, strict=True):
+        print(f"| {tile_px} | {n} | {one_s / n:.3f} | {tasks_s / n:.3f} | "
+              f"{tasks_s / one_s:.2f}x | {same} |")  # fmt: skip
+    if len(tile_rows) >= 2:
+        (n0, one0, tasks0, _), (n1, one1, tasks1, _) = tile_rows[0], tile_rows[-1]
+        print("\n## Predict: the cost of one more tile of the same scene (slope)\n")
+        print("| one process s | dask tasks s |")
+        print("|---|---|")
+        print(f"| {(one1 - one0) / (n1 - n0):.3f} | {(tasks1 - tasks0) / (n1 - n0):.3f} |")
     return 0
 
 

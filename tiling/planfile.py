@@ -1,8 +1,8 @@
 """The plan file: a distributed tile run's plan, made once by rank 0 and read by the others.
 
 Planning opens every input, matches labels to images and places every chip on the split
-grid; at a state's thousands of sources it is most of what a rank does before it cuts, and
-every rank used to do all of it. Rank 0 plans (it checks the inputs, so a job refuses bad
+grid; at a state's thousands of sources it is most of what a rank does before it cuts, so
+only one rank does it. Rank 0 plans (it checks the inputs, so a job refuses bad
 input once) and publishes the plan in the staging folder beside the store,
 `<store>.parts/plan.<key>.json` (`PartStaging.put_plan`: written whole, renamed or uploaded
 in one piece). Every other rank expands the same inputs (listings), stamps each (a stat, no
@@ -73,8 +73,8 @@ PLAN_VERSION = 1
 NOT_IN_KEY = frozenset({"images", "labels", "out", "workers", "storage_options", "overwrite"})
 
 # On top of `tiling.stager.COUNT_WAIT_S`, how long a rank waits for rank 0's plan per input:
-# rank 0 plans at about 1 ms per local source (benchmarks/bench_state.py), so this covers a
-# slow shared file system many times over before a rank plans the run itself.
+# planning takes milliseconds per local source (benchmarks/bench_state.py prints the rate), so
+# this covers a slow shared file system many times over before a rank plans the run itself.
 PLAN_WAIT_PER_INPUT_S = 0.02
 
 

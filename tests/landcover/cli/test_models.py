@@ -1,6 +1,6 @@
 """smp models through the commands: `landcover models`, and `--model smp:ARCH:ENCODER` through
-train, export and predict (with TTA). ONNX export of an smp model takes minutes on 2 busy
-cores: it is checked by hand (see docs/guide/models.md), TorchScript here."""
+train (one worker, and two with gradient compression or block momentum), export (TorchScript
+and ONNX) and predict (with TTA, and as two ranks)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_smp_model_trains_exports_and_predicts(tiny_store: str, tmp_path: Path) 
     assert result.exit_code == 0, result.output
     model = run_dir / "model.pt"
     files = {"torch": model}
-    for fmt in ("torchscript",):
+    for fmt in ("torchscript", "onnx"):
         files[fmt] = tmp_path / f"model.{fmt}"
         result = CliRunner().invoke(
             cli.main, ["export", str(model), "--format", fmt, "--out", str(files[fmt])]
@@ -77,8 +77,9 @@ def test_smp_model_trains_exports_and_predicts(tiny_store: str, tmp_path: Path) 
         with rasterio.open(out) as ds:
             classes[kind] = ds.read(1)
             assert ds.shape == (90, 110)
-    agreement = float(np.mean(classes["torchscript"] == classes["torch"]))
-    assert agreement >= 0.999, agreement
+    for fmt in ("torchscript", "onnx"):
+        agreement = float(np.mean(classes[fmt] == classes["torch"]))
+        assert agreement >= 0.999, (fmt, agreement)
 
 
 def test_bad_smp_model_fails_train_in_one_line_before_loading(
@@ -99,3 +100,32 @@ def test_tune_space_takes_smp_model_names() -> None:
     space = parse_space(f"model=small_unet|{SMP_MODEL},lr=1e-4:1e-2:log")
     assert str(space) == f"model=small_unet|{SMP_MODEL},lr=0.0001:0.01:log"
     assert parse_space(str(space)) == space
+
+
+@pytest.mark.parametrize(
+    "comm", [("--compression", "powersgd:1"), ("--compression", "onebit"), ("--block-momentum",)]
+)
+def test_smp_model_trains_on_two_workers_with_every_kind_of_communication(
+    tiny_store: str, tmp_path: Path, comm: tuple[str, ...]
+) -> None:
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(
+        cli.main,
+        ["train", tiny_store, "--out", str(run_dir), "--model", SMP_MODEL, "--epochs", "1",
+         "--batch-size", "4", "--device", "cpu", "--nproc", "2", *comm],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "model.pt").is_file()
+    if comm[-1] != "onebit":
+        return
+    scene = write_image(tmp_path / "scene.tif", pixels(90, 110, seed=3))
+    outs = {}
+    for ranks in ("1", "2"):
+        outs[ranks] = tmp_path / f"ranks-{ranks}.tif"
+        args = ["predict", str(run_dir / "model.pt"), str(scene), "--out", str(outs[ranks]),
+                "--device", "cpu", "--block-size", "48", "--nproc", ranks,
+                "--no-quicklook"]  # fmt: skip
+        result = CliRunner().invoke(cli.main, args)
+        assert result.exit_code == 0, result.output
+    with rasterio.open(outs["1"]) as one, rasterio.open(outs["2"]) as two:
+        assert np.array_equal(one.read(), two.read())

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -83,6 +85,12 @@ def test_every_family_trains_saves_and_loads(name: str, tmp_path: Path) -> None:
         torch.testing.assert_close(loaded(x[:1, :, :64, :64]), model(x[:1, :, :64, :64]))
         # traced at the chip size, it runs at others (padded to the stride inside)
         torch.testing.assert_close(scripted(x[:, :, :45, :37]), model(x[:, :, :45, :37]))
+        expected = model(x[:, :, :45, :37]).numpy()
+    onnx_path = tmp_path / "model.onnx"
+    export_model(str(path), onnx_path, format="onnx")
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    (onnx_logits,) = session.run(None, {"pixels": x[:, :, :45, :37].numpy()})
+    np.testing.assert_allclose(onnx_logits, expected, atol=1e-4)
 
 
 def test_bad_smp_names_say_what_to_write() -> None:
