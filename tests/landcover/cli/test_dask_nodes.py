@@ -1,6 +1,7 @@
 """The Dask engine against a real `dask scheduler` and one `dask worker` on each of two
 emulated nodes (network namespaces, `tests.cluster.dasknodes`): DDP with its ranks on
-different nodes, and a worker killed mid-tile whose sources are redone elsewhere."""
+different nodes, then predict with the model it trained (a tiled product's tiles as tasks, one
+COG as a rank per node), and a worker killed mid-tile whose sources are redone elsewhere."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import rasterio
 
 from cluster.netns import network_unavailable_reason
 from tests.cluster.dasknodes import DaskNodes, dask_nodes
 from tests.landcover.cli.test_tile_ranks import images as images
 from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa: F401
 from tests.landcover.cli.test_tile_ranks import run, tile_args
+from tests.landcover.cli.test_tiled import tile_pixels
+from tests.landcover.prediction.inputs import pixels, write_image
 from tests.tiling.test_store import snapshot
 
 distributed = pytest.importorskip("distributed")
@@ -85,7 +89,7 @@ def test_a_worker_killed_mid_tile_leaves_the_store_of_one_process(
     assert snapshot(str(out), {}) == snapshot(str(one_store), {})
 
 
-def test_ddp_ranks_on_two_nodes(
+def test_ddp_ranks_on_two_nodes_then_predict_there(
     nodes: tuple[DaskNodes, Path], tiny_store: str, tmp_path: Path
 ) -> None:
     started, folder = nodes
@@ -104,3 +108,18 @@ def test_ddp_ranks_on_two_nodes(
     assert json.loads(line)["world_size"] == 2
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "on the route to the master" in log  # gloo talks on the node's own interface
+    # predict with that model: a tiled product's tiles as tasks, and one COG as a rank per node
+    scene = write_image(tmp_path / "scene.tif", pixels(75, 90, seed=1))
+    args = ["predict", str(run_dir / "model.pt"), str(scene), "--block-size", "40",
+            "--batch-size", "3", "--device", "cpu", "--no-quicklook"]  # fmt: skip
+    for out in (f"{tmp_path}/one/", f"{tmp_path}/one.tif"):
+        extra = ("--tile-size", "32") if out.endswith("/") else ()
+        here = run(*args, *extra, "--out", out)
+        assert here.exit_code == 0, here.output
+        there = run("cluster", "launch", str(folder / "dask.json"), "--", *args, *extra,
+                    "--out", out.replace("one", "nodes"))  # fmt: skip
+        assert there.exit_code == 0, there.output
+    assert tile_pixels(tmp_path / "nodes") == tile_pixels(tmp_path / "one")
+    assert len(tile_pixels(tmp_path / "one")) > 4
+    with rasterio.open(tmp_path / "one.tif") as one, rasterio.open(tmp_path / "nodes.tif") as two:
+        assert (one.read() == two.read()).all()
