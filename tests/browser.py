@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import io
 import itertools
 import json
@@ -33,6 +34,7 @@ import pytest
 from PIL import Image
 
 CHROMIUM = Path("/usr/bin/chromium")
+INSTALL_LOCK = Path(tempfile.gettempdir()) / "landcover-tests-chromium-install.lock"
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -63,19 +65,27 @@ def chromium() -> Path:
         return CHROMIUM
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         pytest.skip(f"{CHROMIUM} is missing; install Debian's chromium (apt-get needs root)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = subprocess.run(
-        ["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        check=False,
-    )
-    if install.returncode != 0 or not CHROMIUM.exists():
-        said = (install.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"apt-get install chromium failed ({said})")
+    # Test processes (pytest-xdist workers) may get here at once: one installs, the others
+    # wait for it and find Chromium in place.
+    with open(INSTALL_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not CHROMIUM.exists():
+            _apt_install_chromium()
     return CHROMIUM
+
+
+def _apt_install_chromium() -> None:
+    """apt-get install chromium, after refreshing the package lists if the first try fails (a
+    fresh machine has none); fails the test with apt's last line if it cannot."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+    done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=900)
+        done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0 or not CHROMIUM.exists():
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.fail(f"apt-get install chromium failed as root: {said}")
 
 
 @dataclass
