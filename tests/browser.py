@@ -78,7 +78,8 @@ def _apt_install_chromium() -> None:
     """apt-get install chromium, after refreshing the package lists if the first try fails (a
     fresh machine has none); fails the test with apt's last line if it cannot."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+    install = ["apt-get", "install", "-y", "--no-install-recommends",
+               "-o", "DPkg::Lock::Timeout=240", "chromium"]  # fmt: skip
     done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:
         subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=900)
