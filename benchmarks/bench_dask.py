@@ -42,7 +42,8 @@ from cluster.daskclient import TaskRunner
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
 from landcover.prediction.runner import PredictConfig
-from landcover.prediction.tiled import TiledSetup, predict_product
+from landcover.prediction.tiled import predict_product
+from landcover.prediction.tileplan import TiledSetup
 from tiling.classes import DEFAULT_CLASS_MAP, get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile

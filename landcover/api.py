@@ -109,7 +109,8 @@ def predict(
     product's tiles are tasks of their own.
     """
     from landcover.prediction.runner import PredictConfig, predict_region
-    from landcover.prediction.tiled import TiledSetup, check_tile_size, predict_product
+    from landcover.prediction.tiled import predict_product
+    from landcover.prediction.tileplan import TiledSetup, check_tile_size
 
     config = _config(
         PredictConfig,

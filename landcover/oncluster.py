@@ -23,7 +23,8 @@ from landcover.errors import LandcoverError
 
 if TYPE_CHECKING:
     from landcover.prediction.runner import PredictConfig, PredictResult
-    from landcover.prediction.tiled import TiledResult, TiledSetup
+    from landcover.prediction.tiled import TiledResult
+    from landcover.prediction.tileplan import TiledSetup
     from landcover.training.config import TrainConfig
     from landcover.training.trainer import TrainResult
     from tiling.tile import TileConfig, TileResult

@@ -58,7 +58,7 @@ COMMANDS: dict[str, str] = {
     "scale": "landcover.cli.cluster:scale_command",
     "report": "landcover.cli.report:report_group",
     "predict": "landcover.cli.predict:predict_command",
-    "evaluate": "landcover.cli.predict:evaluate_command",
+    "evaluate": "landcover.cli.evaluate:evaluate_command",
     "export": "landcover.cli.export:export_command",
     "demo": "landcover.cli.demo:demo_command",
     "tune": "landcover.cli.tune:tune_command",

@@ -1,4 +1,4 @@
-"""`landcover predict` and `landcover evaluate`: thin wrappers that build a config.
+"""`landcover predict`: a thin wrapper that builds the prediction's config.
 
 `predict --nproc N` runs the command as N local ranks, and an engine runs it as a job's ranks
 (`landcover cluster launch cluster.json -- predict ...`, landcover.cli.stagejob): each rank
@@ -10,7 +10,6 @@ predicts its block rows, rank 0 writes the COG and alone prints the summary. Wit
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,7 @@ from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
 from landcover.cli.stagetasks import unit_runner
 from landcover.distenv import DistEnv
-from landcover.errors import EvaluationError, PredictionError, RegionError
+from landcover.errors import PredictionError, RegionError
 from landcover.options import output_url_callback, overwrite_option, storage_options_option
 from landcover.outputlock import exclusive_outputs
 from landcover.prediction.choices import (
@@ -320,7 +319,7 @@ def _check_tiled_output(
 ) -> bool:
     """Whether `out` is a tiled product's directory; refuses --tile-size without one, and
     the options a tiled product has no use for."""
-    from landcover.prediction.tiled import check_tile_size, is_tiled_output
+    from landcover.prediction.tileplan import check_tile_size, is_tiled_output
 
     if not is_tiled_output(out):
         if tile_px is not None:
@@ -349,7 +348,8 @@ def _predict_tiled(
 ) -> None:
     """Predict a tiled product as this rank of the job, or with its tiles as tasks of
     `runner`; rank 0 prints the summary."""
-    from landcover.prediction.tiled import TiledSetup, predict_product
+    from landcover.prediction.tiled import predict_product
+    from landcover.prediction.tileplan import TiledSetup
 
     assert tile_px is not None  # _check_tiled_output
     result = predict_product(
@@ -389,82 +389,3 @@ def _summary_line(
         f"wrote {out}: {grid.width} x {grid.height} px at {grid.resolution:g} ({crs_name}), "
         f"{valid_pixels:,} px predicted from {images} image(s) in {elapsed_s:.1f} s"
     )
-
-
-@click.command("evaluate")
-@click.argument("prediction")
-@click.option(
-    "--truth",
-    multiple=True,
-    required=True,
-    help="Truth raster(s): paths, globs or URLs; repeat the option for several.",
-)
-@click.option(
-    "--class-map",
-    default=None,
-    help="Remap of the truth's raw codes [default: the prediction's class map].",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    default=None,
-    callback=output_url_callback(),
-    help="Write metrics.json, metrics.md and confusion.png here (a local directory).",
-)
-@click.option(
-    "--panels/--no-panels",
-    default=True,
-    show_default=True,
-    help="With --out: also a panel per scene (imagery | truth | prediction | disagreement) "
-    "as panel-NN.png, the per-class table as classes.png, and report.html holding them.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
-@overwrite_option
-@storage_options_option
-def evaluate_command(
-    prediction: str,
-    truth: tuple[str, ...],
-    class_map: str | None,
-    out_dir: str | None,
-    panels: bool,
-    as_json: bool,
-    overwrite: bool,
-    storage_options: dict[str, Any],
-) -> None:
-    """Score PREDICTION (a land-cover raster) against truth rasters."""
-    from landcover.evaluation import (
-        EvaluateConfig,
-        check_report_target,
-        evaluate_prediction,
-        write_report,
-    )
-    from tiling.urls import check_storage_options
-
-    if overwrite and out_dir is None:
-        raise EvaluationError(
-            "--overwrite replaces the report of --out DIR, and no --out was given; add "
-            "--out DIR or drop --overwrite"
-        )
-    check_storage_options([prediction, *truth, *([out_dir] if out_dir else [])], storage_options)
-
-    config = EvaluateConfig(
-        prediction=prediction,
-        truth=truth,
-        class_map=class_map,
-        storage_options=storage_options,
-    )
-    if out_dir is not None:  # fail before the work, not after it
-        check_report_target(out_dir, overwrite=overwrite, pictures=panels)
-    evaluation = evaluate_prediction(config)
-    if out_dir is not None:
-        scenes = None
-        if panels:
-            from landcover.evaluation.panels import scene_panels
-
-            scenes = scene_panels(config, evaluation)
-        for path in write_report(evaluation, out_dir, overwrite=overwrite, panels=scenes):
-            logger.info("wrote %s", path)
-    if as_json:
-        click.echo(json.dumps(evaluation.to_json(), indent=2))
-    else:
-        click.echo(evaluation.to_markdown(), nl=False)

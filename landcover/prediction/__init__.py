@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid, plan_output_grid
     from landcover.prediction.region import Region, parse_bbox, parse_region
     from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
-    from landcover.prediction.tiled import TiledSetup, predict_product, predict_tiles
+    from landcover.prediction.tiled import predict_product, predict_tiles
+    from landcover.prediction.tileplan import TiledSetup
 
 __all__ = [
     "OutputGrid",
@@ -38,7 +39,7 @@ __getattr__, __dir__ = lazy_exports(
         "parse_region": "region",
         "OutputGrid": "outgrid",
         "plan_output_grid": "outgrid",
-        "TiledSetup": "tiled",
+        "TiledSetup": "tileplan",
         "predict_product": "tiled",
         "predict_tiles": "tiled",
     },

@@ -35,16 +35,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import rasterio
-import torch
 from pystac.extensions.file import FileExtension
-from shapely.geometry import box
 
-from landcover.atomic import check_can_create_in
-from landcover.errors import OutputExistsError, PredictionError, RegionError
-from landcover.models.modelfile import ModelMeta
+from landcover.errors import OutputExistsError, PredictionError
 from landcover.outputlock import exclusive_outputs
-from landcover.prediction.blend import WindowLayout
-from landcover.prediction.blocks import region_has_pixels, require_predicted_pixels
+from landcover.prediction.blocks import require_predicted_pixels
 from landcover.prediction.blockstages import (
     BlockPredictor,
     BlockWriter,
@@ -52,56 +47,37 @@ from landcover.prediction.blockstages import (
     PreparedBlock,
     prepare_block,
 )
-from landcover.prediction.distributed import RankRun
-from landcover.prediction.maptiles import MapTile, assign_tiles, map_tiles, tile_costs
+from landcover.prediction.maptiles import MapTile, assign_tiles
 from landcover.prediction.outfiles import (
-    OutputPaths,
     class_profile,
     describe_class_raster,
     to_cog,
 )
-from landcover.prediction.outgrid import GridPlan, plan_output_grid
 from landcover.prediction.pipeline import run_pipeline
-from landcover.prediction.region import parse_crs
-from landcover.prediction.runner import PredictConfig
-from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
     GDAL_CACHE_BYTES,
     FreedMemory,
     block_cache_bytes,
-    check_model,
-    check_sources_fit,
-    open_images,
-    resolve_device,
     warnings_to_log,
-    window_overlap,
 )
 from landcover.prediction.stacitem import ASSET_KEY, cog_item
 from landcover.prediction.tilecatalog import write_catalog
-from landcover.prediction.tilerecords import RECORDS_DIR, ProductDir, TileRecord, tile_key
+from landcover.prediction.tileplan import (
+    Product,
+    TiledSetup,
+    plan_product,
+)
+from landcover.prediction.tilerecords import RECORDS_DIR, ProductDir, TileRecord
 from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import WindowRunner
-from tiling.fingerprint import fingerprint, fingerprints
 from tiling.polling import poll_delays
 from tiling.reader import RasterReader
 from tiling.units import UnitRunner
-from tiling.urls import check_storage_options, is_local, local_path
 
 logger = logging.getLogger(__name__)
 
-MIN_TILE_PX = 16
 # Rank 0 polls for the other ranks' tile records as it polls for parts (assemble.py).
 POLL_FIRST_S, POLL_GROWTH, POLL_MAX_S = 0.1, 1.5, 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class TiledSetup:
-    """What predicting tiles of a product needs (picklable: a Dask task's argument):
-    the prediction's options, `config.out` being the product's directory, and the tile
-    edge in pixels."""
-
-    config: PredictConfig
-    tile_px: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,46 +94,6 @@ class TiledResult:
     valid_pixels: int
     sources: tuple[str, ...]
     elapsed_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Product:
-    """A product's plan: the model, the grid, its tiles with work, and each tile's key."""
-
-    setup: TiledSetup
-    model: WindowModel
-    meta: ModelMeta
-    device: torch.device
-    plan: GridPlan
-    layout: WindowLayout
-    tiles: tuple[MapTile, ...]  # the tiles with work, in lattice order
-    costs: tuple[int, ...]
-    keys: dict[str, str]
-    reads: dict[str, list[str]]  # the images each tile reads
-
-
-def is_tiled_output(out: str) -> bool:
-    """Whether `--out` names a tiled product's directory: a trailing slash, or an existing
-    local directory."""
-    return out.endswith("/") or Path(out.removeprefix("file://")).is_dir()
-
-
-def check_tile_size(tile_px: int | None, out: str, max_pixels: int | None) -> int:
-    """The tile edge of a tiled `out`, checked; raises `PredictionError` for a missing or bad
-    --tile-size."""
-    if tile_px is None:
-        raise PredictionError(
-            f"--out {out} is a directory (a tiled map product); give --tile-size PX, e.g. "
-            "--tile-size 10000, or a file name like lc.tif for one COG"
-        )
-    if tile_px < MIN_TILE_PX:
-        raise PredictionError(f"--tile-size {tile_px} px: must be at least {MIN_TILE_PX}")
-    if max_pixels is not None and tile_px * tile_px > max_pixels:
-        raise PredictionError(
-            f"--tile-size {tile_px} px makes tiles of {tile_px * tile_px:,} px, above "
-            f"--max-pixels {max_pixels:,}; use smaller tiles or raise --max-pixels"
-        )
-    return tile_px
 
 
 def predict_product(
@@ -183,7 +119,7 @@ def predict_product(
         raise PredictionError(f"tiles as tasks run from one process, not {world_size} ranks")
     lock = exclusive_outputs((config.out,), "predict") if rank == 0 else nullcontext()
     with warnings_to_log(), lock:
-        product = _plan_product(setup, quiet=rank != 0)
+        product = plan_product(setup, quiet=rank != 0)
         product_dir = ProductDir(config.out, config.storage_options)
         owned = assign_tiles(product.costs, world_size)[rank]
         mine = [product.tiles[i] for i in owned]
@@ -230,14 +166,14 @@ def predict_tiles(setup: TiledSetup, names: Sequence[str]) -> list[TileRecord]:
     the model, plans the grid), refuses tile files from other runs without --overwrite as
     `predict_product` does, and writes no collection or mosaic."""
     with warnings_to_log():
-        _predict_named(_plan_product(setup, quiet=True), names)
+        _predict_named(plan_product(setup, quiet=True), names)
     product_dir = ProductDir(setup.config.out, setup.config.storage_options)
     records = [product_dir.read_record(n) for n in names]
     return [r for r in records if r is not None]
 
 
 # One planned product per process, for the tile tasks of one run (`_predict_tile_task`).
-_PLANNED: dict[str, _Product] = {}
+_PLANNED: dict[str, Product] = {}
 _PLANNED_LOCK = threading.Lock()
 
 
@@ -250,11 +186,11 @@ def _predict_tile_task(setup: TiledSetup, run_id: str, name: str) -> None:
             product = _PLANNED.get(run_id)
             if product is None:
                 _PLANNED.clear()  # another run's plan: its inputs may have changed since
-                product = _PLANNED[run_id] = _plan_product(setup, quiet=True)
+                product = _PLANNED[run_id] = plan_product(setup, quiet=True)
         _predict_named(product, [name])
 
 
-def _predict_named(product: _Product, names: Sequence[str]) -> None:
+def _predict_named(product: Product, names: Sequence[str]) -> None:
     """Predict and commit the tiles `names` of `product`, keeping those already committed."""
     product_dir = ProductDir(product.setup.config.out, product.setup.config.storage_options)
     by_name = {t.name: t for t in product.tiles}
@@ -268,96 +204,8 @@ def _predict_named(product: _Product, names: Sequence[str]) -> None:
     _predict(product, product_dir, _tiles_to_predict(product, product_dir, tiles))
 
 
-def _plan_product(setup: TiledSetup, *, quiet: bool) -> _Product:
-    config = setup.config
-    urls = [config.model, *config.images, config.out]
-    check_storage_options(urls, config.storage_options)
-    check_tile_size(setup.tile_px, config.out, config.max_pixels)
-    if is_local(config.out):
-        check_can_create_in(local_path(config.out), option="--out")
-    if config.probabilities is not None:
-        raise PredictionError(
-            f"--probabilities {config.probabilities}: a tiled --out {config.out} writes class "
-            "tiles only; drop --probabilities or give --out a file name like lc.tif"
-        )
-    if config.batch_size < 1:
-        raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
-    if config.block_px < 16:
-        raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
-    tta_ops(config.tta)
-    device = resolve_device(config.device)
-    FreedMemory().reuse()
-    model, meta = load_window_model(
-        config.model, runtime=config.runtime, device=device, storage_options=config.storage_options
-    )
-    check_model(config.model, meta)
-    overlap = window_overlap(config.overlap_px, meta.chip_size)
-    sources = open_images(
-        config.images, storage_options=config.storage_options, zero_is_nodata=config.zero_is_nodata
-    )
-    check_sources_fit(sources, meta, config.model)
-    plan = plan_output_grid(
-        sources,
-        config.region,
-        resolution_m=meta.resolution_m,
-        crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
-        resolution=config.resolution,
-        max_pixels=None,  # --max-pixels guards one COG; here each tile (check_tile_size)
-        quiet=quiet,
-    )
-    grid = plan.grid
-    layout = WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
-    if plan.region is not None and not region_has_pixels(plan, config.block_px):
-        raise RegionError(
-            f"region covers no pixel centre of the images at {grid.resolution:g} "
-            "units/px after masking; give a larger region or a finer --resolution"
-        )
-    lattice = map_tiles(grid, setup.tile_px)
-    costs = tile_costs(plan, lattice)
-    tiles = tuple(t for t, c in zip(lattice, costs, strict=True) if c > 0)
-    kept_costs = tuple(c for c in costs if c > 0)
-    # The settings a distributed one-COG run keys its parts by (one owner of that list).
-    settings = RankRun(
-        config, plan, layout, meta.num_classes, device.type, OutputPaths(config.out), 0, 1
-    ).settings()
-    model_print = fingerprint(config.model, config.storage_options)
-    reads = {t.name: _sources_read(plan, layout, t) for t in tiles}
-    paths = list(dict.fromkeys(p for ps in reads.values() for p in ps))
-    prints = dict(zip(paths, fingerprints(paths, config.storage_options), strict=True))
-    keys = {
-        t.name: tile_key(
-            settings,
-            setup.tile_px,
-            (t.row0, t.col0, t.height, t.width),
-            model_print,
-            [(p, prints[p]) for p in reads[t.name]],
-        )
-        for t in tiles
-    }
-    logger.info(
-        "tiled product of %d x %d px in %d tile(s) of %d px from %d image(s)",
-        grid.width,
-        grid.height,
-        len(tiles),
-        setup.tile_px,
-        len(plan.sources),
-    )
-    return _Product(setup, model, meta, device, plan, layout, tiles, kept_costs, keys, reads)
-
-
-def _sources_read(plan: GridPlan, layout: WindowLayout, tile: MapTile) -> list[str]:
-    """Paths of the images a tile reads (the tile and the windows reaching past it)."""
-    reach = layout.size
-    outline = box(
-        *plan.grid.window_bounds(
-            tile.row0 - reach, tile.col0 - reach, tile.height + 2 * reach, tile.width + 2 * reach
-        )
-    )
-    return [plan.sources[i].path for i in plan.sources_touching(outline)]
-
-
 def _tiles_to_predict(
-    product: _Product, product_dir: ProductDir, tiles: Sequence[MapTile]
+    product: Product, product_dir: ProductDir, tiles: Sequence[MapTile]
 ) -> list[MapTile]:
     """Those of `tiles` without a committed COG of this run's key; raises
     `OutputExistsError` for tile files this run did not make, unless --overwrite. Only the
@@ -392,7 +240,7 @@ def _tiles_to_predict(
 
 
 def _predict(
-    product: _Product, product_dir: ProductDir, tiles: Sequence[MapTile]
+    product: Product, product_dir: ProductDir, tiles: Sequence[MapTile]
 ) -> list[TileRecord]:
     records = []
     with ExitStack() as stack:
@@ -412,7 +260,7 @@ def _predict(
 
 
 def _predict_tile(
-    product: _Product, product_dir: ProductDir, reader: RasterReader, tile: MapTile, scratch: str
+    product: Product, product_dir: ProductDir, reader: RasterReader, tile: MapTile, scratch: str
 ) -> TileRecord:
     """Predict one tile into a COG, put it in place and commit its record."""
     token = uuid.uuid4().hex[:8]
@@ -448,7 +296,7 @@ def _predict_tile(
 
 
 def _predict_into(
-    product: _Product, reader: RasterReader, tile: MapTile, tiled: str
+    product: Product, reader: RasterReader, tile: MapTile, tiled: str
 ) -> tuple[int, npt.NDArray[np.int64]]:
     """Predict `tile`'s blocks into the tiled GeoTIFF `tiled` of the tile's grid, as a
     one-COG run predicts its blocks (reading, inference and writing overlap)."""
@@ -493,7 +341,7 @@ def _predict_into(
     return windows.windows_run, writer.class_pixels
 
 
-def _wait_for_tiles(product: _Product, product_dir: ProductDir) -> list[TileRecord]:
+def _wait_for_tiles(product: Product, product_dir: ProductDir) -> list[TileRecord]:
     """Rank 0: the committed record of every tile, in tile order, once all are there."""
     pending = {t.name for t in product.tiles}
     found: dict[str, TileRecord] = {}

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import distributed
 import pytest
 import torch
 
@@ -25,8 +26,6 @@ from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa
 from tests.landcover.cli.test_tile_ranks import run, tile_args
 from tests.tiling.test_store import snapshot
 from tiling.staging import staging_url
-
-distributed = pytest.importorskip("distributed")
 
 
 @pytest.fixture(scope="module")

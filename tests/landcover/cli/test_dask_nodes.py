@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import distributed
 import pytest
 import rasterio
 
@@ -21,8 +22,6 @@ from tests.landcover.cli.test_tile_ranks import run, tile_args
 from tests.landcover.cli.test_tiled import tile_pixels
 from tests.landcover.prediction.inputs import pixels, write_image
 from tests.tiling.test_store import snapshot
-
-distributed = pytest.importorskip("distributed")
 
 pytestmark = [
     pytest.mark.slow,

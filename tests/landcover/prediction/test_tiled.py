@@ -31,7 +31,8 @@ from landcover.prediction.maptiles import assign_tiles, map_tiles
 from landcover.prediction.outgrid import OutputGrid
 from landcover.prediction.region import parse_region
 from landcover.prediction.runner import PredictConfig, predict_region
-from landcover.prediction.tiled import TiledResult, TiledSetup, predict_product, predict_tiles
+from landcover.prediction.tiled import TiledResult, predict_product, predict_tiles
+from landcover.prediction.tileplan import TiledSetup
 from tests.azurite import Azurite
 from tests.landcover.prediction.inputs import UTM18, write_model
 from tiling.stacdoc import check_item

@@ -1,0 +1,181 @@
+"""The plan of a tiled map product (`landcover.prediction.tiled`): the model, the output grid,
+the lattice tiles with work in it, what each costs, which images each reads, and each tile's
+key; and the checks of a tiled `--out`, made before any work."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from shapely.geometry import box
+
+from landcover.atomic import check_can_create_in
+from landcover.errors import PredictionError, RegionError
+from landcover.models.modelfile import ModelMeta
+from landcover.prediction.blend import WindowLayout
+from landcover.prediction.blocks import region_has_pixels
+from landcover.prediction.distributed import RankRun
+from landcover.prediction.maptiles import MapTile, map_tiles, tile_costs
+from landcover.prediction.outfiles import (
+    OutputPaths,
+)
+from landcover.prediction.outgrid import GridPlan, plan_output_grid
+from landcover.prediction.region import parse_crs
+from landcover.prediction.runner import PredictConfig
+from landcover.prediction.runtime import WindowModel, load_window_model
+from landcover.prediction.setup import (
+    FreedMemory,
+    check_model,
+    check_sources_fit,
+    open_images,
+    resolve_device,
+    window_overlap,
+)
+from landcover.prediction.tilerecords import tile_key
+from landcover.prediction.tta import tta_ops
+from tiling.fingerprint import fingerprint, fingerprints
+from tiling.urls import check_storage_options, is_local, local_path
+
+logger = logging.getLogger(__name__)
+
+MIN_TILE_PX = 16
+
+
+@dataclass(frozen=True, slots=True)
+class TiledSetup:
+    """What predicting tiles of a product needs (picklable: a Dask task's argument):
+    the prediction's options, `config.out` being the product's directory, and the tile
+    edge in pixels."""
+
+    config: PredictConfig
+    tile_px: int
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """A product's plan: the model, the grid, its tiles with work, and each tile's key."""
+
+    setup: TiledSetup
+    model: WindowModel
+    meta: ModelMeta
+    device: torch.device
+    plan: GridPlan
+    layout: WindowLayout
+    tiles: tuple[MapTile, ...]  # the tiles with work, in lattice order
+    costs: tuple[int, ...]
+    keys: dict[str, str]
+    reads: dict[str, list[str]]  # the images each tile reads
+
+
+def is_tiled_output(out: str) -> bool:
+    """Whether `--out` names a tiled product's directory: a trailing slash, or an existing
+    local directory."""
+    return out.endswith("/") or Path(out.removeprefix("file://")).is_dir()
+
+
+def check_tile_size(tile_px: int | None, out: str, max_pixels: int | None) -> int:
+    """The tile edge of a tiled `out`, checked; raises `PredictionError` for a missing or bad
+    --tile-size."""
+    if tile_px is None:
+        raise PredictionError(
+            f"--out {out} is a directory (a tiled map product); give --tile-size PX, e.g. "
+            "--tile-size 10000, or a file name like lc.tif for one COG"
+        )
+    if tile_px < MIN_TILE_PX:
+        raise PredictionError(f"--tile-size {tile_px} px: must be at least {MIN_TILE_PX}")
+    if max_pixels is not None and tile_px * tile_px > max_pixels:
+        raise PredictionError(
+            f"--tile-size {tile_px} px makes tiles of {tile_px * tile_px:,} px, above "
+            f"--max-pixels {max_pixels:,}; use smaller tiles or raise --max-pixels"
+        )
+    return tile_px
+
+
+def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
+    config = setup.config
+    urls = [config.model, *config.images, config.out]
+    check_storage_options(urls, config.storage_options)
+    check_tile_size(setup.tile_px, config.out, config.max_pixels)
+    if is_local(config.out):
+        check_can_create_in(local_path(config.out), option="--out")
+    if config.probabilities is not None:
+        raise PredictionError(
+            f"--probabilities {config.probabilities}: a tiled --out {config.out} writes class "
+            "tiles only; drop --probabilities or give --out a file name like lc.tif"
+        )
+    if config.batch_size < 1:
+        raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
+    if config.block_px < 16:
+        raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
+    tta_ops(config.tta)
+    device = resolve_device(config.device)
+    FreedMemory().reuse()
+    model, meta = load_window_model(
+        config.model, runtime=config.runtime, device=device, storage_options=config.storage_options
+    )
+    check_model(config.model, meta)
+    overlap = window_overlap(config.overlap_px, meta.chip_size)
+    sources = open_images(
+        config.images, storage_options=config.storage_options, zero_is_nodata=config.zero_is_nodata
+    )
+    check_sources_fit(sources, meta, config.model)
+    plan = plan_output_grid(
+        sources,
+        config.region,
+        resolution_m=meta.resolution_m,
+        crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
+        resolution=config.resolution,
+        max_pixels=None,  # --max-pixels guards one COG; here each tile (check_tile_size)
+        quiet=quiet,
+    )
+    grid = plan.grid
+    layout = WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
+    if plan.region is not None and not region_has_pixels(plan, config.block_px):
+        raise RegionError(
+            f"region covers no pixel centre of the images at {grid.resolution:g} "
+            "units/px after masking; give a larger region or a finer --resolution"
+        )
+    lattice = map_tiles(grid, setup.tile_px)
+    costs = tile_costs(plan, lattice)
+    tiles = tuple(t for t, c in zip(lattice, costs, strict=True) if c > 0)
+    kept_costs = tuple(c for c in costs if c > 0)
+    # The settings a distributed one-COG run keys its parts by (one owner of that list).
+    settings = RankRun(
+        config, plan, layout, meta.num_classes, device.type, OutputPaths(config.out), 0, 1
+    ).settings()
+    model_print = fingerprint(config.model, config.storage_options)
+    reads = {t.name: sources_read(plan, layout, t) for t in tiles}
+    paths = list(dict.fromkeys(p for ps in reads.values() for p in ps))
+    prints = dict(zip(paths, fingerprints(paths, config.storage_options), strict=True))
+    keys = {
+        t.name: tile_key(
+            settings,
+            setup.tile_px,
+            (t.row0, t.col0, t.height, t.width),
+            model_print,
+            [(p, prints[p]) for p in reads[t.name]],
+        )
+        for t in tiles
+    }
+    logger.info(
+        "tiled product of %d x %d px in %d tile(s) of %d px from %d image(s)",
+        grid.width,
+        grid.height,
+        len(tiles),
+        setup.tile_px,
+        len(plan.sources),
+    )
+    return Product(setup, model, meta, device, plan, layout, tiles, kept_costs, keys, reads)
+
+
+def sources_read(plan: GridPlan, layout: WindowLayout, tile: MapTile) -> list[str]:
+    """Paths of the images a tile reads (the tile and the windows reaching past it)."""
+    reach = layout.size
+    outline = box(
+        *plan.grid.window_bounds(
+            tile.row0 - reach, tile.col0 - reach, tile.height + 2 * reach, tile.width + 2 * reach
+        )
+    )
+    return [plan.sources[i].path for i in plan.sources_touching(outline)]
