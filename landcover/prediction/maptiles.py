@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import shapely
 from shapely.geometry import box
 
 from landcover.prediction.outgrid import GridPlan, OutputGrid
@@ -72,14 +73,25 @@ def map_tiles(grid: OutputGrid, tile_px: int) -> list[MapTile]:
 
 def tile_costs(plan: GridPlan, tiles: Sequence[MapTile]) -> list[int]:
     """The work in each tile: the area of region ∩ images inside it, in whole pixels (every
-    rank rounds the same float the same way)."""
+    rank rounds the same float the same way).
+
+    The area is one geometry whose vertices grow with the count of images, so it is prepared
+    once (an index of its edges): a tile inside it or clear of it costs a lookup, and only the
+    tiles on its boundary are clipped."""
+    area = plan.area
+    shapely.prepare(area)
     costs = []
     for tile in tiles:
         outline = box(*plan.grid.window_bounds(tile.row0, tile.col0, tile.height, tile.width))
         if not plan.sources_touching(outline):  # the footprint index: no geometry work
             costs.append(0)
             continue
-        inside = plan.area.intersection(outline).area if plan.area.intersects(outline) else 0.0
+        if area.contains(outline):
+            inside = outline.area
+        elif area.intersects(outline):
+            inside = shapely.clip_by_rect(area, *outline.bounds).area
+        else:
+            inside = 0.0
         costs.append(round(inside / plan.grid.resolution**2))
     return costs
 
