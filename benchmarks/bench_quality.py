@@ -88,13 +88,29 @@ class Candidate:
 
 
 def recipe(
-    model: str, epochs: int, *, jitter: float, class_weights: str = "auto"
+    model: str,
+    epochs: int,
+    *,
+    jitter: float,
+    class_weights: str = "auto",
+    loss: str | None = None,
+    lr: float | None = None,
+    warmup_epochs: float | None = None,
 ) -> tuple[str, ...]:
     """`landcover train` options of a candidate: every option the candidates vary, spelled
-    out, so that a change of a default does not change a candidate."""
+    out, so that a change of a default does not change a candidate (loss, lr and warm-up
+    only where a candidate sets them, so that the earlier candidates keep their rows)."""
+    extra: tuple[str, ...] = ()
+    if loss is not None:
+        extra += ("--loss", loss)
+    if lr is not None:
+        extra += ("--lr", f"{lr:g}")
+    if warmup_epochs is not None:
+        extra += ("--warmup-epochs", f"{warmup_epochs:g}")
     return (
         *("--model", model, "--epochs", str(epochs), "--batch-size", "4"),
         *("--brightness-jitter", f"{jitter:g}", "--class-weights", class_weights),
+        *extra,
     )
 
 
@@ -136,6 +152,42 @@ CANDIDATES: dict[str, Candidate] = {
             128,
             recipe("small_unet", 60, jitter=0.2, class_weights="none"),
             "as small-jitter-60, without class weights",
+        ),
+        Candidate(
+            "small-jitter-60-dice",
+            128,
+            recipe("small_unet", 60, jitter=0.2, loss="ce+dice"),
+            "as small-jitter-60, cross-entropy + Dice loss",
+        ),
+        Candidate(
+            "small-jitter-60-lr1e-3",
+            128,
+            recipe("small_unet", 60, jitter=0.2, lr=1e-3),
+            "as small-jitter-60, half the default AdamW lr (2e-3)",
+        ),
+        Candidate(
+            "small-jitter-60-lr4e-3",
+            128,
+            recipe("small_unet", 60, jitter=0.2, lr=4e-3),
+            "as small-jitter-60, twice the default AdamW lr",
+        ),
+        Candidate(
+            "small-jitter-60-warmup5",
+            128,
+            recipe("small_unet", 60, jitter=0.2, warmup_epochs=5),
+            "as small-jitter-60, 5 warm-up epochs before the cosine decay (default 1)",
+        ),
+        Candidate(
+            "small-jitter-60-chip64",
+            64,
+            recipe("small_unet", 60, jitter=0.2),
+            "as small-jitter-60, 64 px chips (4x the chips, each a quarter of the pixels)",
+        ),
+        Candidate(
+            "small-jitter-60-chip256",
+            256,
+            recipe("small_unet", 60, jitter=0.2),
+            "as small-jitter-60, 256 px chips (a patch is one chip)",
         ),
     )
 }
