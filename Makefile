@@ -52,10 +52,10 @@ test-latest: $(AZURITE)
 # a real SLURM cluster of emulated nodes on this machine (root; README "Emulated nodes")
 NODES ?= 2
 cluster-up: $(STAMP)
-	$(PY) -m cluster.testbed up --nodes $(NODES) $(if $(BANDWIDTH),--bandwidth $(BANDWIDTH))
+	$(PY) -m tests.support.slurm_testbed up --nodes $(NODES) $(if $(BANDWIDTH),--bandwidth $(BANDWIDTH))
 
 cluster-down: $(STAMP)
-	$(PY) -m cluster.testbed down $(PREFIX)
+	$(PY) -m tests.support.slurm_testbed down $(PREFIX)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tiling landcover cluster tests benchmarks notebooks

@@ -49,9 +49,9 @@ from typing import Any
 
 import torch
 
-from cluster.machine import local_cpu_count
 from landcover.models.registry import build_model
 from landcover.training.distributed import cpu_model_name
+from tiling.shared.machine import local_cpu_count
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile
 
@@ -65,7 +65,7 @@ MODES: dict[str, list[str]] = {
     "bf16": ["--compression", "bf16"],
     "powersgd:2": ["--compression", "powersgd:2"],
     "onebit": ["--compression", "onebit"],
-    "bmuf": ["--block-momentum", "--block-size", str(BLOCK_SIZE)],
+    "bmuf": ["--block-momentum", "--bmuf-block-steps", str(BLOCK_SIZE)],
 }
 
 

@@ -38,10 +38,10 @@ from pathlib import Path
 import rasterio
 from distributed import Client, LocalCluster
 
-from cluster.daskclient import TaskRunner
+from cluster.dask.client import TaskRunner
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
-from landcover.prediction.runner import PredictConfig
+from landcover.prediction.config import PredictConfig
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
 from tiling.classes import DEFAULT_CLASS_MAP, get_class_map

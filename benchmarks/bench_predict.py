@@ -49,7 +49,8 @@ import landcover.prediction.windows as prediction_windows
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
 from landcover.prediction.blend import window_starts
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.runner import predict_region
 from landcover.training.distributed import cpu_model_name
 from tiling.classes import get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
@@ -332,7 +333,8 @@ def _timer(function: Any, stage: str, seconds: dict[str, float], lock: threading
 _CHILD = r"""
 import json, sys, threading, time
 import psutil
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.runner import predict_region
 from landcover.models.modelfile import load_model_file
 model, image, out = sys.argv[1], sys.argv[2], sys.argv[3]
 block, batch, rank, world = (int(v) for v in sys.argv[4:8])

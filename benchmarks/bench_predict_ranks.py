@@ -52,11 +52,11 @@ from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
 from landcover.prediction.assemble import assemble
 from landcover.prediction.blend import WindowLayout
+from landcover.prediction.config import PredictConfig
 from landcover.prediction.outfiles import OutputPaths, class_profile, describe_class_raster
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 from landcover.prediction.parts import PartWriter, Staging
 from landcover.prediction.ranks import RankShare, row_costs, split_rows
-from landcover.prediction.runner import PredictConfig
 from landcover.prediction.setup import GDAL_CACHE_BYTES
 from landcover.training.distributed import cpu_model_name
 from tiling.classes import get_class_map
@@ -75,6 +75,7 @@ import torch
 torch.set_num_threads(1)
 import landcover.prediction.distributed as distributed
 import landcover.prediction.runner as runner
+from landcover.prediction.config import PredictConfig
 spent = {"output": 0.0, "wait": 0.0}
 def timed(step, what):
     def run(*args, **kwargs):
@@ -88,7 +89,7 @@ distributed.assemble = timed(distributed.assemble, "output")  # n ranks: rank 0'
 distributed.wait_for_parts = timed(distributed.wait_for_parts, "wait")
 runner.write_cogs = timed(runner.write_cogs, "output")  # 1 rank: the COG
 values = json.loads(sys.argv[1])
-config = runner.PredictConfig(**{**values, "images": tuple(values["images"])})
+config = PredictConfig(**{**values, "images": tuple(values["images"])})
 rank, world = int(sys.argv[2]), int(sys.argv[3])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -315,7 +316,7 @@ def state(per_rank_km2_min: dict[str, float], assembly_rate_mpx_s: float) -> Non
     print()
     print(
         "A rank runs whole block rows (that keeps the COG identical to one process), so "
-        "ranks beyond the block rows with work idle: with many ranks a smaller --block-size "
+        "ranks beyond the block rows with work idle: with many ranks a smaller --block-px "
         "wins although more windows run twice (or fewer, faster ranks: GPUs)."
     )
 

@@ -4,7 +4,7 @@ projection's error against each measurement.
 For `small_unet` and `unet_resnet18`, every mode (none, fp16, bf16, powersgd:2, onebit, and
 bmuf: block momentum, blocks of 4 steps) trains the same synthetic store on the local engine
 as 2 simulated nodes of 1 worker each (`landcover cluster launch`, one thread per worker), each
-node in its own network namespace (`cluster.netns`) behind a link of: unlimited (namespaces,
+node in its own network namespace (`cluster.local.netns`) behind a link of: unlimited (namespaces,
 no shaping), 1 Gbit/s and 100 Mbit/s (tbf on both ends of each veth). From each run's
 metrics.jsonl (`landcover.scaling.runs.load_runs`: medians over epochs 2..E):
 
@@ -45,7 +45,6 @@ from pathlib import Path
 
 from bench_comm import BATCH, MODES, build_store
 
-from cluster.machine import local_cpu_count
 from cluster.vmsizes import Network
 from landcover.scaling.document import format_bytes
 from landcover.scaling.projection import (
@@ -56,6 +55,7 @@ from landcover.scaling.projection import (
 )
 from landcover.scaling.runs import RunSummary, load_runs
 from landcover.training.distributed import cpu_model_name
+from tiling.shared.machine import local_cpu_count
 
 MODELS = ("small_unet", "unet_resnet18")
 LINKS: dict[str, str | None] = {"unlimited": None, "1gbit": "1gbit", "100mbit": "100mbit"}

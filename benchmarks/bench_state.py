@@ -51,7 +51,8 @@ def _child(kind: str, n: int) -> None:
     sys.path.insert(0, str(HERE))
     from statemosaic import build_state_mosaic
 
-    from tiling.plan import TileConfig, plan_tiling
+    from tiling.config import TileConfig
+    from tiling.plan import plan_tiling
     from tiling.tile import tile
 
     warnings.simplefilter("ignore")
@@ -119,9 +120,10 @@ def _plan_file(n: int) -> tuple[int, float, float]:
     from rasterio.crs import CRS
     from rasterio.warp import transform_bounds
 
+    from tiling.config import TileConfig
     from tiling.grid import chip_grid
     from tiling.labels import LabelIndex
-    from tiling.plan import PlacedImage, TileConfig, assemble_plan, class_map_of
+    from tiling.plan import PlacedImage, assemble_plan, class_map_of
     from tiling.planfile import plan_from_json, plan_to_json
     from tiling.sources import RasterInfo
     from tiling.split import chip_blocks, choose_split

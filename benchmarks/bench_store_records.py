@@ -36,10 +36,10 @@ import rasterio
 import zarr
 
 from tiling.classes import get_class_map
-from tiling.fingerprint import fingerprint
 from tiling.params import StoreParams
 from tiling.records import BandStats, SourceRecord
 from tiling.resume import open_writer
+from tiling.shared.fingerprint import fingerprint
 from tiling.store import ATTRS_KEY, open_store
 
 NAIP_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "naip-real"

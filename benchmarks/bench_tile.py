@@ -44,27 +44,32 @@ import rasterio
 import rasterio.windows
 from numcodecs import Zstd
 
-import tiling.tile
+import tiling.append
+import tiling.cut
+import tiling.planfile
+import tiling.rankplan
+from tiling.config import COMPRESSION_LEVEL
 from tiling.grid import chip_offsets
 from tiling.reader import RasterReader
 from tiling.shards import ChunkEncoder
+from tiling.shared.machine import local_cpu_count
 from tiling.synth import SynthConfig, synthesize_scenes
-from tiling.tile import TileConfig, available_cores, tile
+from tiling.tile import TileConfig, tile
 from tiling.writer import ChipStoreWriter
 
 CHIP = 256
 NAIP_PX = 6708  # 6708² ≈ 45.0 Mpx = 6000 x 7500
 QUICK_PX = 2048
-ZSTD_LEVEL = TileConfig(images=(), out="").compression_level  # what `landcover tile` uses
+ZSTD_LEVEL = COMPRESSION_LEVEL  # what `landcover tile` uses
 ONE_WORKER_GOAL = 0.8  # of the limit's throughput, issue 15
 
 # The parts of `tile` timed for the breakdown: (label, owner, attribute). Indented labels are
 # parts of the one above them.
 TIMED_PARTS: tuple[tuple[str, Any, str], ...] = (
-    ("plan: inputs checked, chip grid, split", tiling.tile, "plan_tiling"),
-    ("fingerprints of the inputs", tiling.tile, "fingerprints"),
-    ("open the store", tiling.tile, "open_writer"),
-    ("worker: windows cut (_cut_window)", tiling.tile, "_cut_window"),
+    ("plan: inputs checked, chip grid, split", tiling.planfile, "plan_tiling"),
+    ("fingerprints of the inputs", tiling.rankplan, "fingerprints"),
+    ("open the store", tiling.append, "open_writer"),
+    ("worker: windows cut (_cut_window)", tiling.cut, "_cut_window"),
     ("  read image: GDAL + valid mask", RasterReader, "read_image"),
     ("  read labels: GDAL + class map", RasterReader, "read_labels"),
     ("  compress chips: zstd + crc32c", ChunkEncoder, "encode"),
@@ -279,7 +284,7 @@ def one_worker_vs_limit(image: Path, labels: Path, work: Path, repeat: int) -> N
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_PX} px scene")
-    parser.add_argument("--workers", type=int, default=available_cores(),
+    parser.add_argument("--workers", type=int, default=local_cpu_count(),
                         help="threads/processes for every method [all cores]")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=3, help="best of N for ours and (b)")
     parser.add_argument("--skip-baseline", action="store_true", help="leave out (a)")

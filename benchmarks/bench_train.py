@@ -44,10 +44,10 @@ import rasterio.windows
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cluster.machine import local_cpu_count
 from landcover.data import ShardDataset, gather_chips, normalise, random_ops
 from landcover.models.registry import build_model
 from landcover.training import cpu_model_name, segmentation_loss
+from tiling.shared.machine import local_cpu_count
 from tiling.store import load_shard_into_memory, open_store
 from tiling.synth import SynthConfig, synthesize_scenes
 from tiling.tile import TileConfig, tile

@@ -27,7 +27,8 @@ import torch
 
 from landcover.evaluation import EvaluateConfig, evaluate_prediction
 from landcover.models.export import export_model
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.runner import predict_region
 from landcover.prediction.runtime import load_window_model
 from landcover.prediction.tta import average_over_symmetries, tta_ops
 from landcover.training import train

@@ -1,4 +1,5 @@
-"""Where training runs: cluster.json specs and engines (local torchrun, Azure ML, Kubernetes).
+"""Where training runs: cluster.json specs and engines (local torchrun, SLURM, Azure ML,
+Kubernetes, Dask), one sub-package each, found through the registry `cluster.engines`.
 
 Knows nothing of models: an engine launches an entry module with arguments.
 """

@@ -34,21 +34,13 @@ Flat form (only `targetNodeCount` is required on the local engine)::
       "network": {"bandwidth": "1gbit", "latency": "2ms"}
     }
 
-`dask` (engine "dask"): see `cluster.daskspec`; without `scheduler` a launch starts a
-LocalCluster of targetNodeCount x processesPerNode workers on this machine.
-
-`network` (local engine, root): each simulated node runs in its own network namespace behind a
-link of that rate (tc units: "100mbit", "1gbit"); `latency` is a one-way delay, which needs the
-kernel's netem (refused at launch where the kernel has none). See `cluster.netns`.
-
-`kubernetes.api` is "trainjob" (Kubeflow Trainer v2, the default: `runtime` names the
-ClusterTrainingRuntime, or with `runtimeKind` "TrainingRuntime" the namespaced runtime, that it
-runs on) or "pytorchjob" (the training operator's v1 PyTorchJob). `storageSecretKeys` (TrainJob
-only) lists the keys of `storageSecret` given to the pods; by default the usual storage
-variables, each optional. Names and quantities are checked as the API server checks them:
-`namespace` a DNS-1123 label, `runtime` and `storageSecret` DNS-1123 subdomains, `cpu` and
-`memory` positive resource quantities ("4", "500m", "16Gi"). `azureml.experimentName` and
-`computeName` follow Azure ML's rules for names.
+Each engine's section is read, checked and documented by the engine itself
+(`cluster.engines` finds its `EngineRules`): `azureml` in `cluster.azureml.section`,
+`kubernetes` in `cluster.kubernetes.section`, `slurm` in `cluster.slurm.section`, `dask` in
+`cluster.dask.section`, and `network` (the local engine's emulated links) in
+`cluster.local.section`. This module reads the common part and asks the engine's rules for the
+rest: its section's default, whether it restarts (`elastic`), its nodes' GPUs, and the notes
+for sections it ignores.
 
 Legacy form (the original Batch AI tutorial's cluster.json)::
 
@@ -56,12 +48,6 @@ Legacy form (the original Batch AI tutorial's cluster.json)::
                     "scaleSettings": {"manual": {"targetNodeCount": 2}},
                     "nodeSetup": {"mountVolumes": {"azureBlobFileSystems": [...]},
                                   "setupTask": {"commandLine": "..."}}}}
-
-`azureml` environments: by default the plan builds one from `baseImage` (a PyTorch image; the
-engine's default when left out) plus the project's dependencies, and the job installs the
-uploaded `code` (the project directory when left out); `image` (a container with the project
-installed) or `environment` (a registered Azure ML environment, `name:version` or
-`name@latest`) replace that build. At most one of `image`, `environment`, `baseImage`.
 
 It may carry the flat keys that Batch AI had no word for (`name`, `engine`, `processesPerNode`,
 `elastic`, `data`, `azureml`, `kubernetes`) beside `properties`. Mapping:
@@ -71,10 +57,6 @@ max(1, `minimumNodeCount`) (`initialNodeCount` is checked, then unused: Azure ML
 from zero); `azureBlobFileSystems` become `mounts`; `setupTask.commandLine` becomes
 `setupCommand`. Credentials in the file are collected only so that they can be redacted: no
 engine copies an account key into a job definition. Both forms give the same `ClusterSpec`.
-
-On the slurm engine a node is whatever the partition gives: GPUs per node are
-`slurm.gpusPerNode` (else the VM size's, else none), and "auto" processes are one per GPU
-(one on CPU nodes).
 
 `elastic.maxRestarts` defaults to 3 when an `elastic` block (or autoScale) is present and to 0
 otherwise; `minNodes`/`maxNodes` default to `targetNodeCount`.
@@ -90,12 +72,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cluster.daskspec import dask_spec
-from cluster.engines import engine_info
+from cluster.engines import ENGINES, engine_info, engine_rules
 from cluster.errors import ClusterSpecError
-from cluster.machine import local_cpu_count, local_gpu_count
 from cluster.redact import Redactor, collect_secret_values
-from cluster.sections import azureml_spec, kubernetes_spec, network_shape, slurm_spec
 from cluster.spec import (
     BlobMount,
     ClusterSpec,
@@ -110,10 +89,10 @@ from cluster.specfile import (
     ElasticSection,
     FlatFile,
     LegacyFile,
-    SlurmSection,
     validate_document,
 )
 from cluster.vmsizes import LOCAL, known_vm_sizes, lookup_vm_size
+from tiling.shared.machine import local_cpu_count, local_gpu_count
 
 logger = logging.getLogger(__name__)
 
@@ -288,57 +267,23 @@ def _resolve(
             "letter and not ending with a hyphen (it names the compute cluster and the job)"
         )
     engine = common.engine
-    dask = dask_spec(common.dask) if engine == "dask" or common.dask is not None else None
-    canonical, gpus, vcpus = _vm(vm_size, engine, here=dask is None or dask.embedded)
+    info = engine_info(engine)
+    rules = engine_rules(engine)
+    sections = _sections(common, engine, name)
+    own = sections.get(info.section) if info.section else None
+    canonical, gpus, vcpus = _vm(vm_size, engine, here=rules.nodes_here(own))
     gpu_source = canonical
-    if engine == "slurm" and elastic is not None:
-        raise ClusterSpecError(
-            'engine "slurm" has no elastic restarts: drop "elastic" (or autoScale) and resubmit '
-            "a failed job with --resume to continue from its checkpoint"
-        )
-    if engine == "dask" and elastic is not None:
-        raise ClusterSpecError(
-            'engine "dask" has no elastic restarts: drop "elastic" (tile and predict tasks are '
-            "retried on their own; resume a failed training with --resume)"
-        )
-    slurm = None
-    if engine == "slurm" or common.slurm is not None:
-        slurm = slurm_spec(common.slurm or SlurmSection())
-        if engine == "slurm" and common.slurm and common.slurm.gpus_per_node is not None:
-            gpus, gpu_source = common.slurm.gpus_per_node, "slurm.gpusPerNode"
+    if not info.elastic_restarts and elastic is not None:
+        raise ClusterSpecError(rules.no_elastic or f'engine "{engine}" has no elastic restarts')
+    own_gpus = rules.gpus_per_node(common.engine_section(info.section) if info.section else None)
+    if own_gpus is not None:
+        gpus, gpu_source = own_gpus, f"{info.section}.gpusPerNode"
     ppn = _processes_per_node(common.processes_per_node, canonical, gpus, gpu_source)
-    azureml = None
-    kubernetes = None
-    if engine == "azureml":
-        if common.azureml is None:
-            raise ClusterSpecError(
-                'engine "azureml" needs an "azureml" section: {"subscriptionId", '
-                '"resourceGroup", "workspace"}'
-            )
-        azureml = azureml_spec(common.azureml, name)
-    elif common.azureml is not None:
-        azureml = azureml_spec(common.azureml, name)
-    if engine == "kubernetes" and common.kubernetes is None:
+    if info.needs_section and own is None:
         raise ClusterSpecError(
-            'engine "kubernetes" needs a "kubernetes" section with at least "image" '
-            "(the container image that has landcover installed)"
+            rules.missing or f'engine "{engine}" needs a "{info.section}" section'
         )
-    if common.kubernetes is not None:
-        kubernetes = kubernetes_spec(common.kubernetes)
-    network = None
-    if common.network is not None:
-        network = network_shape(common.network)
-        if engine == "slurm":
-            notes = (
-                *notes,
-                "network: a SLURM cluster's links are its own, so the slurm engine ignores it; "
-                "the local SLURM testbed takes the rate when it starts "
-                "(python -m cluster.testbed up --bandwidth RATE)",
-            )
-        elif engine != "local":
-            notes = (*notes, f"network is emulated by the local engine only: {engine} ignores it")
-    if dask is not None and engine != "dask":
-        notes = (*notes, f'the "dask" section is for engine "dask": {engine} ignores it')
+    notes = (*notes, *_ignored_notes(sections, engine))
     data = DataSpec(common.data.url, common.data.mode, common.data.account_name)
     if data.url is not None and not data.url.strip():
         raise ClusterSpecError('data.url is empty: give the chip store URL or drop "url"')
@@ -355,28 +300,52 @@ def _resolve(
         data=data,
         mounts=mounts,
         setup_command=setup_command,
-        azureml=azureml,
-        kubernetes=kubernetes,
-        slurm=slurm,
-        dask=dask,
-        network=network,
+        **sections,
         notes=notes,
         secret_values=secrets,
     )
 
 
+def _sections(common: CommonSection, engine: str, name: str) -> dict[str, Any]:
+    """Every engine section, checked by its engine's rules: those given, and the running
+    engine's own (its default when absent), keyed by their `ClusterSpec` field."""
+    checked: dict[str, Any] = {}
+    for other in ENGINES.values():
+        if other.section is None:
+            continue
+        raw = common.engine_section(other.section)
+        if raw is not None or other.name == engine:
+            checked[other.section] = engine_rules(other.name).section(raw, name=name)
+    return checked
+
+
+def _ignored_notes(sections: Mapping[str, Any], engine: str) -> list[str]:
+    """A note for each section given that the running engine ignores: the engine's own word
+    on it, else the section's owner's."""
+    rules = engine_rules(engine)
+    notes = []
+    for other in ENGINES.values():
+        key = other.section
+        if other.name == engine or key is None or sections.get(key) is None:
+            continue
+        note = rules.note_on(key) or engine_rules(other.name).ignored(engine)
+        if note is not None:
+            notes.append(note)
+    return notes
+
+
 def _vm(vm_size: str, engine: str, *, here: bool = True) -> tuple[str, int | None, int | None]:
     """(canonical name, GPUs per node, vCPUs per node) of a VM size; None where unknown.
-    `here`: the nodes are this machine (not a Dask scheduler's workers)."""
+    `here`: `vmSize "local"` is this machine (not the nodes a cluster gives, such as a SLURM
+    partition's or a Dask scheduler's workers)."""
     if vm_size.lower() == LOCAL:
-        # no size given: the partition's (or the scheduler's) nodes, GPUs only if asked for
-        if engine == "slurm" or not here:
-            return LOCAL, 0, None
         if not engine_info(engine).local_vm:
             raise ClusterSpecError(
                 f'vmSize "local" names this machine; engine "{engine}" needs an Azure VM size '
                 'such as "Standard_NC6s_v3" (GPU) or "Standard_D4s_v3" (CPU)'
             )
+        if not here:  # no size given: the cluster's nodes, GPUs only if asked for
+            return LOCAL, 0, None
         return LOCAL, local_gpu_count(), local_cpu_count()
     size = lookup_vm_size(vm_size)
     if size is None:

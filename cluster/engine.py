@@ -2,8 +2,8 @@
 
 An engine turns (`ClusterSpec`, `Job`) into a `Plan` — everything it would do, shown redacted
 and as files — and launches a plan. The engines (`cluster.engines` lists them: local, azureml,
-kubernetes, slurm, dask) are imported only when used, so the Azure SDK is needed only for
-`azureml`, Dask only for `dask`.
+kubernetes, slurm, dask, one sub-package of `cluster` each) are imported only when used, so
+the Azure SDK is needed only for `azureml`, Dask only for `dask`.
 
 A job is `python -m ENTRY_MODULE ARGV...` on every worker; the engines know nothing of what the
 module does or what its arguments mean. What it reads and writes are named `inputs` and
@@ -21,7 +21,6 @@ their environment, and every plan redacts its values wherever they would be show
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import re
@@ -30,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cluster._atomic import write_texts_atomic
-from cluster.engines import engine_info
+from cluster.engines import SharesCores, engine_info, load
 from cluster.errors import ClusterError
-from cluster.machine import local_cpu_count
 from cluster.redact import Redactor, collect_secret_values
 from cluster.spec import ClusterSpec
+from tiling.shared.atomic import text_writer, write_files_atomic
+from tiling.shared.machine import cores_per_rank
 
 _REF = re.compile(r"\$\{\{(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_]*)\}\}")
 
@@ -98,24 +97,23 @@ def job_redactor(spec: ClusterSpec, job: Job) -> Redactor:
 
 
 def threads_per_worker(spec: ClusterSpec) -> int | None:
-    """CPU threads for each worker: a fair share of the cores each worker really has. On the
-    local engine K = max(1, cores // workers), the cores being shared by every simulated node;
-    elsewhere K = max(1, vCPUs per node // processes per node) when the VM size is known, or
-    on slurm the CPUs asked for each task (`slurm.cpusPerTask`); on dask `dask.threadsPerWorker`,
-    else the local share on the LocalCluster a launch starts."""
-    if spec.dask is not None and spec.dask.threads_per_worker is not None:
-        return spec.dask.threads_per_worker
-    if spec.engine == "local" or (spec.dask is not None and spec.dask.embedded):
-        return max(1, local_cpu_count() // spec.workers)
-    if spec.engine == "slurm" and spec.slurm is not None and spec.slurm.cpus_per_task:
-        return spec.slurm.cpus_per_task
+    """CPU threads for each worker: a fair share of the cores each worker really has. What
+    the engine's section sets first (`slurm.cpusPerTask`, `dask.threadsPerWorker`, or the
+    local share on the LocalCluster a dask launch starts); on an engine whose workers run on
+    this machine (`EngineInfo.runs_here`) K = max(1, cores // workers), the cores being shared
+    by every simulated node; elsewhere K = max(1, vCPUs per node // processes per node) when
+    the VM size is known."""
+    key = engine_info(spec.engine).section
+    section = None if key is None else getattr(spec, key)
+    if isinstance(section, SharesCores):
+        threads = section.worker_threads(spec.workers)
+        if threads is not None:
+            return threads
+    if engine_info(spec.engine).runs_here:
+        return cores_per_rank(spec.workers)
     if spec.vcpus_per_node:
         return max(1, spec.vcpus_per_node // spec.processes_per_node)
     return None
-
-
-def is_url(path: str) -> bool:
-    return "://" in path or path.startswith("azureml:")
 
 
 # ----------------------------------------------------------------------------- plans, launches
@@ -173,8 +171,7 @@ class Engine(Protocol):
 
 def get_engine(name: str) -> Engine:
     """The engine called `name` (imported on first use; `cluster.engines` lists them)."""
-    module_name, attr = engine_info(name).target.split(":")
-    engine: Engine = getattr(importlib.import_module(module_name), attr)()
+    engine: Engine = load(engine_info(name).target)()
     return engine
 
 
@@ -212,11 +209,10 @@ def write_plan_files(plan: Plan, out_dir: str | Path, *, overwrite: bool = False
     if existing and not overwrite:
         raise ClusterError(f"{existing[0]} exists; pass --overwrite to replace the plan files")
     stale = set(_previous_plan_files(directory / PLAN_FILE)) - set(names) if overwrite else set()
-    modes = [0o755 if t.suffix == ".sh" else None for t in targets]
+    modes: dict[Path, int | None] = {t: 0o755 for t in targets if t.suffix == ".sh"}
+    writes = [(t, text_writer(text)) for t, text in zip(targets, files.values(), strict=True)]
     try:
-        write_texts_atomic(
-            list(zip(targets, files.values(), modes, strict=True)), overwrite=overwrite
-        )
+        write_files_atomic(writes, overwrite=overwrite, modes=modes)
     except FileExistsError as exc:  # appeared since the check above: kept
         raise ClusterError(
             f"{exc.filename} exists; pass --overwrite to replace the plan files"

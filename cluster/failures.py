@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cluster._atomic import write_text_atomic
+from tiling.shared.atomic import write_text_atomic
+from tiling.shared.rankenv import RESTART_COUNT_ENV
 
 ERROR_DIR_ENV = "LANDCOVER_ERROR_DIR"
-RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun for every worker
 ERROR_SUFFIX = ".error"
 
 

@@ -11,14 +11,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from cluster.errors import ClusterSpecError
-from cluster.machine import local_cpu_count, local_gpu_count
-from cluster.netns import LinkShape
 from cluster.redact import Redactor
 from cluster.vmsizes import LOCAL
+from tiling.shared.machine import local_cpu_count, local_gpu_count
 
 if TYPE_CHECKING:  # the JSON schema's names (pydantic): not imported to run a spec
-    from cluster.daskspec import DaskSpec
-    from cluster.specfile import DataMode, EngineName, KubernetesApi
+    from cluster.azureml.section import AzureMLSpec
+    from cluster.dask.section import DaskSpec
+    from cluster.kubernetes.section import KubernetesSpec
+    from cluster.local.netns import LinkShape
+    from cluster.slurm.section import SlurmSpec
+    from cluster.specfile import DataMode, EngineName
 
 Priority = Literal["dedicated", "lowpriority"]
 
@@ -51,58 +54,6 @@ class BlobMount:
 
 
 @dataclass(frozen=True, slots=True)
-class AzureMLSpec:
-    """The `azureml` section. The job's environment is at most one of `image` (a container
-    with the project installed), `environment` (a registered environment, `name:version`), and
-    otherwise one the plan builds from `base_image` (None: the engine's default) plus the
-    project's dependencies."""
-
-    subscription_id: str
-    resource_group: str
-    workspace: str
-    compute_name: str
-    image: str | None = None
-    environment: str | None = None
-    base_image: str | None = None
-    experiment_name: str = "landcover"
-    idle_seconds_before_scale_down: int = 1800
-    code: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class KubernetesSpec:
-    """Kubeflow settings: `api` picks a Trainer v2 TrainJob (on the ClusterTrainingRuntime or
-    TrainingRuntime `runtime`) or a v1 PyTorchJob. `storage_secret` names a Secret the pods read
-    their storage credentials from: all of it (PyTorchJob) or its `storage_secret_keys`
-    (TrainJob: Trainer v2 takes environment variables one by one)."""
-
-    image: str
-    api: KubernetesApi = "trainjob"
-    runtime: str = "torch-distributed"
-    runtime_kind: str = "ClusterTrainingRuntime"
-    namespace: str = "default"
-    image_pull_policy: str | None = None  # None: the cluster's default for the image's tag
-    storage_secret: str | None = None
-    storage_secret_keys: tuple[str, ...] | None = None  # None: the usual storage variables
-    cpu: str | None = None
-    memory: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmSpec:
-    """What the sbatch script asks SLURM for beyond nodes and tasks (None: SLURM's default),
-    the shell lines it runs first, and the network interface gloo/NCCL should use."""
-
-    partition: str | None = None
-    account: str | None = None
-    time_limit: str | None = None  # "HH:MM:SS" or "D-HH:MM:SS"
-    cpus_per_task: int | None = None
-    setup: tuple[str, ...] = ()
-    extra_directives: tuple[str, ...] = ()
-    socket_interface: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     """A validated cluster description. Build it with `load_cluster_spec` or `local_spec`."""
 
@@ -122,7 +73,7 @@ class ClusterSpec:
     kubernetes: KubernetesSpec | None = None
     slurm: SlurmSpec | None = None  # always set on the slurm engine
     dask: DaskSpec | None = None  # always set on the dask engine
-    # each node in its own network namespace behind a link of this shape (`cluster.netns`)
+    # each node in its own network namespace behind a link of this shape (`cluster.local.netns`)
     network: LinkShape | None = None
     # what the file said that no engine acts on, shown in plans
     notes: tuple[str, ...] = field(default=(), compare=False)

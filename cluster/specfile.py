@@ -9,28 +9,23 @@ the closest known one); Batch AI sections accept keys we do not use, which becom
 from __future__ import annotations
 
 import difflib
-import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-)
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field, StrictStr, ValidationError, create_model
 
-from cluster.daskspec import DaskSection
+from cluster.engines import ENGINES, engine_rules
 from cluster.errors import ClusterSpecError
+from cluster.jsonmodel import JsonModel as _Model
+from cluster.jsonmodel import LenientModel as _LenientModel
+from cluster.jsonmodel import NonNegativeInt, PositiveInt
 from cluster.vmsizes import LOCAL
 
-EngineName = Literal["local", "azureml", "kubernetes", "slurm", "dask"]
 DataMode = Literal["mount", "direct"]
-KubernetesApi = Literal["trainjob", "pytorchjob"]
 DEFAULT_ELASTIC_RESTARTS = 3
+if TYPE_CHECKING:
+    EngineName = str
+else:  # the registry's engines, in its order
+    EngineName = Literal[tuple(ENGINES)]
 
 
 def validate_document(data: Any) -> FlatFile | LegacyFile:
@@ -41,20 +36,6 @@ def validate_document(data: Any) -> FlatFile | LegacyFile:
         return (LegacyFile if legacy else FlatFile).model_validate(data)
     except ValidationError as exc:
         raise ClusterSpecError(one_line(exc, legacy=legacy)) from None
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True)
-
-
-class _LenientModel(BaseModel):
-    """Batch AI sections: keys we do not use are allowed (reported as notes)."""
-
-    model_config = ConfigDict(extra="allow", alias_generator=to_camel, frozen=True)
-
-
-PositiveInt = Annotated[StrictInt, Field(ge=1)]
-NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 
 
 class ElasticSection(_Model):
@@ -75,96 +56,36 @@ class BlobMountSection(_LenientModel):
     relative_mount_path: StrictStr
 
 
-class AzureMLSection(_Model):
-    subscription_id: StrictStr
-    resource_group: StrictStr
-    workspace: StrictStr
-    image: StrictStr | None = None
-    environment: StrictStr | None = None
-    base_image: StrictStr | None = None
-    compute_name: StrictStr | None = None
-    experiment_name: StrictStr = "landcover"
-    idle_seconds_before_scale_down: NonNegativeInt = 1800
-    code: StrictStr | None = None
+def _section_models() -> dict[str, type[BaseModel]]:
+    """Each engine's cluster.json section, by key, in the registry's order."""
+    models = {info.section: engine_rules(info.name).model for info in ENGINES.values()}
+    return {key: model for key, model in models.items() if key is not None and model is not None}
 
 
-class KubernetesSection(_Model):
-    api: KubernetesApi = "trainjob"
-    runtime: StrictStr = "torch-distributed"
-    runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
-    image: StrictStr
-    namespace: StrictStr = "default"
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    storage_secret: StrictStr | None = None
-    storage_secret_keys: list[StrictStr] | None = None
-    cpu: StrictStr | StrictInt | None = None
-    memory: StrictStr | None = None
+SECTION_MODELS = _section_models()
 
 
-# SLURM's time formats that name hours: "HH:MM:SS" and "D-HH:MM:SS" (days, hours)
-_TIME_LIMIT = re.compile(r"^(?:\d+-)?\d{1,3}:[0-5]\d:[0-5]\d$")
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,-]+$")  # a partition (or a comma list of them), account
-_IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # a Linux interface name
-
-
-def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if not pattern.match(value):
-            raise ValueError(f"must be {what}")
-        return value
-
-    return AfterValidator(check)
-
-
-def _one_line(value: str) -> str:
-    if "\n" in value or "\r" in value or not value.strip():
-        raise ValueError("must be one non-empty line")
-    return value
-
-
-def _sbatch_option(value: str) -> str:
-    if not value.strip().removeprefix("#SBATCH").strip().startswith("-"):
-        raise ValueError('must be an sbatch option such as "--exclusive"')
-    return value
-
-
-OneLine = Annotated[StrictStr, AfterValidator(_one_line)]
-
-
-class SlurmSection(_Model):
-    partition: Annotated[StrictStr, _matching(_SLURM_NAME, "a SLURM partition name")] | None = None
-    account: Annotated[StrictStr, _matching(_SLURM_NAME, "a SLURM account name")] | None = None
-    time_limit: (
-        Annotated[StrictStr, _matching(_TIME_LIMIT, '"HH:MM:SS" or "D-HH:MM:SS", e.g. "02:00:00"')]
-        | None
-    ) = None
-    gpus_per_node: NonNegativeInt | None = None
-    cpus_per_task: PositiveInt | None = None
-    setup: list[OneLine] = Field(default_factory=list)
-    extra_directives: list[Annotated[OneLine, AfterValidator(_sbatch_option)]] = Field(
-        default_factory=list
-    )
-    socket_interface: (
-        Annotated[StrictStr, _matching(_IFNAME, 'a network interface name such as "eth0"')] | None
-    ) = None
-
-
-class NetworkSection(_Model):
-    bandwidth: StrictStr | None = None
-    latency: StrictStr | None = None
-
-
-class CommonSection(_Model):
+class _Common(_Model):
     name: StrictStr = "landcover"
     engine: EngineName = "local"
     processes_per_node: Literal["auto"] | PositiveInt = "auto"
     elastic: ElasticSection | None = None
     data: DataSection = Field(default_factory=DataSection)
-    azureml: AzureMLSection | None = None
-    kubernetes: KubernetesSection | None = None
-    slurm: SlurmSection | None = None
-    dask: DaskSection | None = None
-    network: NetworkSection | None = None
+
+    def engine_section(self, key: str) -> Any:
+        """The section `key` as written (None: absent)."""
+        return getattr(self, key)
+
+
+if TYPE_CHECKING:
+    CommonSection = _Common
+else:  # plus one optional field per engine section
+    CommonSection = create_model(
+        "CommonSection",
+        __base__=_Common,
+        __module__=__name__,
+        **{key: (model | None, None) for key, model in SECTION_MODELS.items()},
+    )
 
 
 class FlatFile(CommonSection):
@@ -235,11 +156,7 @@ _KNOWN_KEYS = sorted(
         *(f.alias or n for m in (FlatFile, LegacyFile) for n, f in m.model_fields.items()),
         *(f.alias or n for n, f in ElasticSection.model_fields.items()),
         *(f.alias or n for n, f in DataSection.model_fields.items()),
-        *(f.alias or n for n, f in AzureMLSection.model_fields.items()),
-        *(f.alias or n for n, f in KubernetesSection.model_fields.items()),
-        *(f.alias or n for n, f in SlurmSection.model_fields.items()),
-        *(f.alias or n for n, f in NetworkSection.model_fields.items()),
-        *(f.alias or n for n, f in DaskSection.model_fields.items()),
+        *(f.alias or n for m in SECTION_MODELS.values() for n, f in m.model_fields.items()),
         "manual",
         "autoScale",
     }

@@ -10,10 +10,11 @@ landcover.predict(run.run_dir / "model.pt", "naip/*.tif", "map.tif", bbox=(-76.6
 
 Each call takes the options of its command (`landcover tile`, `landcover train`,
 `landcover predict`) as keyword arguments named like the config fields (`chip_size=`,
-`batch_size=`, `block_px=`), builds the same frozen config the CLI builds and runs the same
-library function, so a script and a command line give the same store, run and map. Bad input
-raises the package's error (`tiling.errors.TilingError`, `landcover.errors.LandcoverError`)
-with the one-line message the CLI would print.
+`batch_size=`, `block_px=`; typed by `landcover.apioptions`, their defaults the config's),
+builds the same frozen config the CLI builds and runs the same library function, so a script
+and a command line give the same store, run and map. Bad input raises the package's error
+(`tiling.errors.TilingError`, `landcover.errors.LandcoverError`) with the one-line message the
+CLI would print.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
+from landcover.apioptions import PredictOptions, TileOptions, TrainOptions
 from landcover.errors import LandcoverError
 
 if TYPE_CHECKING:
@@ -39,17 +41,22 @@ Bbox = tuple[float, float, float, float]
 
 
 def tile(
-    images: Sources, out: PathLike, *, labels: Sources = (), cluster: Any = None, **options: Any
+    images: Sources,
+    out: PathLike,
+    *,
+    labels: Sources = (),
+    cluster: Any = None,
+    **options: Unpack[TileOptions],
 ) -> TileResult:
     """Cut `images` (paths, globs or URLs) and their `labels` into a chip store at `out`.
 
-    `options` are `tiling.plan.TileConfig` fields: `chip_size=256`, `stride`, `shard_size`,
+    `options` are `tiling.config.TileConfig` fields: `chip_size=256`, `stride`, `shard_size`,
     `min_valid`, `class_map`, `val_fraction`, `workers`, `storage_options`, `overwrite`, ...
     Rerunning the same call resumes an interrupted store, as `landcover tile` does.
     `cluster`: a cluster.json path (engine "dask") or a `distributed.Client`; each source is
     then cut by a task on that Dask cluster, and the store is the one this process writes.
     """
-    from tiling.plan import TileConfig
+    from tiling.config import TileConfig
     from tiling.tile import tile as write_store
 
     config = _config(
@@ -62,7 +69,9 @@ def tile(
     return write_store(config)
 
 
-def train(store: PathLike, out: PathLike, *, cluster: Any = None, **options: Any) -> TrainResult:
+def train(
+    store: PathLike, out: PathLike, *, cluster: Any = None, **options: Unpack[TrainOptions]
+) -> TrainResult:
     """Train a model on chip store `store` into run directory `out` (in this process).
 
     `options` are `landcover.training.config.TrainConfig` fields: `model="small_unet"`,
@@ -93,7 +102,7 @@ def predict(
     region_crs: str | None = None,
     cluster: Any = None,
     tile_px: int | None = None,
-    **options: Any,
+    **options: Unpack[PredictOptions],
 ) -> PredictResult | TiledResult:
     """Predict a land-cover COG at `out` from the model file `model` and `images`; with
     `tile_px`, a tiled map product in the directory `out` (one COG per tile of that edge, a
@@ -101,14 +110,15 @@ def predict(
 
     The region is a GeoJSON or WKT file, a parsed GeoJSON mapping, a shapely geometry, or a
     `bbox` (W, S, E, N); coordinates in `region_crs` (default EPSG:4326). Without either, the
-    union of the images. `options` are `landcover.prediction.runner.PredictConfig` fields:
+    union of the images. `options` are `landcover.prediction.config.PredictConfig` fields:
     `resolution`, `overlap_px`, `batch_size`, `device`, `probabilities`, `block_px`,
     `overwrite`, `storage_options`, `max_pixels`, ...
     `cluster`: a cluster.json path (engine "dask") or a `distributed.Client`; each worker
     then predicts its share of the block rows as one rank, and the COG is the same; a tiled
     product's tiles are tasks of their own.
     """
-    from landcover.prediction.runner import PredictConfig, predict_region
+    from landcover.prediction.config import PredictConfig
+    from landcover.prediction.runner import predict_region
     from landcover.prediction.tiled import predict_product
     from landcover.prediction.tileplan import TiledSetup, check_tile_size
 

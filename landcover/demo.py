@@ -30,11 +30,12 @@ from shapely.ops import transform as shapely_transform
 
 from cluster.clusterjson import load_cluster_spec
 from cluster.spec import ClusterSpec, local_spec
-from landcover.atomic import check_can_create_in, write_text_atomic
 from landcover.errors import LandcoverError
 from landcover.evaluation import EvaluateConfig, Evaluation, evaluate_prediction, write_report
+from landcover.outputs import check_can_create_in, write_text_atomic
+from landcover.prediction.config import PredictConfig
 from landcover.prediction.region import parse_region
-from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
+from landcover.prediction.runner import PredictResult, predict_region
 from landcover.scaling.report import ReportPaths, write_scaling_report
 from landcover.scaling.runs import load_runs
 from landcover.scaling.sweep import SweepConfig, SweepResult, run_sweep, spec_for_workers

@@ -22,7 +22,8 @@ from cluster.spec import ClusterSpec
 from landcover.errors import LandcoverError
 
 if TYPE_CHECKING:
-    from landcover.prediction.runner import PredictConfig, PredictResult
+    from landcover.prediction.config import PredictConfig
+    from landcover.prediction.runner import PredictResult
     from landcover.prediction.tiled import TiledResult
     from landcover.prediction.tileplan import TiledSetup
     from landcover.training.config import TrainConfig
@@ -42,7 +43,7 @@ def cluster_of(cluster: ClusterArg) -> tuple[ClusterSpec, Any]:
             f"cluster= takes a cluster.json path or a distributed.Client, got "
             f"{type(cluster).__name__}"
         )
-    from cluster.daskclient import worker_hosts
+    from cluster.dask.client import worker_hosts
 
     per_host = Counter(worker_hosts(cluster).values())
     if not per_host:
@@ -61,7 +62,7 @@ def cluster_of(cluster: ClusterArg) -> tuple[ClusterSpec, Any]:
 
 def train_on_cluster(config: TrainConfig, cluster: ClusterArg) -> TrainResult:
     """Train `config` on `cluster` and return the result read back from the run dir."""
-    from cluster.daskengine import plan_dask
+    from cluster.dask.engine import plan_dask
     from landcover.training.launch import check_run_dir, overwrite_once, training_job
 
     spec, client = cluster_of(cluster)
@@ -96,7 +97,7 @@ def read_train_result(run_dir: Path) -> TrainResult:
 
 def tile_on_cluster(config: TileConfig, cluster: ClusterArg) -> TileResult:
     """Write the store of `config` here, its sources cut as tasks on the Dask cluster."""
-    from cluster.daskclient import TaskRunner, dask_client
+    from cluster.dask.client import TaskRunner, dask_client
     from tiling.tile import tile
 
     spec, client = cluster_of(cluster)
@@ -109,8 +110,8 @@ def predict_on_cluster(config: PredictConfig, cluster: ClusterArg) -> PredictRes
     """Predict `config` as one rank per worker of the Dask cluster (each rank's share of the
     block rows is one task pinned to its worker; rank 0 assembles the output), and return
     rank 0's result."""
-    from cluster.daskclient import dask_client, worker_hosts
-    from cluster.daskengine import assign_ranks
+    from cluster.dask.client import dask_client, worker_hosts
+    from cluster.dask.engine import assign_ranks
     from landcover.prediction.runner import predict_region
 
     spec, client = cluster_of(cluster)
@@ -149,7 +150,7 @@ def predict_on_cluster(config: PredictConfig, cluster: ClusterArg) -> PredictRes
 def predict_tiles_on_cluster(setup: TiledSetup, cluster: ClusterArg) -> TiledResult:
     """Predict the tiled product of `setup` with one task per tile on the Dask cluster; this
     process writes the collection and the mosaic."""
-    from cluster.daskclient import TaskRunner, dask_client
+    from cluster.dask.client import TaskRunner, dask_client
     from landcover.prediction.tiled import predict_product
 
     spec, client = cluster_of(cluster)

@@ -35,7 +35,7 @@ LOCK_SUFFIX = ".lock"
 def lock_path_for(output: str) -> Path:
     """The lock file of output `output` (a file or a directory): `<output>.lock` beside a local
     one; for a URL, a file named by the URL's hash in this machine's temporary directory."""
-    from tiling.urls import is_local, local_path  # imports zarr: only when a lock is taken
+    from tiling.shared.urls import is_local, local_path  # imports zarr: only when a lock is taken
 
     if is_local(output):
         local = local_path(output).absolute()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.netns import network_unavailable_reason
-from cluster.testbed import SlurmTestbed, slurm_testbed_unavailable_reason
+from cluster.local.netns import network_unavailable_reason
+from tests.support.slurm_testbed import SlurmTestbed, slurm_testbed_unavailable_reason
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADER_PACKAGES = ("torch", "torchvision", "numpy", "rasterio", "zarr")

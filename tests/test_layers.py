@@ -104,3 +104,50 @@ def test_a_circle_and_an_upward_import_are_found(
     made = grimp.build_graph("layered", cache_dir=None)
     assert import_circles(made) == [["layered.a", "layered.b"]]
     assert made.find_shortest_chains(importer="layered.low", imported="layered.top")
+
+
+SHARED = "tiling.shared"
+
+
+def _tiling_imports(graph: grimp.ImportGraph, package: str) -> set[tuple[str, str]]:
+    """(importer, imported) for each module of tiling that a module of `package` imports."""
+    modules = {package} | graph.find_descendants(package)
+    return {
+        (m, t)
+        for m in modules
+        for t in graph.find_modules_directly_imported_by(m)
+        if t.split(".")[0] == "tiling"
+    }
+
+
+def _in_shared(module: str) -> bool:
+    return module == SHARED or module.startswith(f"{SHARED}.")
+
+
+def test_cluster_uses_only_the_shared_layer_of_tiling(graph: grimp.ImportGraph) -> None:
+    """cluster may import `tiling.shared` (the layer all three packages use), nothing else of
+    tiling; and the shared layer imports nothing of tiling but itself and `tiling.errors`, so
+    cluster reaches no more of tiling through it."""
+    beyond = {pair for pair in _tiling_imports(graph, "cluster") if not _in_shared(pair[1])}
+    assert not beyond, sorted(beyond)
+    outside = {
+        (m, t)
+        for m, t in _tiling_imports(graph, SHARED)
+        if not _in_shared(t) and t not in ("tiling", "tiling.errors")
+    }
+    assert not outside, sorted(outside)
+
+
+def test_the_shared_layer_is_cheap_to_import() -> None:
+    """No torch, zarr, fsspec or rasterio when every shared module is imported."""
+    import subprocess
+    import sys
+
+    shared = sorted(p.stem for p in (Path(__file__).parents[1] / "tiling" / "shared").glob("*.py"))
+    code = (
+        "import sys\n"
+        + "".join(f"import tiling.shared.{name}\n" for name in shared if name != "__init__")
+        + "print(sorted({'torch', 'zarr', 'fsspec', 'rasterio'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

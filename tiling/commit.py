@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiling.errors import StoreError, TilingError
-from tiling.fingerprint import Fingerprint
 from tiling.parts import (
     CutSource,
     CutWindow,
@@ -30,18 +29,19 @@ from tiling.parts import (
     part_key,
 )
 from tiling.plan import SourcePlan, TilePlan
-from tiling.polling import poll_delays
 from tiling.records import SourceRecord
+from tiling.shared.fingerprint import Fingerprint
+from tiling.shared.urls import filesystem, is_local, local_path, storage_errors
+from tiling.staged import PollSchedule, wait_until
 from tiling.staging import PartStaging
 from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, done_chips
-from tiling.urls import filesystem, is_local, local_path, storage_errors
 from tiling.writer import ChipStoreWriter
 
 logger = logging.getLogger(__name__)
 
-FIRST_POLL_S = 0.05
-MAX_POLL_S = 1.0  # on blob storage: one small request per second per waiting rank 0
-WAIT_LOG_EVERY_S = 60.0
+# How rank 0 polls for another rank's part: on blob storage at most one small request per
+# second per waiting rank 0.
+PART_POLL = PollSchedule(first_s=0.05, max_s=1.0)
 # Rank 0 counts each chip it commits as this fraction of one it cuts. Measured with
 # benchmarks/bench_tile_ranks.py (2048 chips of 256 px on local disk) the commit takes
 # 1.2-1.8 s against ~9.5 s of cutting, but waits on the disk part of that time: weights of
@@ -260,25 +260,26 @@ def _wait_for_part(
     staging: PartStaging, item: PendingSource, check: Callable[[], None]
 ) -> tuple[SourcePart, float]:
     """Poll until the part of `item` is staged and checks out: (the part, seconds its read took)."""
-    start = logged = time.perf_counter()
-    delays = poll_delays(staging.url, FIRST_POLL_S, MAX_POLL_S)
-    while True:
+    read_s = 0.0
+
+    def find() -> SourcePart | None:
+        nonlocal read_s
         before = time.perf_counter()
         part = staging.get(item.record.id, item.key)
-        if part is not None:
-            return part, time.perf_counter() - before
-        check()
-        now = time.perf_counter()
-        if now - logged >= WAIT_LOG_EVERY_S:
-            logger.info(
-                "waiting %.0f s for the part of source %d (%s) from rank %d",
-                now - start,
-                item.record.id,
-                item.record.path,
-                item.owner,
-            )
-            logged = now
-        time.sleep(next(delays))
+        read_s = time.perf_counter() - before
+        return part
+
+    def waiting(seconds: float) -> None:
+        logger.info(
+            "waiting %.0f s for the part of source %d (%s) from rank %d",
+            seconds,
+            item.record.id,
+            item.record.path,
+            item.owner,
+        )
+
+    part = wait_until(find, url=staging.url, schedule=PART_POLL, check=check, waiting=waiting)
+    return part, read_s
 
 
 def reusable_parts(

@@ -30,9 +30,8 @@ decimal print (errors of 1e-9..1e-6 px) must not be warped for float noise."""
 
 
 def chip_offsets(length_px: int, chip_size: int, stride: int) -> tuple[int, ...]:
-    """Start offsets (pixels) of the chips along one axis of `length_px` pixels."""
-    if chip_size < 1 or stride < 1:
-        raise ValueError(f"chip size and stride must be positive, got {chip_size}, {stride}")
+    """Start offsets (pixels) of the chips along one axis of `length_px` pixels. The chip size
+    and stride are positive: `tiling.config.TileConfig` checks them at the boundary."""
     if chip_size > length_px:
         raise ValueError(f"chip size {chip_size} exceeds length {length_px}")
     offsets = list(range(0, length_px - chip_size + 1, stride))
@@ -115,11 +114,8 @@ class ChipGrid:
 
 
 def chip_grid(height: int, width: int, chip_size: int, stride: int, *, where: str) -> ChipGrid:
-    """The grid of an image, or a one-line `TilingError` naming the image and the fix."""
-    if chip_size < 1:
-        raise TilingError(f"--chip-size must be positive, got {chip_size}")
-    if stride < 1:
-        raise TilingError(f"--stride must be positive, got {stride}")
+    """The grid of an image, or a one-line `TilingError` naming the image and the fix (the
+    chip size and stride themselves are checked once, by `tiling.config.TileConfig`)."""
     if chip_size > height or chip_size > width:
         raise TilingError(
             f"{where}: chip size {chip_size} is larger than the image ({height} x {width} px); "

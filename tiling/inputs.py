@@ -20,9 +20,7 @@ from urllib.parse import urlsplit
 
 from tiling.errors import SourceNotFoundError
 from tiling.records import NUM_BANDS
-from tiling.stac import stac_sources
-from tiling.stacquery import StacOptions, StacSource, is_stac_document
-from tiling.urls import (
+from tiling.shared.urls import (
     AZURE_PROTOCOLS,
     filesystem,
     is_local,
@@ -30,6 +28,8 @@ from tiling.urls import (
     protocol,
     storage_errors,
 )
+from tiling.stac import stac_sources
+from tiling.stacquery import StacOptions, StacSource, is_stac_document
 
 logger = logging.getLogger(__name__)
 

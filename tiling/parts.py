@@ -17,7 +17,6 @@ Parts are kept in `tiling.staging.PartStaging`, a folder beside the store.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import struct
@@ -29,11 +28,12 @@ import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
-from tiling.fingerprint import Fingerprint
 from tiling.params import StoreParams
 from tiling.plan import SourcePlan
 from tiling.records import NUM_BANDS, BandStats
 from tiling.shards import EncodedChunk
+from tiling.shared.fingerprint import Fingerprint
+from tiling.staged.keys import content_key
 from tiling.store_format import FORMAT_VERSION
 
 PART_FORMAT_VERSION = 2  # 2: a part may leave its interior shard objects beside it
@@ -96,7 +96,7 @@ class Interior:
 
 
 class WindowTotals(Protocol):
-    """The statistics one read window contributes (`tiling.tile._WindowChips` has them)."""
+    """The statistics one read window contributes (`tiling.cut.WindowChips` has them)."""
 
     @property
     def sums(self) -> npt.NDArray[np.uint64]: ...
@@ -227,7 +227,7 @@ def part_key(
         "image": [image, stamp(image)],
         "labels": [[lab.path, stamp(lab.path)] for lab in source.labels],
     }
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+    return content_key(what)
 
 
 def run_key(params: StoreParams) -> str:
@@ -235,7 +235,7 @@ def run_key(params: StoreParams) -> str:
     counts ranks publish. Unlike a part's key it needs no fingerprint, so a rank can name
     the count of a source it did not open."""
     what = {"part_format": PART_FORMAT_VERSION, "params": params.to_json()}
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    return content_key(what, hex_digits=16)
 
 
 def part_pieces(part: SourcePart) -> list[bytes]:

@@ -10,25 +10,23 @@ is. Nothing here writes, so `--dry-run` prints the plan.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from tiling.classes import DEFAULT_CLASS_MAP, IDENTITY, ClassMap, get_class_map
+from tiling.classes import IDENTITY, ClassMap, get_class_map
+from tiling.config import TileConfig
 from tiling.errors import TilingError
-from tiling.fingerprint import Fingerprint
 from tiling.grid import ChipGrid, ReadWindow, chip_grid
 from tiling.labels import LabelIndex
 from tiling.params import StoreParams
 from tiling.records import NUM_BANDS, STATE_WRITING, SourceRecord
+from tiling.shared.fingerprint import Fingerprint
 from tiling.sources import RasterInfo, expand_inputs, open_image, open_label
 from tiling.split import SplitRule, block_edge_m, chip_blocks, choose_split
 from tiling.store import SPLIT_TRAIN, SPLIT_VAL
-from tiling.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
 
@@ -38,44 +36,6 @@ MAX_WINDOW_WIDTH_PX = 8192
 # Windows of labels and image are at least this tall (or one TIFF block, if taller), so
 # a strip-organised file is read in a few large requests.
 MIN_WINDOW_HEIGHT_PX = 256
-
-
-def available_cores() -> int:
-    """CPU cores this process may use (affinity and cgroup-restricted where visible)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-@dataclass(frozen=True, slots=True)
-class TileConfig:
-    """Options of `landcover tile`."""
-
-    images: tuple[str, ...]
-    out: str
-    labels: tuple[str, ...] = ()
-    chip_size: int = 256
-    stride: int | None = None  # None: chip_size (no overlap)
-    shard_size: int = 64
-    min_valid: float = 0.9
-    class_map: str = DEFAULT_CLASS_MAP
-    num_classes: int | None = None  # only for class_map="identity"
-    val_fraction: float = 0.1
-    split_block_chips: int = 4
-    workers: int | None = None  # None: every available core
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    overwrite: bool = False
-    compression_level: int = 3
-    zero_is_nodata: bool = True  # no nodata tag, no mask: 0 in all four bands is nodata
-
-    @property
-    def effective_stride(self) -> int:
-        return self.chip_size if self.stride is None else self.stride
-
-    @property
-    def effective_workers(self) -> int:
-        return available_cores() if self.workers is None else self.workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,33 +126,6 @@ class TilePlan:
         return -(-self.max_train // world_size) * (self.chip_bytes + 8)
 
 
-def check_config(config: TileConfig) -> None:
-    """Refuse options no run can use (one line naming the option and its value)."""
-    if config.chip_size < 1:
-        raise TilingError(f"--chip-size must be positive, got {config.chip_size}")
-    if config.effective_stride < 1:
-        raise TilingError(f"--stride must be positive, got {config.stride}")
-    if config.shard_size < 1:
-        raise TilingError(f"--shard-size must be positive, got {config.shard_size}")
-    if not 0.0 <= config.min_valid <= 1.0:
-        raise TilingError(f"--min-valid must be in [0, 1], got {config.min_valid}")
-    if not 0.0 <= config.val_fraction < 1.0:
-        raise TilingError(f"--val-fraction must be in [0, 1), got {config.val_fraction}")
-    if config.split_block_chips < 1:
-        raise TilingError(f"split block must be at least 1 chip, got {config.split_block_chips}")
-    if config.effective_workers < 1:
-        raise TilingError(f"--workers must be at least 1, got {config.workers}")
-    if not config.images:
-        raise TilingError("no images given; pass GeoTIFF paths, globs or URLs")
-    if config.num_classes is not None and config.class_map != IDENTITY:
-        raise TilingError(
-            f"--num-classes {config.num_classes} applies only to --class-map identity "
-            f"(got --class-map {config.class_map}); drop --num-classes or pass "
-            "--class-map identity"
-        )
-    check_storage_options((*config.images, *config.labels, config.out), config.storage_options)
-
-
 def class_map_of(config: TileConfig) -> ClassMap | None:
     """The store's class table for these options (None for an images-only store)."""
     if not config.labels:
@@ -207,8 +140,9 @@ def class_map_of(config: TileConfig) -> ClassMap | None:
 
 
 def plan_tiling(config: TileConfig) -> TilePlan:
-    """Expand and validate every input; no pixels are read and nothing is written."""
-    check_config(config)
+    """Expand and validate every input (the options are checked by `TileConfig`); no pixels
+    are read and nothing is written."""
+    config.check_inputs()
     class_map = class_map_of(config)
     options = config.storage_options
     image_paths = expand_inputs(config.images, storage_options=options, what="image")

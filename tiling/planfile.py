@@ -21,7 +21,6 @@ parameters do not match what the rank's own options give, is never used.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import time
@@ -36,20 +35,19 @@ from affine import Affine
 from rasterio.crs import CRS
 
 from tiling import stager as stager_module
-from tiling.fingerprint import stamps
+from tiling.config import TileConfig
 from tiling.grid import chip_grid
 from tiling.plan import (
     PlacedImage,
-    TileConfig,
     TilePlan,
     assemble_plan,
-    check_config,
     class_map_of,
     plan_tiling,
 )
-from tiling.polling import poll_delays
+from tiling.shared.fingerprint import stamps
 from tiling.sources import RasterInfo, expand_inputs
 from tiling.split import SplitRule
+from tiling.staged import PollSchedule, content_key, poll
 from tiling.staging import PartStaging
 
 __all__ = [
@@ -76,6 +74,7 @@ NOT_IN_KEY = frozenset({"images", "labels", "out", "workers", "storage_options",
 # planning takes milliseconds per local source (benchmarks/bench_state.py prints the rate), so
 # this covers a slow shared file system many times over before a rank plans the run itself.
 PLAN_WAIT_PER_INPUT_S = 0.02
+PLAN_POLL = PollSchedule(first_s=0.05, max_s=1.0)  # how a rank polls for rank 0's plan
 
 
 def plan_key(
@@ -96,7 +95,7 @@ def plan_key(
         "labels": list(labels),
         "stamps": [list(s) for s in input_stamps],
     }
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+    return content_key(body)
 
 
 def _key_of(config: TileConfig, images: Sequence[str], labels: Sequence[str]) -> str:
@@ -123,7 +122,7 @@ def plan_for_rank(config: TileConfig, *, rank: int, world_size: int) -> TilePlan
     it up to `plan_wait_s`, and plans the run itself when none comes."""
     if rank == 0 or world_size <= 1:
         return plan_tiling(config)
-    check_config(config)
+    config.check_inputs()
     options = config.storage_options
     images = expand_inputs(config.images, storage_options=options, what="image")
     labels = (
@@ -133,25 +132,26 @@ def plan_for_rank(config: TileConfig, *, rank: int, world_size: int) -> TilePlan
     staging = PartStaging(config.out, options)
     start = time.monotonic()
     deadline = start + plan_wait_s(len(images) + len(labels))
-    for delay in poll_delays(staging.url, 0.05, 1.0):
-        body = staging.get_plan(key)
-        if body is not None:
-            try:
-                plan = plan_from_json(config, body, key=key, images=images, labels=labels)
-            except (ValueError, KeyError, TypeError, IndexError) as exc:
-                logger.warning("%s: plan %s not used (%s); planning here", staging.url, key, exc)
-                break
-            logger.info(
-                "loaded the plan of %d sources rank 0 published, after %.1f s",
-                len(plan.sources),
-                time.monotonic() - start,
-            )
-            return plan
-        if time.monotonic() > deadline:
-            logger.info("no plan from rank 0 after %.1f s; planning here", time.monotonic() - start)
-            break
-        time.sleep(delay)
-    return plan_tiling(config)
+    body = poll(
+        lambda: staging.get_plan(key),
+        url=staging.url,
+        schedule=PLAN_POLL,
+        give_up=lambda: time.monotonic() > deadline,
+    )
+    if body is None:
+        logger.info("no plan from rank 0 after %.1f s; planning here", time.monotonic() - start)
+        return plan_tiling(config)
+    try:
+        plan = plan_from_json(config, body, key=key, images=images, labels=labels)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        logger.warning("%s: plan %s not used (%s); planning here", staging.url, key, exc)
+        return plan_tiling(config)
+    logger.info(
+        "loaded the plan of %d sources rank 0 published, after %.1f s",
+        len(plan.sources),
+        time.monotonic() - start,
+    )
+    return plan
 
 
 def plan_to_json(plan: TilePlan, key: str) -> bytes:

@@ -7,8 +7,8 @@ thin beside the interior shard objects it builds once the counts before it are k
 
 Ranks coordinate only through the staging folder and the store (objects, polled): the same
 code runs on one machine, on an NFS-style shared path and on blob storage, and tiling needs
-no process group (no torch). The protocol is written down in docs/CONTRACTS.md,
-"Distributed tiling".
+no process group (no torch): the staged-parts protocol (`tiling.staged`), written down in
+docs/CONTRACTS.md, "Staged parts" and "Distributed tiling".
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from tiling import stager as stager_module
 from tiling.commit import CommitStats, PendingSource, commit_in_order
 from tiling.errors import TilingError
-from tiling.fingerprint import Fingerprint
 from tiling.params import StoreParams
 from tiling.parts import CutSource, CutWindow, SourcePart, build_part, part_key
 from tiling.plan import SourcePlan, TilePlan
+from tiling.shared.fingerprint import Fingerprint
 from tiling.stager import Stager, Starts, StopCuttingError
 from tiling.staging import PartStaging
 from tiling.writer import ChipStoreWriter

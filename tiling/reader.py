@@ -35,8 +35,8 @@ from rasterio.enums import Resampling
 
 from tiling.classes import NODATA_CODE, ClassMap
 from tiling.labels import grid_offset, label_codes
+from tiling.shared.urls import is_local
 from tiling.sources import Bounds, RasterInfo, open_raster
-from tiling.urls import is_local
 
 __all__ = ["RasterReader"]
 

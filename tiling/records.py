@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiling.fingerprint import Fingerprint
+from tiling.shared.fingerprint import Fingerprint
 
 BANDS: tuple[str, ...] = ("red", "green", "blue", "nir")
 NUM_BANDS = len(BANDS)

@@ -22,9 +22,10 @@ import zarr
 
 from tiling.classes import IDENTITY, ClassMap
 from tiling.errors import SourceChangedError, StoreError, StoreExistsError
-from tiling.fingerprint import Fingerprint
 from tiling.params import ARRAY_NAMES, StoreParams, create_arrays, differences
 from tiling.records import SourceRecord
+from tiling.shared.fingerprint import Fingerprint
+from tiling.shared.urls import is_local, local_path, storage_errors
 from tiling.source_table import (
     create_source_table,
     has_source_table,
@@ -33,8 +34,8 @@ from tiling.source_table import (
     read_summary,
 )
 from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, array
-from tiling.urls import is_local, local_path, storage_errors, zarr_store
 from tiling.writer import ChipStoreWriter
+from tiling.zarrstore import zarr_store
 
 logger = logging.getLogger(__name__)
 

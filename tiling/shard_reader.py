@@ -18,7 +18,6 @@ Decompression runs on a small thread pool (zstd releases the GIL).
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +31,8 @@ from zarr.core.sync import sync
 from tiling.errors import StoreCorruptError, StoreError
 from tiling.records import NUM_BANDS, SourceRecord
 from tiling.shards import ChunkChecksumError, ChunkDecoder, decode_shard
-from tiling.urls import storage_errors
+from tiling.shared.machine import local_cpu_count
+from tiling.shared.urls import storage_errors
 
 INDEX_COLUMNS = 4
 # Objects requested at once: enough to hide blob-storage latency, few enough that a
@@ -118,7 +118,7 @@ def fetch(layout: StoreLayout, keys: Sequence[str]) -> list[bytes | None]:
 
 
 def decode_threads() -> int:
-    return max(1, min(MAX_DECODE_THREADS, os.cpu_count() or 1))
+    return max(1, min(MAX_DECODE_THREADS, local_cpu_count()))
 
 
 class ShardReader:

@@ -30,9 +30,9 @@ import zarr
 import zarr.codecs
 
 from tiling.errors import StoreCorruptError, StoreError
-from tiling.fingerprint import Fingerprint
 from tiling.params import StoreParams
 from tiling.records import SourceRecord
+from tiling.shared.fingerprint import Fingerprint
 from tiling.store_format import (
     ATTRS_KEY,
     FIRST_TABLE_VERSION,

@@ -36,7 +36,7 @@ from rasterio.enums import MaskFlags
 
 from tiling.errors import LabelError, SourceFormatError, SourceNotFoundError
 from tiling.inputs import RASTER_SUFFIXES, expand_inputs
-from tiling.urls import check_remote_file, filesystem, is_local, local_path
+from tiling.shared.urls import check_remote_file, filesystem, is_local, local_path
 
 __all__ = [
     "RASTER_SUFFIXES",

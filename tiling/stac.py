@@ -41,10 +41,10 @@ from shapely import STRtree
 from shapely.geometry.base import BaseGeometry
 
 from tiling.errors import SourceFormatError, SourceNotFoundError, TilingError
+from tiling.shared.urls import is_local, local_path, remote_failure, storage_errors
 from tiling.stacdoc import asset_href, check_document
 from tiling.stacquery import StacOptions, StacSource
 from tiling.stacsearch import search_items
-from tiling.urls import is_local, local_path, remote_failure, storage_errors
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from tiling.errors import (
     StorageAccessError,
     TilingError,
 )
+from tiling.shared.urls import remote_failure
 from tiling.stacdoc import check_item, describe_json
 from tiling.stacquery import StacSearch
-from tiling.urls import remote_failure
 
 if TYPE_CHECKING:
     from pystac_client.stac_api_io import StacApiIO

@@ -5,7 +5,7 @@ source's start row in the store is the sum of the counts before it (`Starts.wait
 other than 0 hands its cut parts to a `Stager` thread, which stages each one as soon as its
 start row is known: thin, beside the interior shard objects it builds (`tiling.interior`),
 or whole when no shard object lies inside it. The protocol is in docs/CONTRACTS.md,
-"Distributed tiling".
+"Staged parts" and "Distributed tiling"; the waits are `tiling.staged.poll`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from tiling.commit import WAIT_LOG_EVERY_S
 from tiling.interior import split_part
 from tiling.params import StoreParams
 from tiling.parts import SourcePart, run_key
-from tiling.polling import LOCAL_COUNT_MAX_S, poll_delays
+from tiling.shared.polling import LOCAL_COUNT_MAX_S
+from tiling.staged import PollSchedule, poll
 from tiling.staging import PartStaging
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,7 @@ logger = logging.getLogger(__name__)
 MAX_WAITING_PARTS = 2
 # A rank waiting for the chip counts before its source polls for them this often (doubling;
 # on a local or mounted path at most every LOCAL_COUNT_MAX_S).
-FIRST_COUNT_POLL_S = 0.02
-MAX_COUNT_POLL_S = 0.5
+COUNT_POLL = PollSchedule(first_s=0.02, max_s=0.5, local_max_s=LOCAL_COUNT_MAX_S)
 # Once a rank has cut all its sources, how long a part still waiting for the counts before
 # it is held before it is staged whole.
 COUNT_WAIT_S = 30.0
@@ -85,14 +84,8 @@ class Starts:
     ) -> int | None:
         """The row `source_id` starts at, once the chips of every source before it are known;
         None once `give_up()` says so first. `stop()` raises StopCuttingError."""
-        start = logged = time.perf_counter()
-        delays = poll_delays(
-            self._staging.url,
-            FIRST_COUNT_POLL_S,
-            MAX_COUNT_POLL_S,
-            local_max_s=LOCAL_COUNT_MAX_S,
-        )
-        while True:
+
+        def find() -> int | None:
             with self._lock:
                 missing = [j for j in range(source_id) if j not in self._known]
             found = self._read_counts(missing)
@@ -106,19 +99,25 @@ class Starts:
                 self._known.update((j, c) for j, c in found.items() if c is not None)
                 if all(j in self._known for j in range(source_id)):
                     return sum(self._known[j] for j in range(source_id))
+            return None
+
+        def check() -> None:
             if stop():
                 raise StopCuttingError
-            if give_up():
-                return None
-            now = time.perf_counter()
-            if now - logged >= WAIT_LOG_EVERY_S:
-                logger.info(
-                    "waiting %.0f s for the chip counts of sources before %d",
-                    now - start,
-                    source_id,
-                )
-                logged = now
-            time.sleep(next(delays))
+
+        def waiting(seconds: float) -> None:
+            logger.info(
+                "waiting %.0f s for the chip counts of sources before %d", seconds, source_id
+            )
+
+        return poll(
+            find,
+            url=self._staging.url,
+            schedule=COUNT_POLL,
+            check=check,
+            give_up=give_up,
+            waiting=waiting,
+        )
 
 
 class Stager:

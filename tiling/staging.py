@@ -1,45 +1,36 @@
 """The staging folder of a distributed tile run: `<store>.parts/`, beside the store.
 
-It holds what ranks hand to rank 0 (docs/CONTRACTS.md, "Distributed tiling"): each
+It is tiling's use of the staged-parts protocol (`tiling.staged`; docs/CONTRACTS.md,
+"Staged parts" and "Distributed tiling"). It holds what ranks hand to rank 0: each
 source's part (`tiling.parts`), the chip counts every owner publishes, and the interior shard
 objects owners build (`tiling.interior`), which rank 0 moves into the store; and what rank 0
 hands to the ranks: the run's plan (`tiling.planfile`). It lives beside
 the store, never inside it: readers of the store never list it, and `--overwrite` (which
-clears the store) never races with a rank that is writing into it. Every object is written
-whole: on local disk and NFS under a temporary name renamed over the final one, on blob
-storage as one upload (a blob is not visible before its upload commits).
+clears the store) never races with a rank that is writing into it. Every object is published
+whole (`tiling.staged.StagedFolder`). A part needs no separate completion record: its body
+ends with its key and a crc32c (`tiling.parts`), so it is its own record.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
-import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import fsspec
-
-from tiling._atomic import replaced_when_done
 from tiling.blobcopy import copy_blobs
 from tiling.interior import SHARDED_ARRAYS
-from tiling.parts import SourcePart, decode_part, encode_part, part_pieces
-from tiling.urls import filesystem, is_local, local_path, storage_errors
+from tiling.parts import SourcePart, decode_part, part_pieces
+from tiling.shared.urls import filesystem, local_path, storage_errors
+from tiling.staged import StagedFolder, staging_url
 
 logger = logging.getLogger(__name__)
 
-STAGING_SUFFIX = ".parts"
-
-
-def staging_url(store_url: str) -> str:
-    """Where the parts of the store at `store_url` are staged: `<store>.parts`."""
-    return store_url.rstrip("/") + STAGING_SUFFIX
-
 
 class PartStaging:
-    """The staging folder of one store: put, get (checked), list and remove parts.
+    """The staging folder of one store (`tiling.staged.StagedFolder`): put, get (checked),
+    list and remove parts, counts and interior objects.
 
     Works on local paths and NFS mounts (atomic rename) and on fsspec URLs such as az://
     (one upload per part). The filesystem is made on first use, in the process using it.
@@ -47,9 +38,8 @@ class PartStaging:
 
     def __init__(self, store_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.store_url = store_url.rstrip("/")
-        self.url = staging_url(store_url)
-        self._options = dict(storage_options or {})
-        self._remote: tuple[fsspec.AbstractFileSystem, str] | None = None
+        self.folder = StagedFolder(staging_url(store_url), storage_options)
+        self.url = self.folder.url
 
     @staticmethod
     def name(source_id: int, key: str) -> str:
@@ -65,12 +55,11 @@ class PartStaging:
 
     def put_plan(self, key: str, body: bytes) -> None:
         """Publish the run's plan (rank 0), whole: a reader sees all of it or nothing."""
-        self._put_small(self.plan_name(key), body)
+        self.folder.put_bytes(self.plan_name(key), body)
 
     def get_plan(self, key: str) -> bytes | None:
         """The plan published under `key`; None when there is none (yet)."""
-        with self._read(self.plan_name(key)) as data:
-            return None if data is None else bytes(data)
+        return self.folder.read_bytes(self.plan_name(key))
 
     @staticmethod
     def object_name(part: SourcePart, array: str, k: int) -> str:
@@ -81,14 +70,12 @@ class PartStaging:
     def put_count(self, source_id: int, key: str, chips: int) -> None:
         """Publish how many chips source `source_id` keeps (its owner, once it is cut; `key`
         is `run_key`): the other ranks add these up to find where their sources start."""
-        self._put_small(self.count_name(source_id, key), str(chips).encode())
+        self.folder.put_bytes(self.count_name(source_id, key), str(chips).encode())
 
     def count(self, source_id: int, key: str) -> int | None:
         """The chips published for (source_id, key); None when not yet published."""
-        with self._read(self.count_name(source_id, key)) as data:
-            if data is None or not bytes(data).isdigit():
-                return None
-            return int(bytes(data))
+        data = self.folder.read_bytes(self.count_name(source_id, key))
+        return int(data) if data is not None and data.isdigit() else None
 
     def interior_objects(self, part: SourcePart) -> list[tuple[str, int, str | None]]:
         """(array, shard index, staged name) of each interior object of thin `part`; the
@@ -117,22 +104,15 @@ class PartStaging:
             body = objects[array][k]
             if name is not None and body is not None:
                 data[name] = body
-        if is_local(self.url):
-            for name, body in data.items():
-                self._put_small(name, body)
-            return
-        with storage_errors(self.url):
-            fs, root = self._filesystem()
-            fs.pipe({f"{root}/{name}": body for name, body in data.items()})  # concurrently
+        self.folder.put_many(data)
 
     def has_interior(self, part: SourcePart) -> bool:
         """Whether every interior object of `part` is staged (a commit moves them away)."""
         names = [name for _, _, name in self.interior_objects(part) if name is not None]
         with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                return all((folder / name).is_file() for name in names)
-            fs, root = self._filesystem()
+            if self.folder.local:
+                return all(os.path.isfile(self.folder.path(name)) for name in names)
+            fs, root = self.folder.filesystem()
             prefix = self.object_name(part, "", 0).rsplit(".", 2)[0]  # one prefix listing
             try:
                 found = {p.rsplit("/", 1)[-1] for p in fs.glob(f"{root}/{prefix}.*")}
@@ -149,18 +129,18 @@ class PartStaging:
         its done rows: the next commit or resume rewrites or deletes them)."""
         moves = [(store_key(array, k), name) for array, k, name in self.interior_objects(part)]
         with storage_errors(self.url):
-            if is_local(self.url):
-                folder, store_dir = local_path(self.url), local_path(self.store_url)
+            if self.folder.local:
+                store_dir = local_path(self.store_url)
                 for key, name in moves:
                     target = store_dir / key
                     if name is None:
                         target.unlink(missing_ok=True)
                         continue
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(folder / name, target)
+                    os.replace(self.folder.path(name), target)
                 return
-            fs, root = self._filesystem()
-            store_fs, store_root = filesystem(self.store_url, self._options)
+            fs, root = self.folder.filesystem()
+            store_fs, store_root = filesystem(self.store_url, self.folder.storage_options)
             pairs = [(f"{root}/{name}", f"{store_root}/{key}") for key, name in moves if name]
             if not copy_blobs(store_fs, pairs):  # no server-side copy: the bytes go through here
                 bodies = fs.cat([source for source, _ in pairs], on_error="raise")
@@ -172,21 +152,13 @@ class PartStaging:
 
     def put(self, part: SourcePart) -> None:
         """Write `part` whole; a reader sees the complete object or none."""
-        name = self.name(part.source_id, part.key)
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                folder.mkdir(parents=True, exist_ok=True)
-                with replaced_when_done(folder / name) as tmp, tmp.open("wb") as file:
-                    file.writelines(part_pieces(part))  # no joined copy of a ~100 MB part
-            else:
-                fs, root = self._filesystem()
-                fs.pipe_file(f"{root}/{name}", encode_part(part))
+        # pieces: no joined copy of a ~100 MB part on local disk
+        self.folder.put_bytes(self.name(part.source_id, part.key), part_pieces(part))
 
     def get(self, source_id: int, key: str) -> SourcePart | None:
         """The part staged for (source_id, key), checked; None when absent or not trustworthy."""
         name = self.name(source_id, key)
-        with self._read(name) as data:
+        with self.folder.read(name) as data:
             if data is None:
                 return None
             try:
@@ -201,65 +173,9 @@ class PartStaging:
 
     def names(self) -> frozenset[str]:
         """Names of the complete-looking parts staged now (temporary files left out)."""
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                found = [p.name for p in folder.iterdir()] if folder.is_dir() else []
-            else:
-                fs, root = self._filesystem()
-                try:
-                    found = [p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
-                except FileNotFoundError:
-                    found = []
+        found = self.folder.names()
         return frozenset(n for n in found if n.endswith(".part") and not n.startswith("."))
 
     def remove(self) -> None:
         """Delete the staging folder and everything in it (after the commit)."""
-        with storage_errors(self.url):
-            if is_local(self.url):
-                shutil.rmtree(local_path(self.url), ignore_errors=True)
-                return
-            fs, root = self._filesystem()
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(root, recursive=True)
-
-    def _put_small(self, name: str, body: bytes) -> None:
-        with storage_errors(self.url):
-            if is_local(self.url):
-                folder = local_path(self.url)
-                folder.mkdir(parents=True, exist_ok=True)
-                with replaced_when_done(folder / name) as tmp:
-                    tmp.write_bytes(body)
-            else:
-                fs, root = self._filesystem()
-                fs.pipe_file(f"{root}/{name}", body)
-
-    def _filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        if self._remote is None:
-            self._remote = filesystem(self.url, self._options)
-        return self._remote
-
-    @contextlib.contextmanager
-    def _read(self, name: str) -> Iterator[bytes | mmap.mmap | None]:
-        """The part's bytes, None when absent. A local part is mapped, not read: its chunks
-        are copied once, from the page cache into the chunks decoded (no whole-part copy)."""
-        with storage_errors(self.url):
-            if not is_local(self.url):
-                fs, root = self._filesystem()
-                try:
-                    remote: bytes | None = fs.cat_file(f"{root}/{name}")
-                except FileNotFoundError:
-                    remote = None
-                yield remote
-                return
-            try:
-                file = (local_path(self.url) / name).open("rb")
-            except FileNotFoundError:
-                yield None
-                return
-            with file:
-                if os.fstat(file.fileno()).st_size == 0:  # mmap refuses an empty file
-                    yield b""
-                    return
-                with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                    yield mapped
+        self.folder.remove()

@@ -31,6 +31,7 @@ from tiling.records import (
     SourceRecord,
 )
 from tiling.shard_reader import ShardReader, StoreLayout, chunk_counts, missing_objects
+from tiling.shared.urls import storage_errors
 from tiling.source_table import read_summary
 from tiling.store_format import (
     ATTRS_KEY,
@@ -44,7 +45,7 @@ from tiling.store_format import (
     StoreSummary,
     array,
 )
-from tiling.urls import storage_errors, zarr_store
+from tiling.zarrstore import zarr_store
 
 __all__ = [
     "ATTRS_KEY",

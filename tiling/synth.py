@@ -41,9 +41,9 @@ from rasterio.warp import reproject, transform_bounds
 from rasterio.warp import transform as transform_points
 from tqdm import tqdm
 
-from tiling._atomic import replaced_when_done
 from tiling.classes import CHESAPEAKE_CLASSES
 from tiling.errors import TilingError
+from tiling.shared.atomic import replaced_when_done
 from tiling.synth_render import MARGIN_PX, apply_nodata, render_scene
 from tiling.synth_surfaces import IMAGE_NODATA, LABEL_NODATA
 from tiling.synth_world import build_world, crc

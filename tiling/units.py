@@ -2,8 +2,8 @@
 store (`tiling.staging`), the same part a rank of a distributed run stages.
 
 `tile(config, run_units=...)` hands every source not yet in the store to `run_units` (a Dask
-cluster's `cluster.daskclient.TaskRunner`, or anything with its call signature), which runs
-`tiling.tile.stage_source` once per source, anywhere, as often as it must: a part is a pure
+cluster's `cluster.dask.client.TaskRunner`, or anything with its call signature), which runs
+`tiling.cut.stage_source` once per source, anywhere, as often as it must: a part is a pure
 function of the plan and the source, and is published whole. The caller then writes the store as a
 one-process run does, appending each staged part in input order, so the store is
 byte-identical to one process's.

@@ -43,6 +43,7 @@ from tiling.params import ARRAY_NAMES, StoreParams
 from tiling.records import BANDS, STATE_DONE, STATE_WRITING, BandStats, SourceRecord
 from tiling.shard_reader import chunk_counts
 from tiling.shards import ChunkEncoder, EncodedChunk, decode_shard, encode_shard
+from tiling.shared.urls import storage_errors
 from tiling.source_table import open_source_table, put_record, trim_records
 from tiling.store import read_rows
 from tiling.store_format import (
@@ -54,7 +55,6 @@ from tiling.store_format import (
     array,
     summary_from_meta,
 )
-from tiling.urls import storage_errors
 
 logger = logging.getLogger(__name__)
 

@@ -36,10 +36,11 @@ import click
 from cluster.errors import ClusterError
 from cluster.failures import record_worker_error
 from cluster.redact import Redactor
-from landcover.atomic import WRITE_FAILURE_ERRNOS, write_failure_message
 from landcover.errors import LandcoverError
+from landcover.outputs import write_failure_message
 from landcover.warnlog import WarningLogger
 from tiling.errors import TilingError
+from tiling.shared.atomic import WRITE_FAILURE_ERRNOS
 
 # ctx.meta keys (shared by every context of one command line; see landcover.cli.stagejob)
 SUBCOMMAND_ARGS = "landcover.subcommand_args"  # the subcommand's raw arguments
@@ -227,7 +228,7 @@ def storage_refusal(exc: BaseException) -> str | None:
     """The one line for a full or read-only file system that reached us as another library's
     error rather than an OSError (SQLite's "database or disk is full", GDAL's "No space left
     on device"), found anywhere in the exception's chain; None when it is no such refusal."""
-    from tiling.urls import exception_chain  # imports zarr: only on this error path
+    from tiling.shared.urls import exception_chain  # imports zarr: only on this error path
 
     for error in exception_chain(exc):
         said = (str(error).splitlines() or [""])[0]

@@ -35,11 +35,11 @@ from cluster.engine import (
 from cluster.engines import engine_info
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
-from landcover.atomic import check_can_create_in
 from landcover.cli.stagejob import STAGES, StageError, logging_args_of, stage_job
 from landcover.cli.stagetasks import describe_stage_tasks, run_stage_as_tasks, runs_as_tasks
 from landcover.errors import TrainingError
 from landcover.options import cluster_json_option, out_dir_option, overwrite_option
+from landcover.outputs import check_can_create_in
 from landcover.scaling.sweep import (
     SweepConfig,
     SweepRun,
@@ -365,6 +365,6 @@ def _check_sweep(config: SweepConfig) -> None:
     from landcover.training.preflight import check_local_training  # imports torch
 
     training, _ = sweep_training(config)
-    if config.cluster is None or config.cluster.engine == "local":
+    if config.cluster is None or engine_info(config.cluster.engine).runs_here:
         # the sweep replaces its own run dirs: only the store is checked
         check_local_training(training, world_sizes=config.workers, check_out_dir=False)

@@ -1,36 +1,31 @@
 """`landcover evaluate`: a thin wrapper that scores a map against truth rasters
-(landcover.evaluation) and writes the report."""
+(landcover.evaluation) and writes the report; the options the library reads come from
+`landcover.evaluation.config.EvaluateConfig`."""
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
+from landcover.cliconfig import config_option, option_specs
 from landcover.errors import EvaluationError
-from landcover.options import output_url_callback, overwrite_option, storage_options_option
-
-if TYPE_CHECKING:
-    pass
+from landcover.evaluation.config import EvaluateConfig
+from landcover.options import output_url_callback, overwrite_option
 
 logger = logging.getLogger(__name__)
 
 
+# The fields of `EvaluateConfig` that are options of `landcover evaluate`, by name.
+OPTIONS = {o.name: o for o in option_specs(EvaluateConfig)}
+
+
 @click.command("evaluate")
-@click.argument("prediction")
-@click.option(
-    "--truth",
-    multiple=True,
-    required=True,
-    help="Truth raster(s): paths, globs or URLs; repeat the option for several.",
-)
-@click.option(
-    "--class-map",
-    default=None,
-    help="Remap of the truth's raw codes [default: the prediction's class map].",
-)
+@config_option(OPTIONS["prediction"])
+@config_option(OPTIONS["truth"])
+@config_option(OPTIONS["class_map"])
 @click.option(
     "--out",
     "out_dir",
@@ -47,39 +42,22 @@ logger = logging.getLogger(__name__)
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @overwrite_option
-@storage_options_option
+@config_option(OPTIONS["storage_options"])
 def evaluate_command(
-    prediction: str,
-    truth: tuple[str, ...],
-    class_map: str | None,
-    out_dir: str | None,
-    panels: bool,
-    as_json: bool,
-    overwrite: bool,
-    storage_options: dict[str, Any],
+    out_dir: str | None, panels: bool, as_json: bool, overwrite: bool, **options: Any
 ) -> None:
     """Score PREDICTION (a land-cover raster) against truth rasters."""
-    from landcover.evaluation import (
-        EvaluateConfig,
-        check_report_target,
-        evaluate_prediction,
-        write_report,
-    )
-    from tiling.urls import check_storage_options
+    from landcover.evaluation import check_report_target, evaluate_prediction, write_report
+    from tiling.shared.urls import check_storage_options
 
     if overwrite and out_dir is None:
         raise EvaluationError(
             "--overwrite replaces the report of --out DIR, and no --out was given; add "
             "--out DIR or drop --overwrite"
         )
-    check_storage_options([prediction, *truth, *([out_dir] if out_dir else [])], storage_options)
-
-    config = EvaluateConfig(
-        prediction=prediction,
-        truth=truth,
-        class_map=class_map,
-        storage_options=storage_options,
-    )
+    config = EvaluateConfig(**options)
+    urls = [config.prediction, *config.truth, *([out_dir] if out_dir else [])]
+    check_storage_options(urls, config.storage_options)
     if out_dir is not None:  # fail before the work, not after it
         check_report_target(out_dir, overwrite=overwrite, pictures=panels)
     evaluation = evaluate_prediction(config)

@@ -1,4 +1,5 @@
-"""`landcover export`: a model file as ONNX or TorchScript, its metadata inside."""
+"""`landcover export`: a model file as ONNX or TorchScript, its metadata inside; the options
+come from `landcover.models.export.ExportConfig`."""
 
 from __future__ import annotations
 
@@ -8,63 +9,38 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from landcover.cliconfig import config_option, option_specs
 from landcover.errors import ExportError
 
 # Imports torch: paid only when `landcover export` runs (the group loads commands lazily).
-from landcover.models.export import DEFAULT_OPSET, EXPORT_FORMATS, export_model
-from landcover.options import output_url_callback, overwrite_option, storage_options_option
+from landcover.models.export import ExportConfig, export
+from landcover.options import output_url_callback, overwrite_option
 
 logger = logging.getLogger(__name__)
 
 
+# The fields of `ExportConfig` that are options of `landcover export`, by name.
+OPTIONS = {o.name: o for o in option_specs(ExportConfig)}
+
+
 @click.command("export")
-@click.argument("model")
-@click.option(
-    "--format",
-    "export_format",
-    type=click.Choice(EXPORT_FORMATS),
-    required=True,
-    help="onnx (onnxruntime, TensorRT, ...) or torchscript (LibTorch).",
-)
-@click.option(
-    "--out",
-    required=True,
-    callback=output_url_callback(),
-    help="Output file, e.g. model.onnx (local path).",
-)
-@click.option(
-    "--opset",
-    type=int,
-    default=DEFAULT_OPSET,
-    show_default=True,
-    help="ONNX opset of the file, from 18 (the exporter's own) to the newest the installed "
-    "onnx knows; above 18 the graph is converted up. --format onnx only.",
-)
+@config_option(OPTIONS["model"])
+@config_option(OPTIONS["format"])
+@config_option(OPTIONS["out"], callback=output_url_callback())
+@config_option(OPTIONS["opset"])
 @overwrite_option
-@storage_options_option
+@config_option(OPTIONS["storage_options"])
 @click.pass_context
-def export_command(
-    ctx: click.Context,
-    model: str,
-    export_format: str,
-    out: str,
-    opset: int,
-    overwrite: bool,
-    storage_options: dict[str, Any],
-) -> None:
+def export_command(ctx: click.Context, /, **options: Any) -> None:
     """Export MODEL (a model.pt) for other runtimes; batch, height and width stay dynamic."""
-    if export_format != "onnx" and ctx.get_parameter_source("opset") is ParameterSource.COMMANDLINE:
+    config = ExportConfig(**options)
+    given_opset = ctx.get_parameter_source("opset") is ParameterSource.COMMANDLINE
+    if config.format != "onnx" and given_opset:
         raise ExportError(
-            f"--opset {opset} applies to --format onnx only; drop it for --format {export_format}"
+            f"--opset {config.opset} applies to --format onnx only; drop it for --format "
+            f"{config.format}"
         )
-    result = export_model(
-        model,
-        out,
-        format=export_format,
-        opset=opset,
-        overwrite=overwrite,
-        storage_options=storage_options,
-    )
+    result = export(config)
     opset_text = f", opset {result.opset}" if result.opset is not None else ""
     click.echo(
         f"wrote {result.out}: {result.meta.architecture} as {result.format}{opset_text}, "

@@ -12,8 +12,8 @@ import click
 from landcover.cli.tiling import mb
 from landcover.options import storage_options_option
 from tiling.errors import StoreCorruptError
+from tiling.shared.urls import check_storage_options
 from tiling.store import StoreSummary, open_store
-from tiling.urls import check_storage_options
 
 
 @click.command("info")

@@ -13,29 +13,25 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from landcover.atomic import require_distinct
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
 from landcover.cli.stagetasks import unit_runner
-from landcover.distenv import DistEnv
+from landcover.cliconfig import config_option
 from landcover.errors import PredictionError, RegionError
 from landcover.options import output_url_callback, overwrite_option, storage_options_option
 from landcover.outputlock import exclusive_outputs
-from landcover.prediction.choices import (
-    DEFAULT_MAX_PIXELS,
-    RESOLUTION_LIMIT_FACTOR,
-    RESOLUTION_WARN_FACTOR,
-    RUNTIMES,
-    TTA_MODES,
-)
+from landcover.outputs import require_distinct
+from landcover.prediction.config import PREDICT_OPTIONS as OPTIONS
+from landcover.prediction.config import PredictConfig
+from tiling.shared.rankenv import DistEnv
 
 if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid
-    from landcover.prediction.runner import PredictConfig
     from tiling.units import UnitRunner
 
 logger = logging.getLogger(__name__)
@@ -45,13 +41,7 @@ logger = logging.getLogger(__name__)
 @click.argument("model")
 @click.argument("images", nargs=-1)
 @stac_input_options(search_bbox=False)
-@click.option(
-    "--out",
-    required=True,
-    callback=output_url_callback(remote=True),
-    help="Output land-cover COG: a local path or an az:// URL; a directory (DIR/, with the "
-    "slash) for a tiled map product with --tile-size.",
-)
+@config_option(OPTIONS["out"], callback=output_url_callback(remote=True))
 @click.option(
     "--region",
     default=None,
@@ -64,58 +54,15 @@ logger = logging.getLogger(__name__)
     default=None,
     help="CRS of --region / --bbox coordinates [default: EPSG:4326, or the GeoJSON's crs].",
 )
-@click.option("--dst-crs", default=None, help="Output CRS [default: the first image's].")
-@click.option(
-    "--resolution",
-    type=float,
-    default=None,
-    help="Output pixel size in --dst-crs units [default: the model's resolution]. More than "
-    f"{RESOLUTION_LIMIT_FACTOR:g}x coarser or finer than the model's is refused, more than "
-    f"{RESOLUTION_WARN_FACTOR:g}x warned about (the model sees objects at another scale than "
-    "it learnt); grids above --max-pixels are refused.",
-)
-@click.option(
-    "--max-pixels",
-    type=click.IntRange(min=1),
-    default=DEFAULT_MAX_PIXELS,
-    show_default=True,
-    help=f"Refuse an output grid with more pixels than this ({DEFAULT_MAX_PIXELS / 1e9:g} "
-    f"gigapixels: {DEFAULT_MAX_PIXELS**0.5 / 1000:g} x {DEFAULT_MAX_PIXELS**0.5 / 1000:g} km "
-    "at 1 m), before any work: a --resolution typo would otherwise fill the disk. Raise it "
-    "for larger regions.",
-)
-@click.option(
-    "--overlap",
-    type=int,
-    default=None,
-    help="Window overlap in px, blended smoothly [default: a quarter of the model's chip].",
-)
-@click.option("--batch-size", type=int, default=16, show_default=True, help="Windows per batch.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
-@click.option(
-    "--runtime",
-    type=click.Choice(RUNTIMES),
-    default="auto",
-    show_default=True,
-    help="What runs MODEL: torch (model.pt, TorchScript) or onnxruntime (an ONNX file from "
-    "`landcover export`); auto picks onnxruntime for *.onnx.",
-)
-@click.option(
-    "--tta",
-    type=click.Choice(TTA_MODES),
-    default="none",
-    is_flag=False,
-    flag_value="d4",
-    show_default=True,
-    help="Test-time augmentation: average the logits over the 8 flips/rotations of the "
-    "square (--tta or --tta d4, 8x the model time) or the 4 flips (--tta flips, 4x).",
-)
-@click.option(
-    "--probabilities",
-    default=None,
-    callback=output_url_callback(remote=True),
-    help="Also write per-class probabilities (uint8, scale 1/254, 255 = nodata) as a COG.",
-)
+@config_option(OPTIONS["dst_crs"])
+@config_option(OPTIONS["resolution"])
+@config_option(OPTIONS["max_pixels"], type=click.IntRange(min=1))
+@config_option(OPTIONS["overlap_px"])
+@config_option(OPTIONS["batch_size"])
+@config_option(OPTIONS["device"], default="auto")  # the library's default is cpu
+@config_option(OPTIONS["runtime"])
+@config_option(OPTIONS["tta"], is_flag=False, flag_value="d4")
+@config_option(OPTIONS["probabilities"], callback=output_url_callback(remote=True))
 @click.option(
     "--stac-item",
     default=None,
@@ -124,14 +71,7 @@ logger = logging.getLogger(__name__)
     help="Also write a STAC item describing the COG here (e.g. lc.json): footprint, dates of "
     "the input items, projection, raster band and classification:classes.",
 )
-@click.option(
-    "--block-size",
-    "block_px",
-    type=int,
-    default=2048,
-    show_default=True,
-    help="Output block edge in px; memory grows with its square, not with the region.",
-)
+@config_option(OPTIONS["block_px"])
 @click.option(
     "--tile-size",
     "tile_px",
@@ -142,14 +82,7 @@ logger = logging.getLogger(__name__)
     "COG per PX x PX tile (named E{x}_N{y} by its upper-left map corner), a STAC "
     "collection.json and mosaic.vrt; a rerun redoes only missing or changed tiles.",
 )
-@click.option(
-    "--zero-nodata/--no-zero-nodata",
-    "zero_is_nodata",
-    default=True,
-    show_default=True,
-    help="In images that declare no nodata and have no mask, pixels 0 in all bands are "
-    "nodata (the black collar of reprojected NAIP). --no-zero-nodata keeps them as data.",
-)
+@config_option(OPTIONS["zero_is_nodata"])
 @click.option(
     "--quicklook/--no-quicklook",
     default=True,
@@ -163,32 +96,19 @@ logger = logging.getLogger(__name__)
 @click.pass_context
 def predict_command(
     ctx: click.Context,
-    model: str,
+    /,
     images: tuple[str, ...],
     stac_inputs: StacInputArgs,
-    out: str,
     region: str | None,
     bbox: str | None,
     region_crs: str | None,
-    dst_crs: str | None,
-    resolution: float | None,
-    max_pixels: int,
-    overlap: int | None,
-    batch_size: int,
-    device: str,
-    runtime: str,
-    tta: str,
-    probabilities: str | None,
     stac_item: str | None,
-    block_px: int,
     tile_px: int | None,
-    zero_is_nodata: bool,
     quicklook: bool,
-    overwrite: bool,
-    storage_options: dict[str, Any],
     nproc: int,
     rank_from_env: bool,
     summary_to: str | None,
+    **options: Any,
 ) -> None:
     """Predict a land-cover map of a region from MODEL and IMAGES (paths, globs, az:// URLs,
     STAC JSON files).
@@ -210,23 +130,27 @@ def predict_command(
         )
     stac_inputs.check(images, area=True)
     check_distinct_outputs(ctx.params)
-    tiled = _check_tiled_output(out, tile_px, max_pixels, probabilities, stac_item)
+    # the library's options, checked once (before the ranks start or the model loads)
+    given = PredictConfig(images=images, **options)
+    out, overwrite = given.out, given.overwrite
+    tiled = _check_tiled_output(out, tile_px, given.max_pixels, given.probabilities, stac_item)
     quicklook = _check_quicklook(out, quicklook, tiled=tiled, overwrite=overwrite)
     if nproc > 1:  # the ranks check the rest (outputs first, before the model loads)
         # A run writing them now is refused before the ranks start (rank 0 takes the lock);
         # an output that cannot be written at all is left to the ranks' own check.
-        with contextlib.suppress(OSError), exclusive_outputs((out, probabilities), "predict"):
+        outputs = (out, given.probabilities)
+        with contextlib.suppress(OSError), exclusive_outputs(outputs, "predict"):
             pass
         launch_local_ranks(ctx, "predict", nproc)  # rank 0 writes the STAC item too
         return
+    from landcover.devices import rank_device
     from landcover.prediction.region import (
         DEFAULT_REGION_CRS,
         parse_bbox,
         parse_crs,
         parse_region,
     )
-    from landcover.prediction.runner import PredictConfig, predict_region
-    from landcover.prediction.setup import rank_device
+    from landcover.prediction.runner import predict_region
     from landcover.prediction.stacitem import check_stac_item_target, write_stac_item
 
     dist = enter_rank(ctx) if rank_from_env else DistEnv()
@@ -240,28 +164,16 @@ def predict_command(
     area = None if parsed is None else parsed.to_crs(parse_crs("EPSG:4326")).geometry
     inputs = stac_inputs.resolve(
         images,
-        storage_options=storage_options,
+        storage_options=given.storage_options,
         intersects=None if area is None else area.__geo_interface__,
     )
     check_distinct_outputs(ctx.params, images=inputs.paths)  # globs and STAC hrefs resolved
-    config = PredictConfig(
-        model=model,
+    device = given.device
+    config = replace(
+        given,
         images=inputs.paths,
-        out=out,
         region=parsed,
-        dst_crs=dst_crs,
-        resolution=resolution,
-        overlap_px=overlap,
-        batch_size=batch_size,
         device=rank_device(device, dist.local_rank) if dist.is_distributed else device,
-        runtime=runtime,
-        tta=tta,
-        probabilities=probabilities,
-        overwrite=overwrite,
-        block_px=block_px,
-        storage_options=storage_options,
-        max_pixels=max_pixels,
-        zero_is_nodata=zero_is_nodata,
     )
     if tiled:
         runner = unit_runner(click.get_current_context())  # tiles as tasks on a Dask cluster
@@ -293,7 +205,7 @@ def _check_quicklook(out: str, quicklook: bool, *, tiled: bool, overwrite: bool)
     """Whether to write the map's quicklook: asked for and the output local. Refuses, before
     any work, a file at the quicklook's path without --overwrite (a tiled product's own
     quicklook is replaced: a rerun resumes the product)."""
-    from tiling.urls import is_local
+    from tiling.shared.urls import is_local
 
     if not quicklook or not is_local(out):
         return False
@@ -313,7 +225,7 @@ def _write_quicklook(out: str, *, overwrite: bool) -> None:
 def _check_tiled_output(
     out: str,
     tile_px: int | None,
-    max_pixels: int,
+    max_pixels: int | None,
     probabilities: str | None,
     stac_item: str | None,
 ) -> bool:

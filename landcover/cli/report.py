@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from landcover.atomic import check_can_create_in
 from landcover.options import out_dir_option, overwrite_option
+from landcover.outputs import check_can_create_in
 from landcover.scaling.projection import DEFAULT_NETWORK, parse_network
 from landcover.scaling.report import (
     DEFAULT_PROJECT_TO,

@@ -32,9 +32,11 @@ from cluster.errors import LaunchError
 from cluster.redact import collect_secret_values
 from cluster.spec import local_spec
 from landcover.cli.app import RANK_KEY, RANK_SECRETS_KEY, SUBCOMMAND_ARGS
-from landcover.distenv import DistEnv, read_dist_env
+from landcover.cliconfig import ALIASES_WARNED
+from landcover.distenv import read_dist_env
 from landcover.errors import LandcoverError
 from landcover.options import storage_options_env
+from tiling.shared.rankenv import DistEnv
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,14 +72,24 @@ def nproc_option(f: F) -> F:
 
 
 def rank_option(f: F) -> F:
-    """The hidden `--rank-from-env`: this process is one rank of a job an engine started."""
+    """The hidden `--rank-from-env`: this process is one rank of a job an engine started.
+    Eager, so that before the other options a rank knows that its launcher (the `--nproc`
+    parent, `cluster launch`) parsed the user's line and warned about old spellings."""
     return click.option(
         RANK_FLAG,
         "rank_from_env",
         is_flag=True,
         hidden=True,
+        is_eager=True,
+        callback=_launcher_warned,
         help="Run as one rank of a job: read RANK/WORLD_SIZE (or SLURM's) from the environment.",
     )(f)
+
+
+def _launcher_warned(ctx: click.Context, param: click.Parameter, rank: bool) -> bool:
+    if rank:
+        ctx.meta[ALIASES_WARNED] = True
+    return rank
 
 
 def summary_option(f: F) -> F:

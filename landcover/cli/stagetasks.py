@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cluster.daskclient import TASK_RETRIES
+from cluster.dask.client import TASK_RETRIES
 from cluster.spec import ClusterSpec
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def unit_runner(ctx: click.Context) -> UnitRunner | None:
 
 def describe_stage_tasks(spec: ClusterSpec, stage_args: Sequence[str]) -> str:
     """What `run_stage_as_tasks` does, in the words of a plan."""
-    from cluster.daskspec import DaskSpec
+    from cluster.dask.section import DaskSpec
 
     stage = stage_args[0]
     where = (spec.dask or DaskSpec()).describe(spec.workers)
@@ -72,7 +72,7 @@ def run_stage_as_tasks(
 ) -> None:
     """Run `landcover STAGE ARGS` here with the units of work as tasks on `spec`'s Dask
     cluster (or on `client`)."""
-    from cluster.daskclient import TaskRunner, dask_client  # imports Dask
+    from cluster.dask.client import TaskRunner, dask_client  # imports Dask
 
     stage, args = stage_args[0], list(stage_args[1:])
     root = ctx.find_root().command

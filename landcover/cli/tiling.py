@@ -1,14 +1,16 @@
 """`landcover synth` and `landcover tile`: thin wrappers over `tiling` (info: cli/info.py).
 
-The tiling stack (rasterio, zarr, shapely, pystac) is imported inside the commands, so that
-`tile --nproc N` starts its ranks without importing it: the ranks import it themselves.
+`tile`'s options are generated from `tiling.config.TileConfig` (their defaults, help and
+checks are its fields'), adding only what is the command's own (the output-URL callback, the
+class-map choices). The tiling stack (rasterio, zarr, shapely, pystac) is imported inside the
+commands, so that `tile --nproc N` starts its ranks without importing it: the ranks import it
+themselves.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from landcover.atomic import check_can_create_in
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import (
     enter_rank,
@@ -26,20 +27,22 @@ from landcover.cli.stagejob import (
     stage_options,
 )
 from landcover.cli.stagetasks import unit_runner
-from landcover.distenv import DistEnv, pooled_share
-from landcover.options import (
-    LocalOutputPath,
-    output_url_callback,
-    overwrite_option,
-    storage_options_option,
-)
-from tiling.classes import DEFAULT_CLASS_MAP, available_class_maps
+from landcover.cliconfig import config_option, option_specs
+from landcover.distenv import pooled_share
+from landcover.options import LocalOutputPath, output_url_callback, overwrite_option
+from landcover.outputs import check_can_create_in
+from tiling.classes import available_class_maps
+from tiling.config import TileConfig
+from tiling.shared.rankenv import DistEnv
 
 if TYPE_CHECKING:
     from tiling.store import StoreSummary
     from tiling.tile import TilePlan
 
 DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
+
+# The fields of `TileConfig` that are options of `landcover tile`, by name.
+OPTIONS = {o.name: o for o in option_specs(TileConfig)}
 
 
 def mb(n_bytes: int) -> str:
@@ -93,64 +96,19 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
 @click.command("tile")
 @click.argument("images", nargs=-1)
 @stac_input_options(search_bbox=True)
-@click.option(
-    "--labels",
-    multiple=True,
-    help="Label rasters: a file, directory or quoted glob (repeatable). Matched to "
-    "images by footprint, warped onto the image grid. Omit for an images-only store.",
-)
-@click.option(
-    "--out",
-    required=True,
-    callback=output_url_callback(remote=True),
-    help="Store URL: path, NFS path, az://container/x.zarr.",
-)
-@click.option("--chip-size", type=int, default=256, show_default=True, help="Chip side in px.")
-@click.option("--stride", type=int, default=None, help="Step between chips in px [chip size].")
-@click.option(
-    "--shard-size", type=int, default=64, show_default=True, help="Chips per shard object."
-)
-@click.option(
-    "--min-valid",
-    type=float,
-    default=0.9,
-    show_default=True,
-    help="Skip chips whose valid fraction (image or label) is below this.",
-)
-@click.option(
-    "--class-map",
-    type=click.Choice(available_class_maps()),
-    default=DEFAULT_CLASS_MAP,
-    show_default=True,
-    help="Remap of raw label values onto the class table.",
-)
-@click.option(
-    "--num-classes",
-    type=int,
-    default=None,
-    help="Classes incl. nodata 0, for --class-map identity.",
-)
-@click.option(
-    "--val-fraction",
-    type=float,
-    default=0.1,
-    show_default=True,
-    help="Share of ground blocks (4 x 4 chips on one grid for all images) held out for "
-    "validation; a place is in one split whatever image it came from, and any run with two "
-    "or more blocks gets at least one val block.",
-)
-@click.option(
-    "--no-zero-nodata",
-    "zero_nodata",
-    flag_value=False,
-    default=True,
-    help="Keep pixels that are 0 in all four bands as imagery. By default they are nodata "
-    "when a file declares no nodata value and no mask (black collars of NAIP quads).",
-)
-@click.option(
-    "--workers", type=int, default=None, help="Reader threads [the cores this process may use]."
-)
-@storage_options_option
+@config_option(OPTIONS["labels"])
+@config_option(OPTIONS["out"], callback=output_url_callback(remote=True))
+@config_option(OPTIONS["chip_size"])
+@config_option(OPTIONS["stride"])
+@config_option(OPTIONS["shard_size"])
+@config_option(OPTIONS["min_valid"])
+@config_option(OPTIONS["class_map"], type=click.Choice(available_class_maps()))
+@config_option(OPTIONS["num_classes"])
+@config_option(OPTIONS["val_fraction"])
+# --no-zero-nodata alone: the flag turns the default off
+@config_option(OPTIONS["zero_is_nodata"], flag_value=False, show_default=False)
+@config_option(OPTIONS["workers"])
+@config_option(OPTIONS["storage_options"])
 @overwrite_option
 @click.option(
     "--dry-run",
@@ -161,25 +119,14 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
 @click.pass_context
 def tile_command(
     ctx: click.Context,
+    /,
     images: tuple[str, ...],
     stac_inputs: StacInputArgs,
-    labels: tuple[str, ...],
-    out: str,
-    chip_size: int,
-    stride: int | None,
-    shard_size: int,
-    min_valid: float,
-    class_map: str,
-    num_classes: int | None,
-    val_fraction: float,
-    zero_nodata: bool,
-    workers: int | None,
-    storage_options: Mapping[str, Any],
-    overwrite: bool,
     dry_run: bool,
     nproc: int,
     rank_from_env: bool,
     summary_to: str | None,
+    **options: Any,
 ) -> None:
     """Cut IMAGES (paths, quoted globs, URLs or STAC JSON files) into a sharded Zarr v3 chip
     store at --out.
@@ -192,34 +139,22 @@ def tile_command(
     """
     stac_inputs.check(images)
     if nproc > 1 and not dry_run:  # rank 0 plans (and warns), the others load its plan
+        TileConfig(images=images, **options)  # bad options refused before the ranks start
         launch_local_ranks(ctx, "tile", nproc)  # rank 0's summary line is printed once
         return
     from tiling.planfile import plan_for_rank
-    from tiling.tile import TileConfig, available_cores, tile
+    from tiling.shared.machine import cores_per_rank
+    from tiling.tile import tile
 
     dist = enter_rank(ctx) if rank_from_env else DistEnv()
-    pooled = dist.is_distributed and workers is None  # the ranks on a node share its cores
+    # the ranks on a node share its cores
+    pooled = dist.is_distributed and options["workers"] is None
     if pooled:
-        share = (os.cpu_count() or 1) // dist.local_world_size
-        workers = max(1, min(available_cores(), share))  # affinity may have shared them already
+        options["workers"] = cores_per_rank(dist.local_world_size)
+    options["storage_options"] = dict(options["storage_options"])
     with only_rank_0_warns(dist):
-        inputs = stac_inputs.resolve(images, storage_options=storage_options)
-        config = TileConfig(
-            images=inputs.paths,
-            out=out,
-            labels=labels,
-            chip_size=chip_size,
-            stride=stride,
-            shard_size=shard_size,
-            min_valid=min_valid,
-            class_map=class_map,
-            num_classes=num_classes,
-            val_fraction=val_fraction,
-            workers=workers,
-            storage_options=dict(storage_options),
-            overwrite=overwrite,
-            zero_is_nodata=zero_nodata,
-        )
+        inputs = stac_inputs.resolve(images, storage_options=options["storage_options"])
+        config = TileConfig(images=inputs.paths, **options)  # the options checked once
         plan = plan_for_rank(config, rank=dist.rank, world_size=dist.world_size)
     if pooled:  # ranks without sources leave their cores to those with some
         config = replace(config, workers=_pooled_workers(plan, dist, config.effective_workers))

@@ -43,7 +43,7 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     """Train a segmentation model on chip store STORE, writing RUN_DIR (--out)."""
     from landcover.training import train
     from landcover.training.preflight import check_local_training
-    from tiling.urls import check_storage_options
+    from tiling.shared.urls import check_storage_options
 
     config = config_from_params(params)
     if nproc < 1:

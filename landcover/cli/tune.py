@@ -10,8 +10,8 @@ import click
 
 from cluster.clusterjson import load_cluster_spec
 from cluster.engine import LaunchOptions
-from landcover.atomic import check_can_create_in
 from landcover.options import cluster_json_option, out_dir_option
+from landcover.outputs import check_can_create_in
 from landcover.training.launch import WORKER_MODULE
 from landcover.tuning.results import TrialRow, format_trials_table
 from landcover.tuning.space import parse_space

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from landcover.atomic import check_output_file, require_distinct, write_text_atomic
 from landcover.options import output_url_callback, overwrite_option
+from landcover.outputs import check_output_file, require_distinct, write_text_atomic
 from landcover.view.page import DEFAULT_DETAIL_PX, MIN_DETAIL_PX
 
 logger = logging.getLogger(__name__)

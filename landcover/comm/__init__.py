@@ -12,11 +12,12 @@ if TYPE_CHECKING:
     from landcover.comm.bmuf import BlockMomentum, ResettableAdamW, reset_local_momentum
     from landcover.comm.hooks import install_comm_hook
     from landcover.comm.meter import CommMeter
-    from landcover.comm.spec import CompressionSpec, parse_compression
+    from landcover.comm.spec import CompressionMode, CompressionSpec, parse_compression
 
 __all__ = [
     "BlockMomentum",
     "CommMeter",
+    "CompressionMode",
     "CompressionSpec",
     "ResettableAdamW",
     "install_comm_hook",
@@ -28,6 +29,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CommMeter": "meter",
+        "CompressionMode": "spec",
         "CompressionSpec": "spec",
         "install_comm_hook": "hooks",
         "parse_compression": "spec",

@@ -200,7 +200,7 @@ class BlockMomentum:
             )
         if int(state["block_size"]) != self.block_size:
             logger.warning(
-                "checkpoint used --block-size %s, this run %s: blocks now end every %s steps",
+                "checkpoint used --bmuf-block-steps %s, this run %s: blocks now end every %s steps",
                 state["block_size"],
                 self.block_size,
                 self.block_size,

@@ -35,7 +35,7 @@ from landcover.comm.buckets import BucketNames, Future
 from landcover.comm.meter import CommMeter, CountingCollectives, StatefulAlgorithm, rebind_module
 from landcover.comm.onebit import OneBit
 from landcover.comm.powersgd import PowerSGD
-from landcover.comm.spec import CompressionSpec
+from landcover.comm.spec import CompressionMode, CompressionSpec
 from landcover.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -114,16 +114,17 @@ def install_comm_hook(ddp_model: nn.Module, spec: CompressionSpec) -> CommMeter:
     names = BucketNames(ddp_model.module)
     communicate: _Communicate
     algorithm: StatefulAlgorithm = _NoState()
-    if spec.kind in ("none", "fp16"):
+    if spec.kind in (CompressionMode.NONE, CompressionMode.FP16):
         hooks = rebind_module(default_hooks, collectives, {})
-        torch_hook = hooks.allreduce_hook if spec.kind == "none" else hooks.fp16_compress_hook
+        plain = spec.kind is CompressionMode.NONE
+        torch_hook = hooks.allreduce_hook if plain else hooks.fp16_compress_hook
 
         def communicate(bucket: GradBucket) -> Future:
             return cast(Future, torch_hook(group, bucket))
 
-    elif spec.kind == "bf16":
+    elif spec.kind is CompressionMode.BF16:
         communicate = _CastAllReduce(collectives, group, torch.bfloat16)
-    elif spec.kind == "onebit":
+    elif spec.kind is CompressionMode.ONEBIT:
         onebit = OneBit(collectives, group, names, error_feedback=spec.error_feedback)
         communicate, algorithm = onebit, onebit
     else:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from landcover.evaluation.compare import EvaluateConfig, evaluate_prediction
+    from landcover.evaluation.compare import evaluate_prediction
+    from landcover.evaluation.config import EvaluateConfig
     from landcover.evaluation.panels import ScenePanel, scene_panels
     from landcover.evaluation.report import (
         REPORT_FILES,
@@ -45,7 +46,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "EvaluateConfig": "compare",
+        "EvaluateConfig": "config",
         "evaluate_prediction": "compare",
         "ScenePanel": "panels",
         "scene_panels": "panels",

@@ -12,17 +12,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import rasterio
-from rasterio.windows import Window
 from shapely.geometry import box
 
 from landcover.errors import EvaluationError
+from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation, confusion_matrix, scores_from_confusion
 from landcover.prediction.outgrid import TAG_CLASS_MAP, OutputGrid, footprint_in_crs
 from tiling.classes import (
@@ -33,29 +32,16 @@ from tiling.classes import (
 )
 from tiling.errors import TilingError
 from tiling.reader import RasterReader
+from tiling.shared.urls import check_remote_file
 from tiling.sources import RasterInfo, expand_inputs, open_label
-from tiling.urls import check_remote_file
 
-__all__ = ["EvaluateConfig", "evaluate_prediction"]
+__all__ = ["evaluate_prediction"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class EvaluateConfig:
-    """Everything `evaluate_prediction` needs; built by the CLI."""
-
-    prediction: str
-    truth: tuple[str, ...]
-    class_map: str | None = None  # remap of the truth's raw codes; None: the prediction's
-    block_px: int = 2048
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-
-
 def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
     """Compare `config.prediction` with the truth rasters over the prediction's grid."""
-    if config.block_px < 1:
-        raise EvaluationError(f"block size {config.block_px} px: must be positive")
     with rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024):
         grid, pred_class_map, tagged = _open_prediction(
             config.prediction, storage_options=config.storage_options
@@ -91,15 +77,12 @@ def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
         reader = RasterReader(storage_options=config.storage_options)
         try:
             with rasterio.open(config.prediction) as pred:
-                for row0 in range(0, grid.height, config.block_px):
-                    for col0 in range(0, grid.width, config.block_px):
-                        height = min(config.block_px, grid.height - row0)
-                        width = min(config.block_px, grid.width - col0)
-                        window = Window(col0, row0, width, height)
-                        predicted = pred.read(1, window=window)
-                        _check_codes(config.prediction, predicted, pred_class_map, tagged=tagged)
-                        codes = reader.read_labels(pred_info, window, truth, truth_map)
-                        confusion += confusion_matrix(codes, predicted, k)
+                for block in grid.window.blocks(config.block_px):
+                    window = block.to_rasterio()
+                    predicted = pred.read(1, window=window)
+                    _check_codes(config.prediction, predicted, pred_class_map, tagged=tagged)
+                    codes = reader.read_labels(pred_info, window, truth, truth_map)
+                    confusion += confusion_matrix(codes, predicted, k)
         finally:
             reader.close()
     return scores_from_confusion(

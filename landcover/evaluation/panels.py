@@ -25,15 +25,16 @@ import numpy.typing as npt
 from rasterio.windows import Window
 from shapely.geometry import box
 
-from landcover.evaluation.compare import EvaluateConfig, _truth_class_map
+from landcover.evaluation.compare import _truth_class_map
+from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation
 from landcover.prediction.outgrid import footprint_in_crs
 from landcover.view.display import DisplayGrid, class_rgba, locate, read_classes, read_imagery
 from landcover.view.mapfile import open_map
 from tiling.classes import ClassMap
 from tiling.reader import RasterReader
+from tiling.shared.urls import is_local
 from tiling.sources import RasterInfo, open_label
-from tiling.urls import is_local
 
 __all__ = [
     "AGREE_RGB",

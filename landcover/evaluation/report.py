@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from landcover.atomic import (
+from landcover.errors import EvaluationError
+from landcover.evaluation.scores import Evaluation
+from landcover.outputs import (
     check_can_create_in,
     refuse_existing,
     write_bytes_atomic,
     write_files_atomic,
 )
-from landcover.errors import EvaluationError
-from landcover.evaluation.scores import Evaluation
 
 if TYPE_CHECKING:
     from landcover.evaluation.panels import ScenePanel

@@ -33,24 +33,28 @@ import os
 import warnings
 import zipfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast, get_args
 
 import fsspec
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landcover.atomic import check_output_file, require_distinct, write_atomic, write_bytes_atomic
 from landcover.errors import ExportError, LandcoverError, ModelFileError
 from landcover.models.modelfile import ModelMeta, load_model_file, meta_from_json, meta_to_json
-from tiling.urls import check_storage_options
+from landcover.outputs import check_output_file, require_distinct, write_atomic, write_bytes_atomic
+from tiling.shared.flags import flag, option
+from tiling.shared.urls import check_storage_options
 
 __all__ = [
     "DEFAULT_OPSET",
     "EXPORT_FORMATS",
+    "ExportConfig",
+    "ExportFormat",
     "ExportResult",
     "ModelKind",
+    "export",
     "export_model",
     "load_torchscript",
     "meta_from_onnx_props",
@@ -59,7 +63,8 @@ __all__ = [
     "supported_opsets",
 ]
 
-EXPORT_FORMATS = ("onnx", "torchscript")
+ExportFormat = Literal["onnx", "torchscript"]
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 DEFAULT_OPSET = 18  # the dynamo exporter's own operators start here
 ONNX_METADATA_KEY = "landcover"
 TORCHSCRIPT_EXTRA_FILE = "landcover.json"
@@ -71,6 +76,34 @@ ONNX_EXTRA = "pip install 'landcover[onnx]'"
 EXPORT_SOURCE = "the model.pt of its training run (RUN_DIR/model.pt from `landcover train`)"
 
 ModelKind = Literal["model", "onnx", "torchscript"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportConfig:
+    """What `export` writes, and the one definition of the options of `landcover export`
+    (each field's flag and help: `tiling.shared.flags`); the format is checked when made."""
+
+    model: str = field(metadata=flag("MODEL"))
+    out: str = field(metadata=flag("--out", "Output file, e.g. model.onnx (local path)."))
+    format: ExportFormat = field(
+        metadata=flag("--format", "onnx (onnxruntime, TensorRT, ...) or torchscript (LibTorch).")
+    )
+    opset: int = option(
+        "--opset",
+        DEFAULT_OPSET,
+        "ONNX opset of the file, from 18 (the exporter's own) to the newest the installed "
+        "onnx knows; above 18 the graph is converted up. --format onnx only.",
+    )
+    overwrite: bool = False
+    storage_options: Mapping[str, Any] = field(
+        default_factory=dict, metadata=flag("--storage-options")
+    )
+
+    def __post_init__(self) -> None:
+        if self.format not in EXPORT_FORMATS:
+            raise ExportError(
+                f"--format {self.format!r}: choose one of {', '.join(EXPORT_FORMATS)}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +168,24 @@ def export_model(
     storage_options: Mapping[str, Any] | None = None,
 ) -> ExportResult:
     """Write the model of `model_url` (a `model.pt`) to `out` as ONNX or TorchScript, with its
-    metadata inside; refuses an existing `out` unless `overwrite`, writes atomically."""
-    if format not in EXPORT_FORMATS:
-        raise ExportError(f"--format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
+    metadata inside; refuses an existing `out` unless `overwrite`, writes atomically (`export`
+    of the `ExportConfig` of these values)."""
+    config = ExportConfig(
+        model=model_url,
+        out=os.fspath(out),
+        format=cast(ExportFormat, format),  # checked by the config
+        opset=opset,
+        overwrite=overwrite,
+        storage_options=storage_options or {},
+    )
+    return export(config)
+
+
+def export(config: ExportConfig) -> ExportResult:
+    """Write `config.model` (a `model.pt`) to `config.out` in `config.format`, its metadata
+    inside; refuses an existing output unless `config.overwrite`, writes atomically."""
+    model_url, out, format, opset = config.model, config.out, config.format, config.opset
+    overwrite, storage_options = config.overwrite, config.storage_options
     check_storage_options([model_url, os.fspath(out)], storage_options)
     if format == "onnx":
         _check_opset(opset)

@@ -19,9 +19,9 @@ import fsspec
 import torch
 from torch import nn
 
-from landcover.atomic import write_atomic
 from landcover.errors import ModelFileError
 from landcover.models.registry import build_model
+from landcover.outputs import write_atomic
 from tiling.classes import ClassMap
 
 MODEL_FORMAT = "landcover-model"

@@ -1,5 +1,6 @@
-"""Prediction of a region: the region, the output grid, blending of overlapping windows, the
-windowed runner, the COG outputs and the tiled map product."""
+"""Prediction of a region: its configuration (`PredictConfig`), the region, the output grid,
+blending of overlapping windows, the windowed runner, the COG outputs and the tiled map
+product."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import TYPE_CHECKING
 from landcover._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from landcover.prediction.config import PredictConfig
     from landcover.prediction.outgrid import OutputGrid, plan_output_grid
     from landcover.prediction.region import Region, parse_bbox, parse_region
-    from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
+    from landcover.prediction.runner import PredictResult, predict_region
     from landcover.prediction.tiled import predict_product, predict_tiles
     from landcover.prediction.tileplan import TiledSetup
 
@@ -31,7 +33,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "PredictConfig": "runner",
+        "PredictConfig": "config",
         "PredictResult": "runner",
         "predict_region": "runner",
         "Region": "region",

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import tempfile
-import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
@@ -28,17 +26,15 @@ from landcover.prediction.outfiles import OutputPaths, TempOutputs, write_cogs
 from landcover.prediction.outgrid import OutputGrid
 from landcover.prediction.parts import CLASSES, PROBABILITIES, RECORD, PartRecord, Staging
 from landcover.prediction.ranks import RankShare
-from tiling.polling import poll_delays
+from tiling.staged import PollSchedule, wait_for_records
 
 logger = logging.getLogger(__name__)
 
 # On blob storage polls start fast and slow down: rank 0 waits at most half again as long as
 # the last part took to arrive (0.1 s early on, 5 s once a state's hours-long parts are still
-# running). On a local or mounted path it looks every 0.05 s (tiling.polling).
-POLL_FIRST_S = 0.1
-POLL_GROWTH = 1.5
-POLL_MAX_S = 5.0
-REPORT_EVERY_S = 60.0
+# running). On a local or mounted path it looks every 0.05 s (tiling.shared.polling). The tiled
+# product's rank 0 waits for tile records on the same schedule.
+PART_POLL = PollSchedule(first_s=0.1, max_s=5.0, growth=1.5)
 
 
 def wait_for_parts(
@@ -46,31 +42,25 @@ def wait_for_parts(
     expected: Sequence[tuple[RankShare, str]],
     world_size: int,
     *,
-    poll_max_s: float = POLL_MAX_S,
+    schedule: PollSchedule = PART_POLL,
 ) -> list[PartRecord]:
     """The committed records of every (share, key) in `expected`, by rank; polls the
     staging area until all are there (the engine stops this rank if another one dies)."""
-    pending = {share.rank: key for share, key in expected}
-    found: dict[int, PartRecord] = {}
-    delays = poll_delays(staging.url, POLL_FIRST_S, poll_max_s, POLL_GROWTH)
-    reported = time.monotonic()
-    while True:
-        present = staging.names()
-        for rank, key in sorted(pending.items()):
-            if staging.name(rank, world_size, key, RECORD) not in present:
-                continue
-            record = staging.read_record(rank, world_size, key)
-            if record is not None:
-                found[rank] = record
-                del pending[rank]
-        if not pending:
-            return [found[rank] for rank in sorted(found)]
-        if time.monotonic() - reported >= REPORT_EVERY_S:
-            reported = time.monotonic()
-            waiting = ", ".join(str(r) for r in sorted(pending)[:10])
-            more = f" and {len(pending) - 10} more" if len(pending) > 10 else ""
-            logger.info("waiting for the parts of rank(s) %s%s in %s", waiting, more, staging.url)
-        time.sleep(next(delays))
+    keys = {share.rank: key for share, key in sorted(expected, key=lambda e: e[0].rank)}
+
+    def waiting(seconds: float, pending: list[int]) -> None:
+        shown = ", ".join(str(r) for r in pending[:10])
+        more = f" and {len(pending) - 10} more" if len(pending) > 10 else ""
+        logger.info("waiting for the parts of rank(s) %s%s in %s", shown, more, staging.url)
+
+    found = wait_for_records(
+        staging,
+        {rank: staging.name(rank, world_size, key, RECORD) for rank, key in keys.items()},
+        lambda rank: staging.read_record(rank, world_size, keys[rank]),
+        schedule=schedule,
+        waiting=waiting,
+    )
+    return [found[rank] for rank in sorted(found)]
 
 
 def assemble(
@@ -81,16 +71,14 @@ def assemble(
     storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the outputs from the parts (atomically), then remove the staging area."""
-    with tempfile.TemporaryDirectory(prefix="landcover-assemble-") as scratch:
-        # The VRT sits beside its parts: in the staging directory, or with their downloads.
-        into = staging.root if staging.local else scratch
-        with TempOutputs(outputs, storage_options) as temps:
-            classes = parts_vrt(staging, records, grid, CLASSES, into)
-            prob = None
-            if outputs.probabilities is not None:
-                prob = parts_vrt(staging, records, grid, PROBABILITIES, into)
-            write_cogs(temps, classes, prob)
-            temps.commit()
+    # The VRT sits beside its parts: in the staging directory, or with their downloads.
+    with staging.scratch() as into, TempOutputs(outputs, storage_options) as temps:
+        classes = parts_vrt(staging, records, grid, CLASSES, into)
+        prob = None
+        if outputs.probabilities is not None:
+            prob = parts_vrt(staging, records, grid, PROBABILITIES, into)
+        write_cogs(temps, classes, prob)
+        temps.commit()
     staging.remove()
 
 

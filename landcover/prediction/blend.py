@@ -20,6 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from landcover.prediction.gridwindow import Window
+
 
 def window_starts(length: int, size: int, overlap: int) -> tuple[int, ...]:
     """Start offsets of windows covering [0, length): stride size-overlap, last one flush."""
@@ -116,40 +118,37 @@ def _touching(starts: tuple[int, ...], size: int, start: int, stop: int) -> tupl
 
 
 class LogitBlender:
-    """Weighted sum of window logits over one block [row0, row0+height) x [col0, col0+width)."""
+    """Weighted sum of window logits over one block of the grid."""
 
     def __init__(
         self,
         layout: WindowLayout,
         num_classes: int,
-        row0: int,
-        col0: int,
-        height: int,
-        width: int,
+        block: Window,
         *,
         device: torch.device | str = "cpu",
     ) -> None:
-        self.layout = layout
-        self.row0, self.col0, self.height, self.width = row0, col0, height, width
+        self.layout, self.block = layout, block
         self.device = torch.device(device)
         self.total = torch.zeros(
-            (num_classes, height, width), dtype=torch.float32, device=self.device
+            (num_classes, block.height, block.width), dtype=torch.float32, device=self.device
         )
-        self.weight = torch.zeros((height, width), dtype=torch.float32, device=self.device)
+        self.weight = torch.zeros(
+            (block.height, block.width), dtype=torch.float32, device=self.device
+        )
         self._weights: dict[tuple[int, int, bool, bool, bool, bool], torch.Tensor] = {}
 
     def add(self, logits: torch.Tensor, row_start: int, col_start: int) -> None:
         """Add one window's (classes, size, size) logits, placed at grid (row_start, col_start)."""
         size_r, size_c = logits.shape[-2:]
-        r0 = max(row_start, self.row0)
-        r1 = min(row_start + size_r, self.row0 + self.height)
-        c0 = max(col_start, self.col0)
-        c1 = min(col_start + size_c, self.col0 + self.width)
+        block = self.block
+        r0, r1 = max(row_start, block.row), min(row_start + size_r, block.row_stop)
+        c0, c1 = max(col_start, block.col), min(col_start + size_c, block.col_stop)
         if r0 >= r1 or c0 >= c1:
             return
         w = self._device_weight(self.layout.weight_key(row_start, col_start))
         src = (slice(r0 - row_start, r1 - row_start), slice(c0 - col_start, c1 - col_start))
-        dst = (slice(r0 - self.row0, r1 - self.row0), slice(c0 - self.col0, c1 - self.col0))
+        dst = (slice(r0 - block.row, r1 - block.row), slice(c0 - block.col, c1 - block.col))
         w_part = w[src]
         self.total[:, dst[0], dst[1]].add_(logits[:, src[0], src[1]] * w_part)
         self.weight[dst].add_(w_part)

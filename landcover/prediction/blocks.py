@@ -1,6 +1,12 @@
-"""The block schedule of a prediction: the output grid cut into square blocks, the windows a
-block owns (for the progress bar), which pixels of a block the region covers, and the check
-that a finished prediction found data in it.
+"""The block schedule of a prediction: a window of the output grid cut into square blocks,
+each with the model windows that touch it and the number it owns (for the progress bar);
+which pixels of a block the region covers, and the check that a finished prediction found
+data in it.
+
+`block_schedule` is the one place a schedule is worked out: the one-process run (the whole
+grid), each rank of a distributed run (its block rows), each tile of a tiled product and each
+tile task on a task scheduler ask it for the window they predict, and it is cached, so the
+progress bar's count and the run walk the same list, computed once.
 
 A pixel is inside the region when its centre is; these functions only rasterize the region,
 they read no pixel of the images.
@@ -8,7 +14,9 @@ they read no pixel of the images.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -18,41 +26,67 @@ from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import RegionError
 from landcover.prediction.blend import WindowLayout
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 
+# Schedules kept: a process predicts one grid (a rank's share, or a tile task's tiles).
+_SCHEDULES_CACHED = 64
 
-def blocks(grid: OutputGrid, block_px: int) -> Iterator[tuple[int, int, int, int]]:
-    """(row0, col0, height, width) of each block, row by row; edge blocks are cut short."""
-    for row0 in range(0, grid.height, block_px):
-        for col0 in range(0, grid.width, block_px):
-            yield row0, col0, min(block_px, grid.height - row0), min(block_px, grid.width - col0)
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One block of a schedule: its output pixels, the top-left rows and columns of the model
+    windows that touch them, the source pixels under those windows, and how many of the
+    windows it owns (those whose centre lies in it: every window is owned by one block)."""
+
+    window: Window
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+    extent: Window  # the pixels under every window that touches the block
+    owned_windows: int
+    starts_row: bool  # the first block of its block row: no carried logits reach into it
+
+
+def blocks(grid: OutputGrid, block_px: int) -> list[Window]:
+    """The blocks of the whole grid, row by row; edge blocks are cut short."""
+    return grid.window.blocks(block_px)
+
+
+@lru_cache(maxsize=_SCHEDULES_CACHED)
+def block_schedule(layout: WindowLayout, area: Window, block_px: int) -> tuple[Block, ...]:
+    """The blocks of `area` (the grid's, a rank's rows, a tile's), row by row, each with
+    its model windows: the order every schedule of a prediction runs in."""
+    schedule = []
+    for window in area.blocks(block_px):
+        rows = layout.rows_touching(window.row, window.row_stop)
+        cols = layout.cols_touching(window.col, window.col_stop)
+        extent = Window(
+            rows[0], cols[0], rows[-1] + layout.size - rows[0], cols[-1] + layout.size - cols[0]
+        )
+        owned = owned_windows(layout, rows, cols, window)
+        schedule.append(Block(window, rows, cols, extent, owned, window.col == area.col))
+    return tuple(schedule)
 
 
 def owned_windows(
-    layout: WindowLayout,
-    rows: Sequence[int],
-    cols: Sequence[int],
-    row0: int,
-    col0: int,
-    height: int,
-    width: int,
+    layout: WindowLayout, rows: Sequence[int], cols: Sequence[int], block: Window
 ) -> int:
-    """How many of the windows `rows` x `cols` have their centre in the block: every window
+    """How many of the windows `rows` x `cols` have their centre in `block`: every window
     is owned by exactly one block, so the counts add up to the layout's windows."""
     half = layout.size // 2
-    own_rows = sum(1 for r in rows if row0 <= min(r + half, layout.height - 1) < row0 + height)
-    own_cols = sum(1 for c in cols if col0 <= min(c + half, layout.width - 1) < col0 + width)
+    own_rows = sum(
+        1 for r in rows if block.row <= min(r + half, layout.height - 1) < block.row_stop
+    )
+    own_cols = sum(1 for c in cols if block.col <= min(c + half, layout.width - 1) < block.col_stop)
     return own_rows * own_cols
 
 
-def region_mask(
-    geometry: BaseGeometry, grid: OutputGrid, row0: int, col0: int, height: int, width: int
-) -> npt.NDArray[np.bool_]:
-    """(height, width) bool: the block's pixels whose centre lies in `geometry`."""
+def region_mask(geometry: BaseGeometry, grid: OutputGrid, window: Window) -> npt.NDArray[np.bool_]:
+    """(height, width) bool: the window's pixels whose centre lies in `geometry`."""
     mask = rasterize(
         [(geometry, 1)],
-        out_shape=(height, width),
-        transform=grid.window_transform(row0, col0),
+        out_shape=(window.height, window.width),
+        transform=grid.window_transform(window.row, window.col),
         fill=0,
         dtype="uint8",
         all_touched=False,  # a pixel is inside when its centre is
@@ -62,10 +96,10 @@ def region_mask(
 
 def region_has_pixels(plan: GridPlan, block_px: int) -> bool:
     """Whether any pixel centre lies in region ∩ images (rasterizing only, no reads)."""
-    for row0, col0, height, width in blocks(plan.grid, block_px):
-        if not plan.area.intersects(box(*plan.grid.window_bounds(row0, col0, height, width))):
+    for window in blocks(plan.grid, block_px):
+        if not plan.area.intersects(box(*plan.grid.bounds_of(window))):
             continue
-        if region_mask(plan.area, plan.grid, row0, col0, height, width).any():
+        if region_mask(plan.area, plan.grid, window).any():
             return True
     return False
 

@@ -6,6 +6,7 @@ importing them."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal, get_args
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -14,19 +15,23 @@ __all__ = [
     "RUNTIMES",
     "TTA_MODES",
     "TTA_OPS",
+    "Runtime",
+    "TtaMode",
 ]
 
 # what runs the model: auto picks onnxruntime for *.onnx (landcover.prediction.runtime)
-RUNTIMES: tuple[str, ...] = ("auto", "torch", "onnxruntime")
+Runtime = Literal["auto", "torch", "onnxruntime"]
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
 
 # `landcover.data.augment.dihedral` ops averaged by each TTA mode (landcover.prediction.tta):
 # the identity; the flip subgroup (identity, left-right, up-down, both); the whole group
+TtaMode = Literal["none", "flips", "d4"]
 TTA_OPS: Mapping[str, tuple[int, ...]] = {
     "none": (0,),
     "flips": (0, 1, 2, 3),
     "d4": tuple(range(8)),
 }
-TTA_MODES: tuple[str, ...] = tuple(TTA_OPS)
+TTA_MODES: tuple[str, ...] = get_args(TtaMode)  # the keys of TTA_OPS
 
 # Output grids above this many pixels are refused unless the caller raises the limit: 10
 # gigapixels is 100 x 100 km at 1 m (a 10 GB uint8 map before compression, hours of

@@ -35,7 +35,7 @@ from landcover.prediction.outgrid import GridPlan
 from landcover.prediction.parts import PartRecord, PartWriter, Staging, part_key
 from landcover.prediction.ranks import RankShare, pooled_threads, sources_read, split_rows
 from landcover.version import __version__
-from tiling.fingerprint import fingerprint, fingerprints
+from tiling.shared.fingerprint import fingerprint, fingerprints
 
 logger = logging.getLogger(__name__)
 

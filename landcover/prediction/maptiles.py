@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import shapely
 from shapely.geometry import box
 
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 
 # Coordinates of tile corners in names: rounded to this many decimals (a millionth of a unit).
@@ -40,20 +41,18 @@ class MapTile:
     height: int
     width: int
 
+    @property
+    def window(self) -> Window:
+        """The tile's pixels of the output grid."""
+        return Window(self.row0, self.col0, self.height, self.width)
+
     def grid(self, grid: OutputGrid) -> OutputGrid:
         """The grid of this tile alone (the grid of its COG)."""
-        return OutputGrid(
-            grid.crs, grid.window_transform(self.row0, self.col0), self.width, self.height
-        )
+        return grid.sub(self.window)
 
-    def blocks(self, block_px: int) -> list[tuple[int, int, int, int]]:
-        """(row0, col0, height, width) in grid pixels of the tile's blocks, row by row."""
-        return [
-            (row0, col0, min(block_px, self.row0 + self.height - row0), w)
-            for row0 in range(self.row0, self.row0 + self.height, block_px)
-            for col0 in range(self.col0, self.col0 + self.width, block_px)
-            for w in (min(block_px, self.col0 + self.width - col0),)
-        ]
+    def blocks(self, block_px: int) -> list[Window]:
+        """The tile's blocks, row by row, from its own top-left corner."""
+        return self.window.blocks(block_px)
 
 
 def map_tiles(grid: OutputGrid, tile_px: int) -> list[MapTile]:
@@ -82,7 +81,7 @@ def tile_costs(plan: GridPlan, tiles: Sequence[MapTile]) -> list[int]:
     shapely.prepare(area)
     costs = []
     for tile in tiles:
-        outline = box(*plan.grid.window_bounds(tile.row0, tile.col0, tile.height, tile.width))
+        outline = box(*plan.grid.bounds_of(tile.window))
         if not plan.sources_touching(outline):  # the footprint index: no geometry work
             costs.append(0)
             continue

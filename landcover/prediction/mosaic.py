@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import rasterio.errors
+import rasterio.windows
 from affine import Affine
 from rasterio.enums import Resampling
 from rasterio.warp import reproject, transform_bounds
-from rasterio.windows import Window
 from rasterio.windows import from_bounds as window_from_bounds
 from shapely.geometry import box
 
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.outgrid import GridPlan, OutputGrid, metres_per_unit
 from tiling.errors import SourceFormatError
 from tiling.grid import aligned_offset
@@ -41,42 +42,32 @@ Pixels = tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]
 
 @dataclass(frozen=True, slots=True)
 class GridRect:
-    """A rectangle of an output grid in grid pixels; it may extend past the grid."""
+    """A window of an output grid; it may extend past the grid."""
 
     grid: OutputGrid
-    row_off: int
-    col_off: int
-    height: int
-    width: int
+    window: Window
 
     @property
     def bounds(self) -> tuple[float, float, float, float]:
-        return self.grid.window_bounds(self.row_off, self.col_off, self.height, self.width)
+        return self.grid.bounds_of(self.window)
 
     @property
     def transform(self) -> Affine:
-        return self.grid.window_transform(self.row_off, self.col_off)
+        return self.grid.window_transform(self.window.row, self.window.col)
 
 
-def read_mosaic(
-    plan: GridPlan,
-    reader: RasterReader,
-    row_off: int,
-    col_off: int,
-    height: int,
-    width: int,
-) -> Pixels:
-    """Pixels of the rectangle (may extend past the grid) from the sources, first one wins.
+def read_mosaic(plan: GridPlan, reader: RasterReader, window: Window) -> Pixels:
+    """Pixels of `window` (may extend past the grid) from the sources, first one wins.
 
     Returns (bands, height, width) values and a (height, width) mask of the pixels a source
     covers with data. Imagery is warped with `average` where the source is finer than the
     grid and `bilinear` where it is coarser.
     """
-    rect = GridRect(plan.grid, row_off, col_off, height, width)
+    rect = GridRect(plan.grid, window)
     area = box(*rect.bounds)
     bands = max(s.count for s in plan.sources)
-    data = np.zeros((bands, height, width), dtype=np.uint8)
-    valid = np.zeros((height, width), dtype=bool)
+    data = np.zeros((bands, window.height, window.width), dtype=np.uint8)
+    valid = np.zeros((window.height, window.width), dtype=bool)
     for i in plan.sources_touching(area):
         if valid.all():
             break
@@ -101,14 +92,16 @@ def read_source_onto(reader: RasterReader, source: RasterInfo, rect: GridRect) -
 def _read_aligned(
     reader: RasterReader, source: RasterInfo, offset: tuple[int, int], rect: GridRect
 ) -> Pixels | None:
-    height, width = rect.height, rect.width
-    src_row0 = rect.row_off + offset[0]
-    src_col0 = rect.col_off + offset[1]
+    height, width = rect.window.height, rect.window.width
+    src_row0 = rect.window.row + offset[0]
+    src_col0 = rect.window.col + offset[1]
     r0, r1 = max(src_row0, 0), min(src_row0 + height, source.height)
     c0, c1 = max(src_col0, 0), min(src_col0 + width, source.width)
     if r0 >= r1 or c0 >= c1:
         return None
-    block, block_valid = _read_image(reader, source, Window(c0, r0, c1 - c0, r1 - r0))
+    block, block_valid = _read_image(
+        reader, source, rasterio.windows.Window(c0, r0, c1 - c0, r1 - r0)
+    )
     values = np.zeros((source.count, height, width), dtype=np.uint8)
     covered = np.zeros((height, width), dtype=bool)
     dst = (slice(r0 - src_row0, r1 - src_row0), slice(c0 - src_col0, c1 - src_col0))
@@ -118,7 +111,7 @@ def _read_aligned(
 
 
 def _read_warped(reader: RasterReader, source: RasterInfo, rect: GridRect) -> Pixels | None:
-    grid, height, width = rect.grid, rect.height, rect.width
+    grid, height, width = rect.grid, rect.window.height, rect.window.width
     try:
         src_bounds = transform_bounds(grid.crs, source.crs, *rect.bounds, densify_pts=21)
     except Exception:  # the rectangle reaches outside the source CRS's domain
@@ -132,7 +125,7 @@ def _read_warped(reader: RasterReader, source: RasterInfo, rect: GridRect) -> Pi
     c1 = min(math.ceil(win.col_off + win.width) + _WARP_MARGIN_PX, source.width)
     if r0 >= r1 or c0 >= c1:
         return None
-    src_window = Window(c0, r0, c1 - c0, r1 - r0)
+    src_window = rasterio.windows.Window(c0, r0, c1 - c0, r1 - r0)
     block, block_valid = _read_image(reader, source, src_window)
     common: dict[str, Any] = {
         "src_transform": source.transform @ Affine.translation(c0, r0),
@@ -172,7 +165,7 @@ def _read_warped(reader: RasterReader, source: RasterInfo, rect: GridRect) -> Pi
 
 
 def _read_image(
-    reader: RasterReader, source: RasterInfo, window: Window
+    reader: RasterReader, source: RasterInfo, window: rasterio.windows.Window
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
     """`reader.read_image`, with a failed read named as the damaged file it almost always is.
 

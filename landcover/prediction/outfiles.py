@@ -29,10 +29,10 @@ import rasterio
 import rasterio.shutil
 from rasterio.enums import ColorInterp
 
-from landcover.atomic import check_output_file, publish, refuse_existing, require_distinct
 from landcover.classes import NODATA_CODE, colormap
 from landcover.errors import LandcoverError, PredictionError
 from landcover.models.modelfile import ModelMeta
+from landcover.outputs import check_output_file, publish, refuse_existing, require_distinct
 from landcover.prediction.outgrid import (
     TAG_CLASS_MAP,
     TAG_CLASS_NAMES,
@@ -41,7 +41,7 @@ from landcover.prediction.outgrid import (
     OutputGrid,
     sources_tag,
 )
-from tiling.urls import filesystem, is_local, storage_errors
+from tiling.shared.urls import filesystem, is_local, storage_errors
 
 # Probabilities are stored as round(p * 254); 255 marks pixels outside the region.
 PROBABILITY_SCALE = 254

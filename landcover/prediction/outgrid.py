@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import shapely
 from affine import Affine
 from rasterio.crs import CRS
+from shapely.geometry import box
 from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import PredictionError, RegionError
@@ -24,6 +25,7 @@ from landcover.prediction.choices import (
     RESOLUTION_LIMIT_FACTOR,
     RESOLUTION_WARN_FACTOR,
 )
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.region import Region, reproject_geometry
 from tiling.grid import same_pixel_size, snap_px
 from tiling.sources import RasterInfo
@@ -74,6 +76,11 @@ class OutputGrid:
             top,
         )
 
+    @property
+    def window(self) -> Window:
+        """The whole grid as a window."""
+        return Window(0, 0, self.height, self.width)
+
     def window_transform(self, row_off: int, col_off: int) -> Affine:
         """Transform of a rectangle of this grid (offsets may lie outside the grid)."""
         return self.transform @ Affine.translation(col_off, row_off)
@@ -84,6 +91,19 @@ class OutputGrid:
         left, top = self.transform @ (col_off, row_off)
         right, bottom = self.transform @ (col_off + width, row_off + height)
         return (left, bottom, right, top)
+
+    def bounds_of(self, window: Window) -> tuple[float, float, float, float]:
+        """(left, bottom, right, top) of `window` in the grid's CRS."""
+        return self.window_bounds(window.row, window.col, window.height, window.width)
+
+    def sub(self, window: Window) -> OutputGrid:
+        """The grid of `window` alone (the grid of a rank's part file, of a tile's COG)."""
+        return OutputGrid(
+            self.crs,
+            self.window_transform(window.row, window.col),
+            width=window.width,
+            height=max(window.height, 0),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +127,12 @@ class GridPlan:
             return [i for i, f in enumerate(self.footprints) if f.intersects(geometry)]
         hits = self.footprint_index.query(geometry, predicate="intersects")
         return sorted(int(i) for i in hits)
+
+    def sources_read(self, window: Window, reach_px: int) -> list[str]:
+        """Paths, in the plan's order, of the images under `window` and the `reach_px`
+        pixels around it (the model windows that reach past its edges)."""
+        outline = box(*self.grid.bounds_of(window.grown(reach_px)))
+        return [self.sources[i].path for i in self.sources_touching(outline)]
 
 
 def plan_output_grid(

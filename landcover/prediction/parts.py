@@ -17,20 +17,18 @@ or uploaded whole), so:
   (resume) once their files still have the recorded sizes.
 
 Rank 0 waits for every rank's record, assembles (`landcover.prediction.assemble`), then
-removes the staging area. Ranks share nothing but these files: the same protocol works on
-local disk, NFS-style shared paths and blob storage.
+removes the staging area. Ranks share nothing but these files: this is the staged-parts
+protocol (`tiling.staged`; docs/CONTRACTS.md, "Staged parts"), the same on local disk,
+NFS-style shared paths and blob storage.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -39,17 +37,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from landcover.atomic import write_text_atomic
+from landcover.outputs import output_errors
 from landcover.prediction.ranks import RankShare
-from tiling.fingerprint import Fingerprint
-from tiling.staging import staging_url
-from tiling.urls import filesystem, is_local, storage_errors
+from tiling.shared.fingerprint import Fingerprint
+from tiling.staged import (
+    StagedFolder,
+    check_format,
+    content_key,
+    files_intact,
+    publish_record,
+    read_record,
+    staging_url,
+)
 
 logger = logging.getLogger(__name__)
 
 PART_FORMAT = "landcover-predict-part"
 PART_VERSION = 1
-KEY_HEX = 24  # 96 bits of the key's SHA-256 in names: no collision between runs
 CLASSES, PROBABILITIES, RECORD = "classes", "probabilities", "record"
 _SUFFIX = {CLASSES: "tif", PROBABILITIES: "prob.tif"}
 
@@ -83,8 +87,7 @@ class PartRecord:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> PartRecord:
-        if obj.get("format") != PART_FORMAT or obj.get("version") != PART_VERSION:
-            raise ValueError(f"not a {PART_FORMAT} record of version {PART_VERSION}")
+        check_format(obj, PART_FORMAT, PART_VERSION)
         return cls(
             rank=int(obj["rank"]),
             world_size=int(obj["world_size"]),
@@ -124,115 +127,43 @@ def part_key(
         "rank": share.rank,
         "world_size": world_size,
     }
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:KEY_HEX]
+    return content_key(content)
 
 
-class Staging:
-    """`<out>.parts/` beside the output `out` (a local path or a URL)."""
+class Staging(StagedFolder):
+    """`<out>.parts/` beside the output `out` (a local path or a URL): the staged-parts
+    protocol's folder (`tiling.staged`), with the names and records of prediction parts."""
 
     def __init__(self, out: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.url = staging_url(out)  # tiling's naming: every stage stages beside its output
-        self.local = is_local(out)
-        self.fs, self.root = filesystem(self.url, storage_options)
+        super().__init__(staging_url(out), storage_options)  # every stage stages beside its output
 
     def name(self, rank: int, world_size: int, key: str, kind: str) -> str:
         stem = f"part-{rank:05d}-of-{world_size:05d}.{key}"
         return f"{stem}.json" if kind == RECORD else f"{stem}.{_SUFFIX[kind]}"
 
-    def path(self, name: str) -> str:
-        return f"{self.root}/{name}"
-
-    def scratch(self) -> str:
-        """A local directory for files being written: the staging directory itself when
-        local (a rename there is atomic), else a new temporary directory."""
-        if self.local:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
-            return self.root
-        return tempfile.mkdtemp(prefix="landcover-part-")
-
     def publish(self, local_file: str, name: str) -> None:
-        """Put a finished local file at `name`: a rename (local) or one whole upload."""
-        if self.local:
-            # On disk before the rename: a record that survives a crash has whole files.
-            fd = os.open(local_file, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(local_file, self.path(name))
-            return
-        with storage_errors(self.url):
-            self.fs.put_file(local_file, self.path(name))
+        """Put a finished local file at `name`: fsynced and renamed (local), or one upload."""
+        with output_errors():
+            self.put_file(local_file, name)
 
     def write_record(self, record: PartRecord) -> None:
         """Commit a part: its record, written atomically after its files."""
         name = self.name(record.rank, record.world_size, record.key, RECORD)
-        text = json.dumps(record.to_json(), indent=1)
-        if self.local:
-            write_text_atomic(self.path(name), text)
-            return
-        with storage_errors(self.url):
-            self.fs.pipe_file(self.path(name), text.encode())
-
-    def names(self) -> set[str]:
-        """The names in the staging area now (one listing, not cached)."""
-        with storage_errors(self.url):
-            if self.local:
-                return set(os.listdir(self.root)) if os.path.isdir(self.root) else set()
-            self.fs.invalidate_cache(self.root)
-            if not self.fs.exists(self.root):
-                return set()
-            return {
-                str(p).rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)
-            }
+        with output_errors():
+            publish_record(self, name, record.to_json())
 
     def read_record(self, rank: int, world_size: int, key: str) -> PartRecord | None:
         """The committed record of rank's part with this key, or None: not there (yet), or
         not to be trusted (unreadable, another rank's or key's, files of other sizes)."""
-        path = self.path(self.name(rank, world_size, key, RECORD))
-        try:
-            with storage_errors(self.url):
-                if not self.local:
-                    self.fs.invalidate_cache(self.root)  # listings are cached; ask again
-                text = self.fs.cat_file(path)
-        except FileNotFoundError:
-            return None
-        try:
-            record = PartRecord.from_json(json.loads(text))
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring %s: unreadable record (%s)", path, exc)
+        name = self.name(rank, world_size, key, RECORD)
+        record = read_record(self, name, PartRecord.from_json)
+        if record is None:
             return None
         if (record.rank, record.world_size, record.key) != (rank, world_size, key):
-            logger.warning("ignoring %s: it records another part", path)
+            logger.warning("ignoring %s: it records another part", self.path(name))
             return None
-        for kind, size in record.file_bytes.items():
-            file = self.path(self.name(rank, world_size, key, kind))
-            with storage_errors(self.url):
-                actual = self.fs.size(file) if self.fs.exists(file) else None
-            if actual != size:
-                logger.warning("ignoring %s: %s has %s bytes, not %d", path, file, actual, size)
-                return None
-        return record
-
-    def fetch(self, name: str, into: str) -> str:
-        """A local path of file `name`: the file itself when local, else a download."""
-        if self.local:
-            return self.path(name)
-        target = str(Path(into) / name)
-        with storage_errors(self.url):
-            self.fs.get_file(self.path(name), target)
-        return target
-
-    def remove(self) -> None:
-        """Delete the staging area and everything in it (other runs' leftovers too)."""
-        if self.local:
-            shutil.rmtree(self.root, ignore_errors=True)
-            return
-        with storage_errors(self.url):
-            self.fs.invalidate_cache(self.root)
-            if self.fs.exists(self.root):
-                self.fs.rm(self.root, recursive=True)
+        files = {self.name(rank, world_size, key, k): size for k, size in record.file_bytes.items()}
+        return record if files_intact(self, name, files) else None
 
 
 class PartWriter:
@@ -244,7 +175,8 @@ class PartWriter:
         self, staging: Staging, share: RankShare, world_size: int, key: str, *, probabilities: bool
     ) -> None:
         self.staging, self.share, self.world_size, self.key = staging, share, world_size, key
-        self.scratch = staging.scratch()
+        self._scratch = ExitStack()
+        self.scratch = self._scratch.enter_context(staging.scratch())
         token = uuid.uuid4().hex[:8]
         self.files = {CLASSES: self._temp(CLASSES, token)}
         if probabilities:
@@ -270,8 +202,7 @@ class PartWriter:
         for path in self.files.values():
             Path(path).unlink(missing_ok=True)
             Path(path + ".aux.xml").unlink(missing_ok=True)
-        if not self.staging.local:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        self._scratch.close()
 
     def commit(
         self, windows: int, class_pixels: Sequence[int] | npt.NDArray[np.int64]

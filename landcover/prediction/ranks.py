@@ -12,7 +12,7 @@ fewer of its wide rows to a rank than of its narrow tips.
 
 The split is a pure function of the plan, so every rank computes the same one without
 talking to the others. It cannot use more ranks than the grid has block rows with work in
-them; the others get empty shares (a smaller --block-size gives more rows). On the CPU the
+them; the others get empty shares (a smaller --block-px gives more rows). On the CPU the
 ranks of one machine then pool their threads (`pooled_threads`): a rank without rows leaves
 its cores to the ranks of its machine that have rows, so a region of one block row runs on
 every core whatever the number of ranks.
@@ -28,7 +28,7 @@ from shapely.geometry import box
 from landcover.distenv import pooled_share
 from landcover.errors import PredictionError
 from landcover.prediction.blend import WindowLayout
-from landcover.prediction.blocks import blocks, owned_windows
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 
 
@@ -44,27 +44,17 @@ class RankShare:
     def is_empty(self) -> bool:
         return self.row1 <= self.row0
 
-    def blocks(self, grid: OutputGrid, block_px: int) -> list[tuple[int, int, int, int]]:
-        """(row0, col0, height, width) of this share's blocks, in the one-process order."""
-        return [b for b in blocks(grid, block_px) if self.row0 <= b[0] < self.row1]
+    def window(self, grid: OutputGrid) -> Window:
+        """This share's rows of `grid`, every column."""
+        return Window(self.row0, 0, max(self.row1 - self.row0, 0), grid.width)
+
+    def blocks(self, grid: OutputGrid, block_px: int) -> list[Window]:
+        """This share's blocks, in the one-process order (its rows are whole block rows)."""
+        return self.window(grid).blocks(block_px)
 
     def grid(self, grid: OutputGrid) -> OutputGrid:
         """The grid of this share's rows alone (the grid of its part file)."""
-        return OutputGrid(
-            grid.crs,
-            grid.window_transform(self.row0, 0),
-            width=grid.width,
-            height=max(self.row1 - self.row0, 0),
-        )
-
-    def windows(self, grid: OutputGrid, layout: WindowLayout, block_px: int) -> int:
-        """How many windows this share's blocks own (the length of its progress bar)."""
-        total = 0
-        for row0, col0, height, width in self.blocks(grid, block_px):
-            rows = layout.rows_touching(row0, row0 + height)
-            cols = layout.cols_touching(col0, col0 + width)
-            total += owned_windows(layout, rows, cols, row0, col0, height, width)
-        return total
+        return grid.sub(self.window(grid))
 
 
 def whole_grid(grid: OutputGrid) -> RankShare:
@@ -91,9 +81,8 @@ def row_costs(plan: GridPlan, block_px: int) -> list[int]:
     """The work in each block row: its strip's area inside region ∩ images, in pixels."""
     grid = plan.grid
     costs = []
-    for row0 in range(0, grid.height, block_px):
-        height = min(block_px, grid.height - row0)
-        strip = box(*grid.window_bounds(row0, 0, height, grid.width))
+    for row in grid.window.block_rows(block_px):
+        strip = box(*grid.bounds_of(row))
         inside = plan.area.intersection(strip).area if plan.area.intersects(strip) else 0.0
         # Whole pixels: every rank must round the same float the same way to agree.
         costs.append(round(inside / grid.resolution**2))
@@ -142,11 +131,4 @@ def sources_read(plan: GridPlan, share: RankShare, layout: WindowLayout) -> list
     the plan's order."""
     if share.is_empty:
         return []
-    grid = plan.grid
-    reach = layout.size
-    strip = box(
-        *grid.window_bounds(
-            share.row0 - reach, -reach, share.row1 - share.row0 + 2 * reach, grid.width + 2 * reach
-        )
-    )
-    return [plan.sources[i].path for i in plan.sources_touching(strip)]
+    return plan.sources_read(share.window(plan.grid), layout.size)

@@ -1,6 +1,7 @@
 """Predict a land-cover map for a region: region → windows → blended logits → COG.
 
-This module holds the configuration, the result and the loop over blocks. The output grid is
+This module holds the result and the loop over blocks (the configuration is
+`landcover.prediction.config`). The output grid is
 cut into blocks (`block_px` square, `landcover.prediction.blocks`). For each block we read the
 source pixels under every window that touches it, run those windows in batches
 (`landcover.prediction.windows`), blend their logits with a smooth weight
@@ -24,11 +25,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -36,11 +35,16 @@ import rasterio
 import torch
 from tqdm import tqdm
 
+from landcover.devices import torch_device
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
 from landcover.outputlock import exclusive_outputs
 from landcover.prediction.blend import WindowLayout
-from landcover.prediction.blocks import region_has_pixels, require_predicted_pixels
+from landcover.prediction.blocks import (
+    block_schedule,
+    region_has_pixels,
+    require_predicted_pixels,
+)
 from landcover.prediction.blockstages import (
     BlockPredictor,
     BlockWriter,
@@ -48,7 +52,7 @@ from landcover.prediction.blockstages import (
     PreparedBlock,
     prepare_block,
 )
-from landcover.prediction.choices import DEFAULT_MAX_PIXELS
+from landcover.prediction.config import PredictConfig
 from landcover.prediction.distributed import RankRun, run_rank
 from landcover.prediction.outfiles import (
     OutputPaths,
@@ -63,7 +67,7 @@ from landcover.prediction.outfiles import (
 from landcover.prediction.outgrid import GridPlan, OutputGrid, plan_output_grid
 from landcover.prediction.pipeline import run_pipeline
 from landcover.prediction.ranks import RankShare, whole_grid
-from landcover.prediction.region import Region, parse_crs
+from landcover.prediction.region import parse_crs
 from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
     GDAL_CACHE_BYTES,
@@ -72,44 +76,15 @@ from landcover.prediction.setup import (
     check_model,
     check_sources_fit,
     open_images,
-    resolve_device,
     warnings_to_log,
     window_overlap,
 )
 from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import WindowRunner
 from tiling.reader import RasterReader
-from tiling.urls import check_storage_options
+from tiling.shared.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PredictConfig:
-    """Everything `predict_region` needs; built by the CLI."""
-
-    model: str
-    images: tuple[str, ...]
-    out: str
-    region: Region | None = None
-    dst_crs: str | None = None
-    resolution: float | None = None  # in units of the output CRS; None: the model's
-    overlap_px: int | None = None  # None: a quarter of the model's chip size
-    batch_size: int = 16
-    device: str = "cpu"
-    runtime: str = "auto"  # auto, torch, onnxruntime (landcover.prediction.runtime)
-    tta: str = "none"  # none, flips, d4 (landcover.prediction.tta)
-    probabilities: str | None = None
-    overwrite: bool = False
-    block_px: int = 2048
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    progress: bool | None = None  # None: a progress bar when stderr is a terminal
-    max_pixels: int | None = DEFAULT_MAX_PIXELS  # refuse larger output grids; None: no limit
-    # Images without nodata or a mask: pixels 0 in every band are nodata (NAIP collars).
-    zero_is_nodata: bool = True
-    # Read, infer and write in three overlapping threads; False: one block after another in
-    # this thread (the same bytes, slower: for comparisons and debugging).
-    pipeline: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,12 +134,8 @@ def predict_region(
         check_storage_options([u for u in urls if u], config.storage_options)
         if rank != 0:
             config = replace(config, progress=False)
-        if config.batch_size < 1:
-            raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
-        if config.block_px < 16:
-            raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
         tta_ops(config.tta)  # refuse a bad mode before the model loads
-        device = resolve_device(config.device)
+        device = torch_device(config.device, error=PredictionError)
         FreedMemory().reuse()  # before the model loads (see FreedMemory)
         with (
             _hold_outputs(outputs, rank),
@@ -325,9 +296,10 @@ def _predict_into(
             profile = probability_profile(target, meta)
             prob = stack.enter_context(rasterio.open(tiles_prob, "w", **profile))
             describe_probability_raster(prob, meta)
+        schedule = block_schedule(layout, share.window(grid), config.block_px)
         bar = stack.enter_context(
             tqdm(
-                total=share.windows(grid, layout, config.block_px),
+                total=sum(block.owned_windows for block in schedule),
                 unit="window",
                 disable=not show,
                 desc="predict",
@@ -338,11 +310,11 @@ def _predict_into(
         predictor = BlockPredictor(
             windows, meta.num_classes, device=device, probabilities=prob is not None
         )
-        writer = BlockWriter(dst, prob, meta.num_classes, first_row=share.row0)
+        writer = BlockWriter(dst, prob, meta.num_classes, target=share.window(grid))
         memory = FreedMemory()
 
         def predict(prepared: PreparedBlock) -> PredictedBlock:
-            bar.update(prepared.owned_windows)
+            bar.update(prepared.block.owned_windows)
             predicted = predictor(prepared)
             if prepared.todo:
                 memory.release()  # the block's logits and activations are free by now
@@ -351,7 +323,7 @@ def _predict_into(
         # The pipeline's threads have stopped when it returns or raises: the files and the
         # reader are closed after them.
         run_pipeline(
-            share.blocks(grid, config.block_px),
+            schedule,
             partial(prepare_block, plan, layout, reader),
             predict,
             writer,

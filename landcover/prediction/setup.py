@@ -1,5 +1,5 @@
 """What a prediction sets up and checks before it reads a pixel: the process (warnings,
-malloc), the device, the images, and the model against those images.
+malloc), the images, and the model against those images (the device: `landcover.devices`).
 
 Every check here is cheap and runs before the long work, so bad input fails in seconds with
 one line naming the value and the fix.
@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-import torch
 from rasterio.errors import NotGeoreferencedWarning
 
 from landcover.data.normalise import check_band_stats
@@ -143,44 +142,6 @@ def open_images(
         open_image(path, storage_options=storage_options, zero_is_nodata=zero_is_nodata)
         for path in paths
     ]
-
-
-def resolve_device(text: str) -> torch.device:
-    """`cpu`, `cuda`, `cuda:N`, `mps` or `auto` (CUDA when there is one)."""
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise PredictionError(
-            f"--device {text!r} is not a device; use cpu, cuda, cuda:0 or auto"
-        ) from None
-    if device.type not in ("cpu", "cuda", "mps") or (device.type == "cpu" and device.index):
-        raise PredictionError(
-            f"--device {text}: landcover predicts on cpu, cuda, cuda:N or mps; use one of them "
-            "or auto"
-        )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise PredictionError(f"--device {text}: no MPS device here; use --device cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise PredictionError(f"--device {text}: no CUDA device here; use --device cpu")
-    if (
-        device.type == "cuda"
-        and device.index is not None
-        and device.index >= torch.cuda.device_count()
-    ):
-        raise PredictionError(
-            f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here"
-        )
-    return device
-
-
-def rank_device(text: str, local_rank: int) -> str:
-    """The --device of one rank of a job: `auto` or `cuda` become the rank's own GPU
-    (`cuda:<local rank mod GPUs>`) when there are GPUs; anything else stays as given."""
-    if text in ("auto", "cuda") and torch.cuda.is_available():
-        return f"cuda:{local_rank % torch.cuda.device_count()}"
-    return text
 
 
 def window_overlap(overlap_px: int | None, chip_size: int) -> int:

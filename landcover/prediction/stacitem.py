@@ -35,9 +35,9 @@ from pystac.utils import make_relative_href
 from rasterio.warp import transform_geom
 from shapely.geometry import box, mapping, shape
 
-from landcover.atomic import check_output_file, write_text_atomic
 from landcover.classes import NODATA_CODE
 from landcover.errors import PredictionError
+from landcover.outputs import check_output_file, write_text_atomic
 from landcover.prediction.outgrid import TAG_CLASS_MAP
 from tiling.classes import ClassMap
 from tiling.stacquery import StacSource

@@ -35,7 +35,7 @@ from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outgrid import TAG_SOURCES, OutputGrid
 from landcover.prediction.stacitem import ASSET_KEY, COG_MEDIA_TYPE
 from landcover.prediction.tilerecords import ProductDir, TileRecord
-from tiling.urls import is_local
+from tiling.shared.urls import is_local
 
 COLLECTION = "collection.json"
 MOSAIC = "mosaic.vrt"
@@ -58,12 +58,10 @@ def write_catalog(
         collection.normalize_hrefs(scratch, strategy=_ITEMS_BESIDE_TILES)
         collection.save(pystac.CatalogType.SELF_CONTAINED)
         for record in records:
-            product_dir.put_file(
-                str(Path(scratch) / f"{record.name}.json"), f"{record.name}.json", overwrite=True
-            )
+            product_dir.put_file(str(Path(scratch) / f"{record.name}.json"), f"{record.name}.json")
         vrt = mosaic_vrt(product_dir, records, grid, scratch, sources)
-        product_dir.put_file(vrt, MOSAIC, overwrite=True)
-        product_dir.put_file(str(Path(scratch) / COLLECTION), COLLECTION, overwrite=True)
+        product_dir.put_file(vrt, MOSAIC)
+        product_dir.put_file(str(Path(scratch) / COLLECTION), COLLECTION)
 
 
 def product_collection(

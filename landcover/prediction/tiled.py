@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
 import threading
 import time
 import uuid
@@ -39,7 +38,8 @@ from pystac.extensions.file import FileExtension
 
 from landcover.errors import OutputExistsError, PredictionError
 from landcover.outputlock import exclusive_outputs
-from landcover.prediction.blocks import require_predicted_pixels
+from landcover.prediction.assemble import PART_POLL  # tile records: as parts
+from landcover.prediction.blocks import block_schedule, require_predicted_pixels
 from landcover.prediction.blockstages import (
     BlockPredictor,
     BlockWriter,
@@ -70,14 +70,11 @@ from landcover.prediction.tileplan import (
 from landcover.prediction.tilerecords import RECORDS_DIR, ProductDir, TileRecord
 from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import WindowRunner
-from tiling.polling import poll_delays
 from tiling.reader import RasterReader
+from tiling.staged import wait_for_records
 from tiling.units import UnitRunner
 
 logger = logging.getLogger(__name__)
-
-# Rank 0 polls for the other ranks' tile records as it polls for parts (assemble.py).
-POLL_FIRST_S, POLL_GROWTH, POLL_MAX_S = 0.1, 1.5, 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +212,7 @@ def _tiles_to_predict(
     foreign: list[str] = []
     for tile in tiles:
         record = product_dir.read_record(tile.name)
-        if (
-            record is not None
-            and record.key == product.keys[tile.name]
-            and product_dir.size(f"{tile.name}.tif") == record.file_bytes
-        ):
+        if product_dir.committed(record, product.keys[tile.name]):
             continue
         todo.append(tile)
         if f"{tile.name}.tif" in present and (
@@ -247,11 +240,7 @@ def _predict(
         stack.enter_context(
             rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS")
         )
-        if product_dir.local:
-            scratch = product_dir.root  # a rename within the directory is atomic
-            Path(scratch).mkdir(parents=True, exist_ok=True)
-        else:
-            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="landcover-tile-"))
+        scratch = stack.enter_context(product_dir.scratch())
         reader = RasterReader(storage_options=product.setup.config.storage_options)
         stack.callback(reader.close)
         for tile in tiles:
@@ -276,11 +265,11 @@ def _predict_tile(
         files = FileExtension.ext(item.assets[ASSET_KEY], add_if_missing=True)
         files.size = size
         files.checksum = "1220" + _sha256(cog)  # multihash: sha2-256, 32 bytes
-        product_dir.put_file(cog, f"{tile.name}.tif", overwrite=True)  # checked before
+        product_dir.put_file(cog, f"{tile.name}.tif")  # replaces a file checked before
         record = TileRecord(
             name=tile.name,
             key=product.keys[tile.name],
-            rect=(tile.row0, tile.col0, tile.height, tile.width),
+            rect=tile.window,
             windows=windows,
             class_pixels=tuple(int(v) for v in class_pixels),
             file_bytes=size,
@@ -320,19 +309,17 @@ def _predict_into(
         predictor = BlockPredictor(
             windows, meta.num_classes, device=product.device, probabilities=False
         )
-        writer = BlockWriter(dst, None, meta.num_classes, first_row=tile.row0, first_col=tile.col0)
+        writer = BlockWriter(dst, None, meta.num_classes, target=tile.window)
         memory = FreedMemory()
 
         def predict(prepared: PreparedBlock) -> PredictedBlock:
-            if prepared.rect[1] == tile.col0:
-                windows.new_block_row()  # the tile's own block row starts here
-            predicted = predictor(prepared)
+            predicted = predictor(prepared)  # a block row starts at the tile's left edge
             if prepared.todo:
                 memory.release()
             return predicted
 
         run_pipeline(
-            tile.blocks(config.block_px),
+            block_schedule(product.layout, tile.window, config.block_px),
             partial(prepare_block, plan, product.layout, reader),
             predict,
             writer,
@@ -343,19 +330,23 @@ def _predict_into(
 
 def _wait_for_tiles(product: Product, product_dir: ProductDir) -> list[TileRecord]:
     """Rank 0: the committed record of every tile, in tile order, once all are there."""
-    pending = {t.name for t in product.tiles}
-    found: dict[str, TileRecord] = {}
-    delays = poll_delays(product_dir.url, POLL_FIRST_S, POLL_MAX_S, POLL_GROWTH)
-    while True:
-        committed = product_dir.names(RECORDS_DIR)
-        for name in sorted(n for n in pending if f"{n}.json" in committed):
-            record = product_dir.read_record(name)
-            if record is not None and record.key == product.keys[name]:
-                found[name] = record
-        pending -= set(found)
-        if not pending:
-            return [found[t.name] for t in product.tiles]
-        time.sleep(next(delays))
+
+    def read(name: str) -> TileRecord | None:
+        record = product_dir.read_record(name)
+        return record if product_dir.committed(record, product.keys[name]) else None
+
+    def waiting(seconds: float, pending: list[str]) -> None:
+        logger.info("waiting %.0f s for %d tile(s) in %s", seconds, len(pending), product_dir.url)
+
+    found = wait_for_records(
+        product_dir,
+        {t.name: f"{t.name}.json" for t in product.tiles},
+        read,
+        schedule=PART_POLL,
+        under=RECORDS_DIR,
+        waiting=waiting,
+    )
+    return [found[t.name] for t in product.tiles]
 
 
 def _sha256(path: str) -> str:

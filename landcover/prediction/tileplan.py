@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from shapely.geometry import box
 
-from landcover.atomic import check_can_create_in
+from landcover.devices import torch_device
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
+from landcover.outputs import check_can_create_in
 from landcover.prediction.blend import WindowLayout
 from landcover.prediction.blocks import region_has_pixels
+from landcover.prediction.config import PredictConfig
 from landcover.prediction.distributed import RankRun
 from landcover.prediction.maptiles import MapTile, map_tiles, tile_costs
 from landcover.prediction.outfiles import (
@@ -23,20 +24,18 @@ from landcover.prediction.outfiles import (
 )
 from landcover.prediction.outgrid import GridPlan, plan_output_grid
 from landcover.prediction.region import parse_crs
-from landcover.prediction.runner import PredictConfig
 from landcover.prediction.runtime import WindowModel, load_window_model
 from landcover.prediction.setup import (
     FreedMemory,
     check_model,
     check_sources_fit,
     open_images,
-    resolve_device,
     window_overlap,
 )
 from landcover.prediction.tilerecords import tile_key
 from landcover.prediction.tta import tta_ops
-from tiling.fingerprint import fingerprint, fingerprints
-from tiling.urls import check_storage_options, is_local, local_path
+from tiling.shared.fingerprint import fingerprint, fingerprints
+from tiling.shared.urls import check_storage_options, is_local, local_path
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +104,8 @@ def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
             f"--probabilities {config.probabilities}: a tiled --out {config.out} writes class "
             "tiles only; drop --probabilities or give --out a file name like lc.tif"
         )
-    if config.batch_size < 1:
-        raise PredictionError(f"--batch-size {config.batch_size}: must be at least 1")
-    if config.block_px < 16:
-        raise PredictionError(f"--block-size {config.block_px} px: must be at least 16")
     tta_ops(config.tta)
-    device = resolve_device(config.device)
+    device = torch_device(config.device, error=PredictionError)
     FreedMemory().reuse()
     model, meta = load_window_model(
         config.model, runtime=config.runtime, device=device, storage_options=config.storage_options
@@ -153,7 +148,7 @@ def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
         t.name: tile_key(
             settings,
             setup.tile_px,
-            (t.row0, t.col0, t.height, t.width),
+            t.window,
             model_print,
             [(p, prints[p]) for p in reads[t.name]],
         )
@@ -172,10 +167,4 @@ def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
 
 def sources_read(plan: GridPlan, layout: WindowLayout, tile: MapTile) -> list[str]:
     """Paths of the images a tile reads (the tile and the windows reaching past it)."""
-    reach = layout.size
-    outline = box(
-        *plan.grid.window_bounds(
-            tile.row0 - reach, tile.col0 - reach, tile.height + 2 * reach, tile.width + 2 * reach
-        )
-    )
-    return [plan.sources[i].path for i in plan.sources_touching(outline)]
+    return plan.sources_read(tile.window, layout.size)

@@ -6,29 +6,26 @@ put there whole (a rename, or one upload), then its RECORD `records/<name>.json`
 tally, the COG's size and its STAC item. A tile counts as done only when its record has the
 key this run asks for and its COG the recorded size, so a tile half-written, deleted, or
 made from other inputs or options is never trusted (docs/CONTRACTS.md, "Tiled map product").
+This is the staged-parts protocol (`tiling.staged`; docs/CONTRACTS.md, "Staged parts") with
+the product directory as the staging folder: a tile is a part that stays where it is put.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from landcover.atomic import publish, write_text_atomic
-from tiling.fingerprint import Fingerprint
-from tiling.urls import filesystem, is_local, local_path, storage_errors
-
-logger = logging.getLogger(__name__)
+from landcover.outputs import output_errors
+from landcover.prediction.gridwindow import Window
+from tiling.shared.fingerprint import Fingerprint
+from tiling.staged.folder import StagedFolder
+from tiling.staged.keys import content_key
+from tiling.staged.record import check_format, files_intact, publish_record, read_record
 
 TILE_FORMAT = "landcover-map-tile"
 TILE_VERSION = 1
 RECORDS_DIR = "records"
-KEY_HEX = 24  # 96 bits of the key's SHA-256: no collision between runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +34,7 @@ class TileRecord:
 
     name: str
     key: str
-    rect: tuple[int, int, int, int]  # row0, col0, height, width in the output grid
+    rect: Window  # the tile's pixels of the output grid
     windows: int
     class_pixels: tuple[int, ...]
     file_bytes: int
@@ -58,13 +55,12 @@ class TileRecord:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> TileRecord:
-        if obj.get("format") != TILE_FORMAT or obj.get("version") != TILE_VERSION:
-            raise ValueError(f"not a {TILE_FORMAT} record of version {TILE_VERSION}")
-        row0, col0, height, width = (int(v) for v in obj["rect"])
+        check_format(obj, TILE_FORMAT, TILE_VERSION)
+        row, col, height, width = (int(v) for v in obj["rect"])
         return cls(
             name=str(obj["name"]),
             key=str(obj["key"]),
-            rect=(row0, col0, height, width),
+            rect=Window(row, col, height, width),
             windows=int(obj["windows"]),
             class_pixels=tuple(int(v) for v in obj["class_pixels"]),
             file_bytes=int(obj["file_bytes"]),
@@ -75,7 +71,7 @@ class TileRecord:
 def tile_key(
     settings: Mapping[str, Any],
     tile_px: int,
-    rect: tuple[int, int, int, int],
+    rect: Window,
     model: Fingerprint,
     images: Sequence[tuple[str, Fingerprint]],
 ) -> str:
@@ -90,86 +86,43 @@ def tile_key(
         "model": model.to_json(),
         "images": [[path, fp.to_json()] for path, fp in images],
     }
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:KEY_HEX]
+    return content_key(content)
 
 
-class ProductDir:
-    """The directory of a tiled product (a local path or a URL); names are relative to it."""
+class ProductDir(StagedFolder):
+    """The directory of a tiled product (a local path or a URL; `url` ends with "/"): the
+    staging folder of its tiles, which stay there. Names are relative to it."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.url = url.rstrip("/") + "/"
-        self.local = is_local(url)
-        self.storage_options = dict(storage_options or {})
-        self.fs, root = filesystem(self.url.rstrip("/"), storage_options)
-        self.root = str(local_path(self.url).absolute()) if self.local else root.rstrip("/")
+        super().__init__(url, storage_options)
+        self.url = self.url + "/"  # a directory: names are appended to it in messages
 
-    def path(self, name: str) -> str:
-        return f"{self.root}/{name}"
-
-    def names(self, under: str = "") -> set[str]:
-        """The file names in the directory (or its subdirectory `under`) now."""
-        folder = self.path(under) if under else self.root
-        with storage_errors(self.url):
-            if self.local:
-                return set(os.listdir(folder)) if os.path.isdir(folder) else set()
-            self.fs.invalidate_cache(folder)
-            if not self.fs.exists(folder):
-                return set()
-            return {str(p).rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(folder, detail=False)}
-
-    def size(self, name: str) -> int | None:
-        """The size of file `name` in bytes, None when there is none."""
-        with storage_errors(self.url):
-            if self.local:
-                path = self.path(name)
-                return os.path.getsize(path) if os.path.isfile(path) else None
-            path = self.path(name)
-            return int(self.fs.size(path)) if self.fs.exists(path) else None
+    def record_name(self, name: str) -> str:
+        """Where tile `name`'s record is, relative to the directory."""
+        return f"{RECORDS_DIR}/{name}.json"
 
     def read_record(self, name: str) -> TileRecord | None:
         """Tile `name`'s record, or None: none, or unreadable."""
-        path = self.path(f"{RECORDS_DIR}/{name}.json")
-        try:
-            with storage_errors(self.url):
-                text = self.fs.cat_file(path)
-        except FileNotFoundError:
-            return None
-        try:
-            record = TileRecord.from_json(json.loads(text))
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring %s: unreadable record (%s)", path, exc)
-            return None
-        return record if record.name == name else None
+        record = read_record(self, self.record_name(name), TileRecord.from_json)
+        return record if record is not None and record.name == name else None
 
-    def put_file(self, local_file: str, name: str, *, overwrite: bool) -> None:
-        """Put a finished local file at `name`: a rename (local) or one whole upload."""
-        if self.local:
-            target = Path(self.path(name))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            publish(local_file, target, overwrite=overwrite)
-            return
-        with storage_errors(self.url):
-            self.fs.put_file(local_file, self.path(name))
+    def committed(self, record: TileRecord | None, key: str) -> bool:
+        """Whether `record` commits its tile for this run: it has `key`, and its COG the
+        recorded size."""
+        return (
+            record is not None
+            and record.key == key
+            and files_intact(
+                self, self.record_name(record.name), {f"{record.name}.tif": record.file_bytes}
+            )
+        )
 
-    def write_text(self, name: str, text: str) -> None:
-        """Write text file `name` atomically (local) or as one upload."""
-        if self.local:
-            Path(self.path(name)).parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path(name), text)
-            return
-        with storage_errors(self.url):
-            self.fs.pipe_file(self.path(name), text.encode())
-
-    def fetch(self, name: str, into: str) -> str:
-        """A local path of file `name`: the file itself when local, else a download."""
-        if self.local:
-            return self.path(name)
-        target = str(Path(into) / Path(name).name)
-        with storage_errors(self.url):
-            self.fs.get_file(self.path(name), target)
-        return target
+    def put_file(self, local_file: str, name: str) -> None:
+        """Put a finished local file at `name`: fsynced and renamed (local), or one upload."""
+        with output_errors():
+            super().put_file(local_file, name)
 
     def commit(self, record: TileRecord) -> None:
         """Commit a tile: its record, after its COG is in place."""
-        self.write_text(f"{RECORDS_DIR}/{record.name}.json", json.dumps(record.to_json(), indent=1))
+        with output_errors():
+            publish_record(self, self.record_name(record.name), record.to_json())

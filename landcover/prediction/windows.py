@@ -24,22 +24,19 @@ from landcover.data.normalise import normalise
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.runtime import WindowModel
 from landcover.prediction.tta import average_over_symmetries
 
 
 @dataclass(frozen=True, slots=True)
-class Block:
+class BlockPixels:
     """Source pixels under all windows of one output block, and the block's place."""
 
-    data: npt.NDArray[np.uint8]  # (bands, h, w) from (ext_row0, ext_col0)
-    covered: npt.NDArray[np.bool_]
-    ext_row0: int
-    ext_col0: int
-    row0: int
-    col0: int
-    height: int
-    width: int
+    data: npt.NDArray[np.uint8]  # (bands, height, width) of `extent`
+    covered: npt.NDArray[np.bool_]  # (height, width) of `extent`: pixels with data
+    extent: Window  # the pixels under every window that touches the block
+    block: Window  # the block's output pixels
 
 
 class WindowRunner:
@@ -77,10 +74,13 @@ class WindowRunner:
         """Forget the carried logits: the next block starts a new block row."""
         self.carry = {}
 
-    def run(self, block: Block, todo: Sequence[tuple[int, int]], blender: LogitBlender) -> None:
+    def run(
+        self, block: BlockPixels, todo: Sequence[tuple[int, int]], blender: LogitBlender
+    ) -> None:
         """Add the logits of the windows `todo` (top-left row, col) to `blender`."""
         size = self.layout.size
-        right_edge = block.col0 + block.width
+        right_edge = block.block.col_stop
+        ext_row0, ext_col0 = block.extent.row, block.extent.col
         carried, self.carry = self.carry, {}
         fresh = [rc for rc in todo if rc not in carried]
         pixels = torch.from_numpy(block.data).to(self.device)
@@ -91,8 +91,8 @@ class WindowRunner:
         for batch in _batches(fresh, self.batch_size):
             spans = [
                 (
-                    slice(r - block.ext_row0, r - block.ext_row0 + size),
-                    slice(c - block.ext_col0, c - block.ext_col0 + size),
+                    slice(r - ext_row0, r - ext_row0 + size),
+                    slice(c - ext_col0, c - ext_col0 + size),
                 )
                 for r, c in batch
             ]

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.vmsizes import Network
-from landcover.atomic import refuse_existing, write_bytes_atomic
 from landcover.comm.counts import CommCounts
 from landcover.errors import ReportError
+from landcover.outputs import refuse_existing, write_bytes_atomic
 from landcover.scaling.advice import payoff_blocks
 from landcover.scaling.curves import (
     DEFAULT_PROJECT_TO,

@@ -45,8 +45,8 @@ from cluster.engine import (
     plan_job,
     threads_per_worker,
 )
+from cluster.engines import engine_info
 from cluster.errors import ClusterError, LaunchError
-from cluster.machine import local_cpu_count
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec, ElasticSpec, local_spec
 from landcover.scaling.metricsfile import read_finished_epochs
@@ -70,6 +70,7 @@ from landcover.training.launch import WORKER_MODULE, training_job, worker_config
 from landcover.training.progress import progress_message
 from landcover.training.records import steady_epoch_time_s, steady_samples_per_s
 from landcover.training.rundir import METRICS_FILE
+from tiling.shared.machine import local_cpu_count
 
 __all__ = [
     "RUN_PREFIX",
@@ -304,7 +305,7 @@ def _run_one(
     if run_dir.exists():  # an unfinished or replaced run of ours: never trusted
         shutil.rmtree(run_dir)
     plan = plan_job(spec, job)
-    local = spec.engine == "local"
+    local = engine_info(spec.engine).runs_here
     cores = local_cpu_count() if local else _remote_cores(spec)
     logger.info("sweep: %d worker(s) into %s", spec.workers, run_dir)
     started = time.monotonic()

@@ -17,8 +17,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from landcover.atomic import write_text_atomic
 from landcover.errors import ReportError
+from landcover.outputs import write_text_atomic
 
 __all__ = [
     "LAUNCH_FILE",

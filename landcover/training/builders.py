@@ -30,8 +30,8 @@ from landcover.training.preflight import TrainingStore, open_training_store
 from landcover.training.resume import ResumeState, load_optimizer_state, store_identity
 from landcover.training.schedule import LrSchedule, build_optimizer
 from tiling.errors import StorageAccessError
+from tiling.shared.urls import check_storage_options
 from tiling.store import load_shard_into_memory, shard_bytes
-from tiling.urls import check_storage_options
 
 __all__ = [
     "Optimization",

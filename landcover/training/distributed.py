@@ -5,7 +5,7 @@ Where the process sits (`DistEnv`) is read from the launcher's environment in on
 `landcover.distenv.read_dist_env` (re-exported here); everything else receives a
 `DistEnv`.
 
-The LOCAL_WORLD_SIZE workers of a node share it: each gets its own GPU (`resolve_device`), its
+The LOCAL_WORLD_SIZE workers of a node share it: each gets its own GPU (`training_device`), its
 share of the cores (`configure_threads`) and of the free memory (`check_shard_fits`).
 
 A world of one is a plain process: no process group, and every collective is a no-op, so the
@@ -34,11 +34,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cluster.machine import local_cpu_count
-from landcover.distenv import DistEnv as DistEnv
+from landcover.devices import torch_device
 from landcover.distenv import SocketChoice, choose_socket_interface
 from landcover.distenv import read_dist_env as read_dist_env
 from landcover.errors import TrainingError
+from tiling.shared.machine import cores_per_rank
+from tiling.shared.rankenv import DistEnv as DistEnv
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ MEMORY_SAFETY = 0.7
 def configure_threads(threads: int | None, local_world_size: int) -> int:
     """Give each local worker its share of the cores: 2 workers on 2 cores get 1 thread each,
     which is what makes a 1-vs-2-worker epoch time a fair scaling measurement."""
-    count = threads or max(1, local_cpu_count() // local_world_size)
+    count = threads or cores_per_rank(local_world_size)
     torch.set_num_threads(count)
     try:
         torch.set_num_interop_threads(count)
@@ -67,19 +68,17 @@ def configure_threads(threads: int | None, local_world_size: int) -> int:
     return count
 
 
-def resolve_device(name: str, env: DistEnv) -> torch.device:
-    """`--device auto|cpu|cuda` for this process: local rank r gets GPU r."""
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise TrainingError("--device cuda but no CUDA device is visible; use --device cpu")
-    count = torch.cuda.device_count()
-    if env.local_world_size > count:
-        raise TrainingError(
-            f"{env.local_world_size} workers on this node but only {count} GPUs; start at most "
-            f"{count} workers per node or use --device cpu"
-        )
-    return torch.device("cuda", env.local_rank)
+def training_device(name: str, env: DistEnv) -> torch.device:
+    """`--device auto|cpu|cuda` of a training worker (`landcover.devices.torch_device`):
+    local rank r gets GPU r, and a node may not run more workers than GPUs (NCCL cannot
+    share one between ranks)."""
+    return torch_device(
+        name,
+        local_rank=env.local_rank,
+        local_world_size=env.local_world_size,
+        gpu_per_rank=True,
+        error=TrainingError,
+    )
 
 
 def cpu_model_name() -> str:

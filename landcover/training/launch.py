@@ -25,11 +25,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from cluster.engine import Job, input_ref, is_url, output_ref, threads_per_worker
+from cluster.engine import Job, input_ref, output_ref, threads_per_worker
+from cluster.engines import engine_info
 from cluster.spec import ClusterSpec
 from landcover.options import storage_options_env
 from landcover.training import rundir
 from landcover.training.config import TrainConfig
+from tiling.shared.urls import is_local
 
 logger = logging.getLogger(__name__)
 
@@ -91,4 +93,5 @@ def overwrite_once(spec: ClusterSpec, config: TrainConfig) -> None:
 
 
 def _restarts_in_local_dir(spec: ClusterSpec, config: TrainConfig) -> bool:
-    return spec.engine == "local" and spec.max_restarts > 0 and not is_url(config.out_dir)
+    runs_here = engine_info(spec.engine).runs_here
+    return runs_here and spec.max_restarts > 0 and is_local(config.out_dir)

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from cluster.machine import local_cpu_count
 from landcover.comm.counts import CommCounts
 from landcover.models.modelfile import ModelMeta
 from landcover.training.builders import Optimization, TrainingData
@@ -25,6 +24,7 @@ from landcover.training.resume import ResumeState
 from landcover.training.rundir import jsonable, utc_now, write_run_json
 from landcover.training.sync import SyncStrategy
 from landcover.version import __version__
+from tiling.shared.machine import local_cpu_count
 
 __all__ = ["EpochStats", "epoch_record", "model_meta", "write_run_info"]
 

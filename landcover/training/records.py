@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidato
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 from landcover.comm.counts import CommCounts
+from landcover.comm.spec import CompressionMode, label_mode
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -137,7 +138,7 @@ class EpochRecord(BaseModel):
             )
         sent = self.comm_bytes_per_step
         calls = 1.0 if sent > 0 else 0.0
-        if self.compression.startswith("onebit"):
+        if label_mode(self.compression) is CompressionMode.ONEBIT:
             return CommCounts(
                 allgather_per_step=calls, allgather_bytes_per_step=sent, measured=False
             )

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from landcover.cliconfig import OptionSpec
 from landcover.errors import TrainingError
 from landcover.training.checkpoint import read_checkpoint
-from landcover.training.config import DEFAULT_LR, OPTIONS, OptionSpec, TrainConfig
+from landcover.training.config import DEFAULT_LR, OPTIONS, TrainConfig
 from landcover.training.distributed import Collectives
 from landcover.training.records import Checkpoint, EpochRecord
 from landcover.training.rundir import last_checkpoint, rewrite_metrics
@@ -303,10 +304,13 @@ def check_local_resume(config: TrainConfig, summary: StoreSummary) -> None:
 def _resume_value(config: Mapping[str, Any], option: OptionSpec) -> Any:
     """The value of `option` in a TrainConfig JSON as a resume compares it: where an older
     checkpoint did not record the option, how it trained (`_BEFORE_RECORDED`, else the
-    default), and `--lr` as the optimizer's default when left out (the lr the run trained
-    with)."""
+    default), `--lr` as the optimizer's default when left out (the lr the run trained
+    with), and a typed value (`--compression`) parsed from its text, so that two spellings of
+    one value ("powersgd", "powersgd:2") match."""
     default = option.default if option.has_default else None
     value = config.get(option.name, _BEFORE_RECORDED.get(option.name, default))
+    if option.text_value and isinstance(value, str):
+        return option.parse(value)
     if option.name == "lr" and value is None:
         return DEFAULT_LR.get(str(config.get("optimizer", _SPECS["optimizer"].default)))
     return value

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from landcover import atomic
+from landcover import outputs
 from landcover.errors import TrainingError
 from landcover.training.records import RUN_KEYS
 
@@ -57,7 +57,7 @@ def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: b
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise TrainingError(f"{out}: exists and is not a directory; choose another --out")
-    atomic.check_can_create_in(out, option="--out")
+    outputs.check_can_create_in(out, option="--out")
     found = [name for name in RESULT_NAMES if os.path.lexists(out / name)]  # links count
     if found and not (resume or overwrite):
         raise TrainingError(
@@ -95,8 +95,8 @@ def prepare_run_dir(
 
 def write_atomic(path: Path, write: Callable[[str], object]) -> None:
     """Write through a temp file in the same directory, then rename: never a half file
-    (`landcover.atomic.write_atomic`: fsynced, with the umask's permissions)."""
-    atomic.write_atomic(path, write)
+    (`landcover.outputs.write_atomic`: fsynced, with the umask's permissions)."""
+    outputs.write_atomic(path, write)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from landcover.comm import CommMeter, install_comm_hook, parse_compression
+from landcover.comm import CommMeter, CompressionSpec, install_comm_hook
 from landcover.comm.bmuf import BlockMomentum, reset_local_momentum
 from landcover.training.checkpoint import to_cpu
 from landcover.training.config import TrainConfig
@@ -65,11 +65,15 @@ class DdpSync:
     of `--compression`; with one worker, the plain model and no communication."""
 
     def __init__(
-        self, module: nn.Module, collectives: Collectives, *, compression: str, device: torch.device
+        self,
+        module: nn.Module,
+        collectives: Collectives,
+        *,
+        compression: CompressionSpec,
+        device: torch.device,
     ) -> None:
-        spec = parse_compression(compression)
         self.module = module
-        self.compression = str(spec)
+        self.compression = str(compression)
         self.collectives = collectives
         self.model: nn.Module = module
         self.meter: CommMeter | None = None
@@ -89,7 +93,7 @@ class DdpSync:
             self.model = DistributedDataParallel(
                 module, device_ids=device_ids, broadcast_buffers=False
             )
-        self.meter = install_comm_hook(self.model, spec)
+        self.meter = install_comm_hook(self.model, compression)
 
     def after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         pass  # the gradients were averaged in the backward pass
@@ -113,14 +117,14 @@ class DdpSync:
 
 
 class BmufSync:
-    """Block momentum: local steps, a block-level model average every `--block-size` steps
+    """Block momentum: local steps, a block-level model average every `--bmuf-block-steps` steps
     and at every epoch end, the local momentum reset after each unless
     `--keep-local-momentum`."""
 
     def __init__(self, module: nn.Module, config: TrainConfig) -> None:
         self.module = module
         self.model: nn.Module = module
-        self.compression = str(parse_compression(config.compression))
+        self.compression = str(config.compression)
         self.reset_momentum = config.reset_local_momentum
         self.bmuf = BlockMomentum(
             module,
@@ -175,7 +179,7 @@ def build_sync(
     with the learners' own models does BMUF restore its block-level state: a checkpoint from
     another world size or a DDP run starts it afresh from the model just loaded."""
     if not collectives.env.is_distributed:
-        if config.compression != "none" or config.block_momentum:
+        if config.compression.compresses or config.block_momentum:
             logger.warning("one worker: --compression/--block-momentum have nothing to do")
         return DdpSync(module, collectives, compression=config.compression, device=device), module
     if config.sync_bn:  # CUDA only (check_sync_bn); parameters and buffers carry over

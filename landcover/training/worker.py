@@ -43,7 +43,7 @@ from landcover.training.distributed import (
     configure_threads,
     process_group,
     read_dist_env,
-    resolve_device,
+    training_device,
 )
 from landcover.training.outputs import write_run_info
 from landcover.training.placement import Placement
@@ -65,7 +65,7 @@ def train(
     """Run one training worker (the whole job when the world is one process)."""
     env = read_dist_env() if dist_env is None else dist_env
     threads = configure_threads(config.threads, env.local_world_size)
-    device = resolve_device(config.device, env)
+    device = training_device(config.device, env)
     check_sync_bn(config.sync_bn, env, device)
     with process_group(env, device) as collectives, _run_dir_lock(config, collectives):
         place = Placement.create(env, collectives, device, threads=threads, amp=config.amp)

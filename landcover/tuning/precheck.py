@@ -8,7 +8,7 @@ here the values meet train's own checks that need the machine, the store or torc
 
 - every model name is registered (wherever the trials run);
 - where the trials run here (in this process, or on the local engine): the device exists
-  (`resolve_device`, and `--sync-bn` on it for several workers), the store passes train's
+  (`training_device`, and `--sync-bn` on it for several workers), the store passes train's
   preflight with the value (`check_local_training`: it opens, has labels, and every worker
   gets a batch of the value's `batch_size`), and the model builds with the store's bands and
   classes (`build_model`: a `pretrained` value needs its cached weights).
@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
+from cluster.engines import engine_info
 from cluster.spec import ClusterSpec
-from landcover.distenv import DistEnv
 from landcover.errors import LandcoverError, TrainingError, TuneError
 from landcover.training.config import TrainConfig
 from landcover.tuning.space import SearchSpace, parameter_values
 from tiling.errors import TilingError
+from tiling.shared.rankenv import DistEnv
 
 __all__ = ["check_trial_values"]
 
@@ -38,7 +39,7 @@ def check_trial_values(
     `cluster`: where the trials run (None: in this process)."""
     from landcover.models.registry import check_model_name  # imports torch
 
-    runs_here = cluster is None or cluster.engine == "local"
+    runs_here = cluster is None or engine_info(cluster.engine).runs_here
     workers = 1 if cluster is None else cluster.workers
     env = DistEnv(world_size=workers, local_world_size=workers)
     built: set[tuple[str, str | None]] = set()
@@ -68,10 +69,10 @@ def _check_runs_here(config: TrainConfig, env: DistEnv, built: set[tuple[str, st
     import torch
 
     from landcover.training.builders import build_model
-    from landcover.training.distributed import check_sync_bn, resolve_device
+    from landcover.training.distributed import check_sync_bn, training_device
     from landcover.training.preflight import check_local_training
 
-    device = resolve_device(config.device, env)
+    device = training_device(config.device, env)
     if env.is_distributed:  # with one worker it only warns that there is nothing to sync
         check_sync_bn(config.sync_bn, env, device)
     store = check_local_training(config, world_sizes=(env.world_size,), check_out_dir=False)

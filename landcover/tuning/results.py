@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landcover.atomic import write_atomic, write_text_atomic
+from landcover.outputs import write_atomic, write_text_atomic
 
 __all__ = [
     "PLOT_FILE",

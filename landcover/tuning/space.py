@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from landcover.cliconfig import OptionSpec
 from landcover.errors import TrainingError, TuneError
-from landcover.training.config import OPTIONS, OptionSpec, TrainConfig
+from landcover.training.config import OPTIONS, TrainConfig
 
 __all__ = [
     "NOT_TUNABLE",
@@ -144,8 +145,9 @@ def parse_space(text: str) -> SearchSpace:
 
 
 def _parse_item(item: str, option: OptionSpec, value: str) -> Parameter:
-    # free text (a model name such as smp:Unet:resnet34) is never a range
-    free_text = option.kind is str and option.choices is None
+    # free text (a model name such as smp:Unet:resnet34, a compression powersgd:4) is never a
+    # range; a typed value's text is parsed by TrainConfig
+    free_text = (option.kind is str or option.text_value) and option.choices is None
     if "|" in value or ":" not in value or free_text:
         values = tuple(_convert(item, option, v.strip()) for v in value.split("|"))
         if len(set(values)) != len(values):

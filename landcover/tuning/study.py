@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.engine import LaunchOptions, launch_job
+from cluster.engines import engine_info
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec
 from landcover.errors import TuneError
@@ -132,6 +133,7 @@ def tune_training(config: TuneConfig) -> tuple[TrainConfig, tuple[str, ...]]:
         raise TuneError(f"--trials {config.trials} must be >= 1")
     flags = {o.flag.name for o in OPTIONS if o.name in config.space.names}
     flags |= {str(o.flag.off) for o in OPTIONS if o.name in config.space.names and o.flag.off}
+    flags |= {old for o in OPTIONS if o.name in config.space.names for old in o.flag.deprecated}
     for arg in config.extra_args:
         name = arg.split("=", 1)[0]
         if name in _RESERVED_FLAGS:
@@ -305,7 +307,7 @@ def _settings(config: TuneConfig, training: TrainConfig) -> dict[str, Any]:
         "cluster_workers": None if config.cluster is None else config.cluster.workers,
         "entry_module": config.entry_module,
     }
-    runs_here = config.cluster is None or config.cluster.engine == "local"
+    runs_here = config.cluster is None or engine_info(config.cluster.engine).runs_here
     if config.entry_module == WORKER_MODULE and runs_here:
         settings["store_digest"] = _store_digest(training)
     redacted: dict[str, Any] = Redactor().data(settings)

@@ -21,7 +21,7 @@ from rasterio.crs import CRS
 from landcover.errors import ViewError
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
 from tiling.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
-from tiling.urls import is_local
+from tiling.shared.urls import is_local
 
 __all__ = ["MapFile", "open_map", "recorded_sources"]
 

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from landcover.atomic import refuse_existing, write_bytes_atomic
+from landcover.outputs import refuse_existing, write_bytes_atomic
 from landcover.view.display import DisplayGrid, class_rgba, locate, read_classes
 from landcover.view.mapfile import MapFile, open_map
 

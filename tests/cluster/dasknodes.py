@@ -1,8 +1,8 @@
 """A real Dask cluster on emulated nodes, for the tests: `dask scheduler` on this machine at
 the bridge's address, and one `dask worker` (with its nanny) inside each node's network
-namespace (`cluster.netns`), so the workers reach the scheduler and each other over the
+namespace (`cluster.local.netns`), so the workers reach the scheduler and each other over the
 emulated network, as workers on separate machines do. Needs root (see
-`cluster.netns.network_unavailable_reason`)."""
+`cluster.local.netns.network_unavailable_reason`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.netns import NetworkLayout, NodeNetwork, plan_network
+from cluster.local.netns import NetworkLayout, NodeNetwork, plan_network
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASK = str(Path(sys.executable).with_name("dask"))

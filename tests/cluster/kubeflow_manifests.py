@@ -10,7 +10,7 @@ from typing import Any
 
 from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import plan_job
-from cluster.kubernetes import KubernetesPlan
+from cluster.kubernetes.engine import KubernetesPlan
 from cluster.spec import ClusterSpec
 from tests.cluster.crd_schema import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_errors
 from tests.cluster.fake_worker import fake_job

@@ -10,9 +10,10 @@ import pytest
 
 from cluster.clusterjson import load_cluster_spec, parse_cluster_spec
 from cluster.errors import ClusterSpecError
-from cluster.machine import local_cpu_count, local_gpu_count
-from cluster.spec import BlobMount, ElasticSpec, SlurmSpec, local_spec
+from cluster.slurm.section import SlurmSpec
+from cluster.spec import BlobMount, ElasticSpec, local_spec
 from tests.conftest import REPO_ROOT
+from tiling.shared.machine import local_cpu_count, local_gpu_count
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 ACCOUNT_KEY = "c2VjcmV0LWFjY291bnQta2V5LWZvci10ZXN0cw=="

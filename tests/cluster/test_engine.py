@@ -18,8 +18,8 @@ from cluster.engine import (
     write_plan_files,
 )
 from cluster.errors import ClusterError
-from cluster.machine import local_cpu_count
 from tests.cluster.fake_worker import fake_job
+from tiling.shared.machine import local_cpu_count
 
 
 def test_references_are_bound_to_the_job_inputs_and_outputs() -> None:
@@ -60,8 +60,8 @@ def test_plan_files_are_not_overwritten_silently(tmp_path: Path) -> None:
 def test_cluster_imports_neither_landcover_nor_torch_nor_the_azure_sdk() -> None:
     code = (
         "import sys\n"
-        "import cluster.spec, cluster.engine, cluster.local\n"
-        "import cluster.azureml, cluster.kubernetes, cluster.redact\n"
+        "import cluster.spec, cluster.engine, cluster.local.engine\n"
+        "import cluster.azureml.engine, cluster.kubernetes.engine, cluster.redact\n"
         "print(sorted(m for m in ('torch', 'landcover', 'azure.ai.ml', 'azure.identity')"
         " if m in sys.modules))\n"
     )

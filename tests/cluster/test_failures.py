@@ -7,11 +7,11 @@ from pathlib import Path
 
 from cluster.failures import (
     ERROR_DIR_ENV,
-    RESTART_COUNT_ENV,
     clear_worker_errors,
     first_worker_error,
     record_worker_error,
 )
+from tiling.shared.rankenv import RESTART_COUNT_ENV
 
 
 def write_record(directory: Path, rank: int, attempt: int, time_s: float, message: str) -> None:

@@ -94,3 +94,29 @@ def test_a_region_as_geojson_mapping_or_shapely_geometry(tiny_scenes: SynthResul
 def test_an_unknown_option_is_one_line_naming_it(tmp_path: Path) -> None:
     with pytest.raises(LandcoverError, match=r"unknown option 'epoch' for TrainConfig; use one of"):
         landcover.train(tmp_path / "store.zarr", tmp_path / "run", epoch=3)
+
+
+@pytest.mark.parametrize(
+    ("options", "config", "by_name"),
+    [
+        ("TileOptions", "tiling.config:TileConfig", {"images", "out", "labels"}),
+        ("TrainOptions", "landcover.training.config:TrainConfig", {"store_url", "out_dir"}),
+        (
+            "PredictOptions",
+            "landcover.prediction.config:PredictConfig",
+            {"model", "images", "out", "region"},
+        ),
+    ],
+)
+def test_the_typed_options_are_the_config_fields_a_call_does_not_name(
+    options: str, config: str, by_name: set[str]
+) -> None:
+    import dataclasses
+    import importlib
+
+    import landcover.apioptions
+
+    module, name = config.split(":")
+    fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
+    keys = set(getattr(landcover.apioptions, options).__annotations__)
+    assert keys == fields - by_name

@@ -12,9 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from cluster.netns import NODE_INTERFACE, NodeNetwork, plan_network
+from cluster.local.netns import NODE_INTERFACE, NodeNetwork, plan_network
 from landcover.distenv import (
-    DistEnv,
     SocketChoice,
     SocketInterface,
     choose_socket_interface,
@@ -24,6 +23,7 @@ from landcover.distenv import (
 )
 from landcover.errors import LaunchEnvError
 from tests.conftest import REPO_ROOT
+from tiling.shared.rankenv import DistEnv
 
 TORCHRUN_ENV = {
     "RANK": "5",

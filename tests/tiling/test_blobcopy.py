@@ -11,7 +11,7 @@ import pytest
 from tests.azurite import Azurite
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tiling.blobcopy import copy_blobs
-from tiling.urls import filesystem
+from tiling.shared.urls import filesystem
 
 
 def test_a_filesystem_that_is_not_azure_blob_copies_nothing(tmp_path: Path) -> None:

@@ -14,17 +14,18 @@ from typing import Any
 import pytest
 
 import tiling.commit
+import tiling.cut
 import tiling.ranks
 import tiling.stager
 import tiling.staging
-import tiling.tile
 from tests.tiling.rasters import Scenes
 from tests.tiling.test_store import snapshot
 from tests.tiling.test_tile import config
 from tiling.commit import assign_sources, check_rank, stored_done_chips
+from tiling.config import TileConfig
 from tiling.errors import StoreError, TilingError
 from tiling.parts import run_key
-from tiling.plan import TileConfig, plan_tiling
+from tiling.plan import plan_tiling
 from tiling.staging import PartStaging
 from tiling.store import open_store
 from tiling.tile import TileResult, tile
@@ -331,13 +332,13 @@ def test_rank_1_builds_its_interior_shard_objects_and_rank_0_moves_them_in(
 def spy_cuts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Source ids of the windows this process cuts."""
     cut: list[int] = []
-    real = tiling.tile._cut_window
+    real = tiling.cut._cut_window
 
     def cut_window(reader: Any, plan: Any, source: Any, window: Any) -> Any:
         cut.append(source.id)
         return real(reader, plan, source, window)
 
-    monkeypatch.setattr(tiling.tile, "_cut_window", cut_window)
+    monkeypatch.setattr(tiling.cut, "_cut_window", cut_window)
     return cut
 
 

@@ -10,10 +10,11 @@ import pytest
 
 from tests.tiling.rasters import Scenes
 from tests.tiling.test_tile import config
-from tiling.fingerprint import Fingerprint
 from tiling.parts import SourcePart, SourceTotals, decode_part, encode_part, part_key
 from tiling.plan import plan_tiling
-from tiling.staging import PartStaging, staging_url
+from tiling.shared.fingerprint import Fingerprint
+from tiling.staged import staging_url
+from tiling.staging import PartStaging
 
 
 def sample_part(key: str = "k" * 24, *, labels: bool = True) -> SourcePart:

@@ -23,11 +23,11 @@ from tests.tiling.rasters import Scenes
 from tests.tiling.test_labels import pairwise_matches
 from tests.tiling.test_store import snapshot
 from tests.tiling.test_tile import config
+from tiling.config import TileConfig
 from tiling.grid import chip_grid
 from tiling.labels import LabelIndex, footprint_in
 from tiling.plan import (
     PlacedImage,
-    TileConfig,
     TilePlan,
     assemble_plan,
     class_map_of,

@@ -26,6 +26,7 @@ from tests.tiling.rasters import Scenes
 from tiling.errors import StorageAccessError, StoreCorruptError, StoreError, StoreExistsError
 from tiling.params import StoreParams
 from tiling.resume import open_writer
+from tiling.shared.urls import filesystem
 from tiling.store import (
     ATTRS_KEY,
     FORMAT_VERSION,
@@ -39,7 +40,6 @@ from tiling.store import (
 )
 from tiling.store_format import done_chips
 from tiling.tile import TileConfig, tile
-from tiling.urls import filesystem
 from tiling.writer import ChipStoreWriter
 
 
@@ -303,7 +303,7 @@ class TestAzuriteStore(ChipStoreContract):
 
 
 def _zarr_store(url: str, options: Mapping[str, Any]) -> Any:
-    from tiling.urls import zarr_store
+    from tiling.zarrstore import zarr_store
 
     return zarr_store(url, storage_options=options)
 

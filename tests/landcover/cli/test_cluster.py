@@ -18,11 +18,10 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 from click.testing import CliRunner, Result
 
-from cluster import agents, azureml
+from cluster.azureml import engine as azureml
 from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.errors import LaunchError
-from cluster.machine import local_cpu_count
-from cluster.testbed import SlurmTestbed
+from cluster.local import agents
 from landcover.cli.app import main
 from landcover.cli.cluster import train_argv
 from landcover.cli.train import worker_command
@@ -31,6 +30,8 @@ from landcover.scaling import sweep
 from tests.cluster.test_clusterjson import ACCOUNT_KEY, LEGACY_TUTORIAL
 from tests.conftest import REPO_ROOT, two_node_slurm_job
 from tests.landcover.cli.test_main import incomplete_copy, incomplete_store_error
+from tests.support.slurm_testbed import SlurmTestbed
+from tiling.shared.machine import local_cpu_count
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 FAKE_WORKER = "tests.cluster.fake_worker"
@@ -382,7 +383,7 @@ def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
     # The local store stands in for a remote one: the parent's refusal of storage options
     # for local paths only (tests/landcover/test_options.py) is lifted so that they reach
     # the workers.
-    monkeypatch.setattr("tiling.urls.check_storage_options", lambda urls, options: None)
+    monkeypatch.setattr("tiling.shared.urls.check_storage_options", lambda urls, options: None)
     caplog.set_level(logging.DEBUG)
     run = tmp_path / "run"
     storage = f'{{"account_name": "acct", "account_key": "{ACCOUNT_KEY}"}}'

@@ -3,7 +3,7 @@ worker processes, shared by the module: each stage gives what one process gives.
 
 The cluster.json names the LocalCluster's scheduler, so the launches connect to it as a
 client (the embedded form, which starts its own LocalCluster, is the same code after the
-client is made: `cluster.daskclient.dask_client`).
+client is made: `cluster.dask.client.dask_client`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.landcover.cli.test_tile_ranks import images as images
 from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa: F401
 from tests.landcover.cli.test_tile_ranks import run, tile_args
 from tests.tiling.test_store import snapshot
-from tiling.staging import staging_url
+from tiling.staged import staging_url
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_a_tiled_predict_runs_a_task_per_tile_and_writes_the_tiles_of_one_proces
     scene = write_image(tmp_path / "scene.tif", pixels(75, 90, seed=1))
     model = write_model(tmp_path / "model.pt", seed=7)
     args = [
-        "predict", str(model), str(scene), "--block-size", "40", "--batch-size", "3",
+        "predict", str(model), str(scene), "--block-px", "40", "--batch-size", "3",
         "--device", "cpu", "--tile-size", "32", "--no-quicklook",
     ]  # fmt: skip
     plan = run("cluster", "plan", str(dask_json), "--", *args, "--out", f"{tmp_path}/p/")

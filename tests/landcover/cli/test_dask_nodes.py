@@ -14,7 +14,7 @@ import distributed
 import pytest
 import rasterio
 
-from cluster.netns import network_unavailable_reason
+from cluster.local.netns import network_unavailable_reason
 from tests.cluster.dasknodes import DaskNodes, dask_nodes
 from tests.landcover.cli.test_tile_ranks import images as images
 from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa: F401
@@ -109,7 +109,7 @@ def test_ddp_ranks_on_two_nodes_then_predict_there(
     assert "on the route to the master" in log  # gloo talks on the node's own interface
     # predict with that model: a tiled product's tiles as tasks, and one COG as a rank per node
     scene = write_image(tmp_path / "scene.tif", pixels(75, 90, seed=1))
-    args = ["predict", str(run_dir / "model.pt"), str(scene), "--block-size", "40",
+    args = ["predict", str(run_dir / "model.pt"), str(scene), "--block-px", "40",
             "--batch-size", "3", "--device", "cpu", "--no-quicklook"]  # fmt: skip
     for out in (f"{tmp_path}/one/", f"{tmp_path}/one.tif"):
         extra = ("--tile-size", "32") if out.endswith("/") else ()

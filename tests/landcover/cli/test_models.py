@@ -123,7 +123,7 @@ def test_smp_model_trains_on_two_workers_with_every_kind_of_communication(
     for ranks in ("1", "2"):
         outs[ranks] = tmp_path / f"ranks-{ranks}.tif"
         args = ["predict", str(run_dir / "model.pt"), str(scene), "--out", str(outs[ranks]),
-                "--device", "cpu", "--block-size", "48", "--nproc", ranks,
+                "--device", "cpu", "--block-px", "48", "--nproc", ranks,
                 "--no-quicklook"]  # fmt: skip
         result = CliRunner().invoke(cli.main, args)
         assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""What every command that writes does with its outputs (`landcover.atomic`, the one policy).
+"""What every command that writes does with its outputs (`landcover.outputs`, the one policy).
 
 Each class of failure runs across every command it applies to, through the CLI:
 

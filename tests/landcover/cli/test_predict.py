@@ -12,10 +12,10 @@ import pytest
 import shapely
 from click.testing import CliRunner, Result
 
-from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
 from tests.conftest import two_node_slurm_job
 from tests.landcover.prediction.inputs import UTM18, pixels, write_image, write_model
+from tests.support.slurm_testbed import SlurmTestbed
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def predict_args(inputs: tuple[Path, Path, Path], out: Path, *extra: str) -> lis
     scene, model, region = inputs
     return [
         "predict", str(model), str(scene), "--out", str(out), "--region", str(region),
-        "--probabilities", str(out.with_suffix(".p.tif")), "--block-size", "16",
+        "--probabilities", str(out.with_suffix(".p.tif")), "--block-px", "16",
         "--batch-size", "3", "--device", "cpu", *extra,
     ]  # fmt: skip
 

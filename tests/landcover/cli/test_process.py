@@ -19,8 +19,8 @@ import click
 import numpy as np
 import pytest
 
-from landcover.atomic import write_atomic
 from landcover.cli.app import EXIT_BROKEN_PIPE, EXIT_SIGTERM
+from landcover.outputs import write_atomic
 from tests.conftest import REPO_ROOT
 
 

@@ -135,7 +135,7 @@ def test_a_rerun_that_changes_an_option_the_output_keeps_is_one_line(
             raise AssertionError(f"a worker was started: {command}")
         return real_popen(command, *args, **kwargs)
 
-    monkeypatch.setattr("cluster.agents.subprocess.Popen", popen)
+    monkeypatch.setattr("cluster.local.agents.subprocess.Popen", popen)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert result.stderr.splitlines() == [f"error: {line}"]

@@ -120,7 +120,7 @@ def test_the_nproc_parent_starts_ranks_without_the_stack() -> None:
     reading a cluster.json does)."""
     heavy = ("torch", "zarr", "rasterio", "pystac", "shapely", "pyproj", "pydantic")
     code = (
-        "import sys, landcover.cli.tiling, landcover.cli.predict, cluster.local; "
+        "import sys, landcover.cli.tiling, landcover.cli.predict, cluster.local.engine; "
         "from cluster.spec import local_spec; local_spec(2); "
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )

@@ -4,7 +4,6 @@ real SLURM cluster, each store compared byte for byte with a one-process run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -13,14 +12,14 @@ import rasterio
 from click.testing import CliRunner, Result
 
 import tiling.stager
-from cluster.testbed import SlurmTestbed
 from landcover.cli.app import main
 from tests.azurite import Azurite
 from tests.conftest import REPO_ROOT, two_node_slurm_job
+from tests.support.slurm_testbed import SlurmTestbed
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tests.tiling.rasters import Scenes, make_scenes
 from tests.tiling.test_store import snapshot
-from tiling.plan import available_cores
+from tiling.shared.machine import cores_per_rank
 from tiling.staging import PartStaging
 
 # Imported by every rank (PYTHONPATH): rank 1 is SIGKILLed right after staging its first part.
@@ -132,7 +131,7 @@ def test_a_rank_without_sources_leaves_its_cores_to_rank_0(images: Path, tmp_pat
     at = args.index("--workers")
     two = run(*args[:at], *args[at + 2 :])  # the ranks choose their readers
     assert two.exit_code == 0, two.output
-    per_rank = max(1, min(available_cores(), (os.cpu_count() or 1) // 2))
+    per_rank = cores_per_rank(2)
     assert two.stdout.rstrip().endswith(f"with 2 ranks x {2 * per_rank} workers")
     one = run(*tile_args(one_image, tmp_path / "one.zarr"))
     assert one.exit_code == 0, one.output

@@ -36,7 +36,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def predict_args(inputs: tuple[Path, Path], out: str, *extra: str) -> list[str]:
     scene, model = inputs
     return [
-        "predict", str(model), str(scene), "--out", out, "--block-size", "40",
+        "predict", str(model), str(scene), "--out", out, "--block-px", "40",
         "--batch-size", "3", "--device", "cpu", *extra,
     ]  # fmt: skip
 

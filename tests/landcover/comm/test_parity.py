@@ -31,7 +31,7 @@ The store: 4 synthetic scenes of 450 px (200 train / 52 val chips of 64 px), 8 e
 steps, SGD with Nesterov momentum (the trainer's `--optimizer sgd`) for every mode, from the
 same initial weights through the same batches: the compressors are analysed for SGD, and with
 AdamW the sign compressor's scale is undone by Adam's per-coordinate normalisation (README,
-limitations). BMUF runs as `--block-momentum --block-size 5` ships, so every epoch ends
+limitations). BMUF runs as `--block-momentum --bmuf-block-steps 5` ships, so every epoch ends
 mid-block; `bmuf-keep` (`--keep-local-momentum`) is only there to see the option reach the
 learners.
 

@@ -58,7 +58,8 @@ def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> N
     0 in every band where there is no data, never (0 - mean) / std."""
     from landcover.models.modelfile import ModelMeta
     from landcover.prediction.blend import LogitBlender, WindowLayout
-    from landcover.prediction.windows import Block, WindowRunner
+    from landcover.prediction.gridwindow import Window
+    from landcover.prediction.windows import BlockPixels, WindowRunner
     from tiling.classes import get_class_map
 
     images, labels = _chips_with_missing_pixels()
@@ -90,6 +91,7 @@ def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> N
     layout = WindowLayout.over(16, 16, size=16, overlap=0)
     runner = WindowRunner(Recorder(), meta, layout, batch_size=16, where="m.pt", device="cpu")
     for chip in range(2):
-        block = Block(images[chip], images[chip].any(axis=0), 0, 0, 0, 0, 16, 16)
-        runner.run(block, [(0, 0)], LogitBlender(layout, 5, 0, 0, 16, 16))
+        whole = Window(0, 0, 16, 16)
+        block = BlockPixels(images[chip], images[chip].any(axis=0), whole, whole)
+        runner.run(block, [(0, 0)], LogitBlender(layout, 5, whole))
     assert torch.equal(torch.cat(seen), trained)

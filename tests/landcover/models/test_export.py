@@ -25,7 +25,8 @@ from landcover.models.modelfile import (
     read_model_file,
     save_model_file,
 )
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.runner import predict_region
 from tests.landcover.prediction.inputs import pixels, write_image, write_model
 
 # Two sizes that are not multiples of small_unet's stride (8) nor of each other.

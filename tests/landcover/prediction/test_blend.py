@@ -17,6 +17,7 @@ from landcover.prediction.blend import (
     taper_profile,
     window_starts,
 )
+from landcover.prediction.gridwindow import Window
 
 
 def test_window_starts_cover_the_length_and_end_flush() -> None:
@@ -64,7 +65,7 @@ def test_blender_of_constant_logits_is_constant_across_blocks() -> None:
     layout = WindowLayout.over(75, 90, size=32, overlap=8)
     value = torch.tensor([0.5, -1.0, 2.0]).view(3, 1, 1).expand(3, 32, 32)
     for row0, col0, h, w in [(0, 0, 40, 50), (40, 50, 35, 40), (13, 7, 29, 61)]:
-        blender = LogitBlender(layout, 3, row0, col0, h, w)
+        blender = LogitBlender(layout, 3, Window(row0, col0, h, w))
         for r in layout.rows_touching(row0, row0 + h):
             for c in layout.cols_touching(col0, col0 + w):
                 blender.add(value, r, c)

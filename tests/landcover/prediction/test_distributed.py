@@ -1,7 +1,7 @@
 """Distributed prediction (landcover.prediction.distributed, parts, assemble): ranks started
 here as threads calling `predict_region(config, rank=r, world_size=n)` write the COG a
 one-process run writes, byte for byte; stale, half-written and finished parts; az:// outputs;
-each rank's GPU (setup.rank_device).
+each rank's GPU (devices.rank_device).
 
 The CLI's `predict --nproc` and a real SLURM launch are in tests/landcover/cli/test_predict.py.
 """
@@ -27,13 +27,14 @@ from click.testing import CliRunner
 from rio_cogeo.cogeo import cog_validate
 
 from landcover.cli.app import main
+from landcover.devices import rank_device
 from landcover.errors import OutputExistsError, PredictionError
 from landcover.models.modelfile import load_model_file, save_model_file
+from landcover.prediction.config import PredictConfig
 from landcover.prediction.distributed import RERUN_KEEPS_PARTS, RERUN_PREDICTS_AGAIN
 from landcover.prediction.parts import Staging
 from landcover.prediction.region import parse_region
-from landcover.prediction.runner import PredictConfig, PredictResult, predict_region
-from landcover.prediction.setup import rank_device
+from landcover.prediction.runner import PredictResult, predict_region
 from tests.azurite import Azurite
 from tests.landcover.prediction.inputs import UTM18, read, write_model
 
@@ -361,7 +362,7 @@ def rank_outputs(
             args = [
                 "predict", str(offset_model), str(scene), "--region", str(triangle),
                 "--out", str(folder / "lc.tif"), "--probabilities", str(folder / "p.tif"),
-                "--stac-item", str(folder / "lc.json"), "--block-size", "16",
+                "--stac-item", str(folder / "lc.json"), "--block-px", "16",
                 "--batch-size", "3", "--device", "cpu", "--no-quicklook",
             ]  # fmt: skip
             env = {

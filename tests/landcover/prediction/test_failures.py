@@ -24,8 +24,10 @@ from landcover import cli
 from landcover.errors import ModelFileError, OutputExistsError, PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blockstages import BlockWriter, PredictedBlock
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.outgrid import plan_output_grid
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.runner import predict_region
 from landcover.prediction.setup import check_model, open_images
 from tests.landcover.prediction.inputs import (
     pipeline_threads,
@@ -212,18 +214,18 @@ def test_error_while_writing_a_block_is_one_line_and_leaves_nothing(
     # The writer thread fails on the third block (a full disk, say): the error comes up here,
     # once, and the reader and writer threads are gone.
     image = write_image(tmp_path / "image.tif", pixels(120, 150, seed=9))
-    written: list[tuple[int, int, int, int]] = []
+    written: list[Window] = []
 
     def write(self: BlockWriter, predicted: PredictedBlock) -> None:
         if len(written) == 2:
             raise PredictionError(f"{out_dir}: no space left on the device")
-        written.append(predicted.rect)
+        written.append(predicted.window)
 
     monkeypatch.setattr(BlockWriter, "__call__", write)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     result = run_cli(
-        str(constant_model), str(image), "--out", str(out_dir / "o.tif"), "--block-size", "32"
+        str(constant_model), str(image), "--out", str(out_dir / "o.tif"), "--block-px", "32"
     )
     assert result.exit_code == 2, result.output
     assert result.output == f"error: {out_dir}: no space left on the device\n"
@@ -436,7 +438,7 @@ def test_sigterm_mid_run_leaves_no_temp_files(constant_model: Path, tmp_path: Pa
         "16",
         "--batch-size",
         "1",
-        "--block-size",
+        "--block-px",
         "64",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -25,11 +25,13 @@ from rio_cogeo.cogeo import cog_validate
 from landcover import cli
 from landcover.errors import RegionError
 from landcover.prediction import runner
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.gridwindow import Window
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, to_cog
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, plan_output_grid
 from landcover.prediction.region import Region
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.runner import predict_region
 from landcover.prediction.setup import GDAL_CACHE_BYTES, block_cache_bytes, open_images
 from tests.landcover.prediction.inputs import (
     CLASS_MAP,
@@ -372,7 +374,7 @@ def test_real_naip_with_nir_tagged_as_alpha(real_naip_dir: Path, tmp_path: Path)
     reader = RasterReader()
     for path in (image, plain):
         plan = plan_output_grid(open_images([str(path)]), None, resolution_m=0.6)
-        values, valid = read_mosaic(plan, reader, 0, 0, grid.height, grid.width)
+        values, valid = read_mosaic(plan, reader, grid.window)
         if path == image:
             tagged, tagged_valid = values, valid
     reader.close()
@@ -392,7 +394,7 @@ def test_nir_alpha_band_with_zeros_is_data_not_a_mask(constant_model: Path, tmp_
     assert result.valid_pixels == 50 * 70
     plan = plan_output_grid(open_images([str(image)]), None, resolution_m=1.0)
     reader = RasterReader()
-    values, valid = read_mosaic(plan, reader, 0, 0, 50, 70)
+    values, valid = read_mosaic(plan, reader, Window(0, 0, 50, 70))
     reader.close()
     assert valid.all()
     np.testing.assert_array_equal(values, data)

@@ -27,10 +27,11 @@ from rasterio.crs import CRS
 from rio_cogeo.cogeo import cog_validate
 
 from landcover.errors import OutputExistsError
+from landcover.prediction.config import PredictConfig
 from landcover.prediction.maptiles import assign_tiles, map_tiles, tile_costs
 from landcover.prediction.outgrid import OutputGrid
 from landcover.prediction.region import parse_region
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.runner import predict_region
 from landcover.prediction.tiled import TiledResult, predict_product, predict_tiles
 from landcover.prediction.tileplan import TiledSetup
 from tests.azurite import Azurite

@@ -15,7 +15,8 @@ from landcover import cli
 from landcover.errors import PredictionError
 from landcover.models.registry import build_model
 from landcover.prediction import runner
-from landcover.prediction.runner import PredictConfig, predict_region
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.runner import predict_region
 from landcover.prediction.tta import average_over_symmetries, tta_ops
 from tests.landcover.prediction.inputs import read, write_model
 

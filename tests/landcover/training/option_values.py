@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from landcover.cliconfig import OptionSpec
 from landcover.models.registry import available
-from landcover.training.config import OptionSpec, TrainConfig
+from landcover.training.config import TrainConfig
 
 # Values of free-text options that another valid value cannot be derived for.
 OTHER_TEXT: dict[str, str] = {

@@ -15,6 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from landcover.cli.app import main
+from landcover.comm.spec import CompressionMode, CompressionSpec
 from landcover.errors import TrainingError
 from landcover.training.config import (
     OPTIONS,
@@ -101,7 +102,7 @@ def test_worker_options_round_trip_through_the_command_line(
     monkeypatch.delenv("LANDCOVER_STORAGE_OPTIONS", raising=False)
     args = ["s.zarr", "--out", "r", "--epochs", "3", "--no-augment", "--amp", "--resume",
             "--storage-options", '{"account_name": "x"}', "--compression", "powersgd:4",
-            "--block-size", "5", "--no-nesterov", "--keep-local-momentum", "--patience", "2",
+            "--bmuf-block-steps", "5", "--no-nesterov", "--keep-local-momentum", "--patience", "2",
             "--lr", "0.01", "--sync-bn"]  # fmt: skip
     parsed = TrainConfig.from_argv(args)
     assert parsed.storage_options == {"account_name": "x"} and parsed.amp is True
@@ -228,3 +229,36 @@ def test_a_value_that_is_not_a_finite_number_is_refused_by_every_command(
     assert result.exit_code == 2, result.output
     assert result.stderr == f"error: {option} {float(value)} must be a finite number\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize("text", ["none", "NONE", " None "])
+def test_block_momentum_takes_any_spelling_of_no_compression(text: str) -> None:
+    """--compression is parsed once: `NONE` is none, which --block-momentum accepts."""
+    config = TrainConfig.from_argv(["s", "--out", "r", "--compression", text, "--block-momentum"])
+    assert config.block_momentum and not config.compression.compresses
+    assert config.compression == CompressionSpec() and "--compression" not in config.to_argv()
+
+
+def test_compression_travels_typed_and_writes_its_canonical_text() -> None:
+    config = TrainConfig("s", "r", compression="PowerSGD")  # type: ignore[arg-type]
+    assert config.compression == CompressionSpec(CompressionMode.POWERSGD, rank=2)
+    assert config.to_json()["compression"] == "powersgd:2"
+    assert config.to_argv(options_only=True) == ["--compression", "powersgd:2"]
+    with pytest.raises(TrainingError, match=r"^--compression 'fp8' is not valid; use one of: "):
+        TrainConfig.from_argv(["s", "--out", "r", "--compression", "fp8"])
+
+
+def test_bmuf_block_steps_is_the_flag_and_block_size_a_deprecated_alias(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = TrainConfig.from_argv(["s", "--out", "r", "--bmuf-block-steps", "5"])
+    assert config.block_size == 5 and capsys.readouterr().err == ""
+    assert config.to_argv(options_only=True) == ["--bmuf-block-steps", "5"]
+    old = TrainConfig.from_argv(["s", "--out", "r", "--block-size", "5"])
+    assert old == config
+    assert capsys.readouterr().err == (
+        "warning: --block-size is deprecated: use --bmuf-block-steps\n"
+    )
+    assert TrainConfig.from_argv(["s", "--out", "r"]).block_size == 8  # the alias no default
+    result = CliRunner().invoke(main, ["train", "--help"])
+    assert "--bmuf-block-steps INTEGER" in result.output and "--block-size" not in result.output

@@ -10,8 +10,7 @@ import pytest
 
 from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import LaunchOptions, launch_plan, plan_job
-from cluster.localplan import LocalPlan
-from cluster.machine import local_cpu_count
+from cluster.local.plan import LocalPlan
 from landcover.errors import TrainingError
 from landcover.training.config import TrainConfig
 from landcover.training.launch import (
@@ -20,6 +19,7 @@ from landcover.training.launch import (
     training_job,
     worker_config,
 )
+from tiling.shared.machine import local_cpu_count
 
 RESTARTS = {"targetNodeCount": 2, "elastic": {"maxRestarts": 2}}
 

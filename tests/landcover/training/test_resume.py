@@ -15,10 +15,11 @@ import torch
 from click.testing import CliRunner
 
 from landcover import cli
+from landcover.cliconfig import OptionSpec
 from landcover.errors import TrainingError
 from landcover.training import Checkpoint, TrainConfig, read_metrics, train
 from landcover.training.checkpoint import save_checkpoint
-from landcover.training.config import OPTIONS, OptionSpec
+from landcover.training.config import OPTIONS
 from landcover.training.distributed import Collectives, DistEnv
 from landcover.training.resume import (
     FIX,

@@ -21,7 +21,6 @@ import torch.multiprocessing as mp
 from click.testing import CliRunner
 from torch import nn
 
-from cluster.machine import local_cpu_count
 from landcover import cli
 from landcover.errors import TrainingError
 from landcover.models.modelfile import load_model_file
@@ -38,6 +37,7 @@ from landcover.training import checkpoint as checkpoint_file
 from landcover.training.distributed import DistEnv
 from landcover.training.losses import Scores
 from tests.multiprocess import free_ports
+from tiling.shared.machine import local_cpu_count
 from tiling.store import open_store
 from tiling.synth import SynthResult
 from tiling.tile import TileConfig, tile

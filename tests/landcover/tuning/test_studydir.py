@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from cluster.spec import local_spec
+from landcover.cliconfig import OptionSpec
 from landcover.errors import TuneError
 from landcover.training import TrainConfig
-from landcover.training.config import OPTIONS, OptionSpec
+from landcover.training.config import OPTIONS
 from landcover.tuning.space import NOT_TUNABLE, parse_space
 from landcover.tuning.study import (
     STUDY_MAY_CHANGE,

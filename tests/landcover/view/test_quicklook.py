@@ -30,7 +30,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def predict(inputs: tuple[Path, Path], out: str, *extra: str) -> Result:
     scene, model = inputs
-    args = ["predict", str(model), str(scene), "--out", out, "--block-size", "40"]
+    args = ["predict", str(model), str(scene), "--out", out, "--block-px", "40"]
     return CliRunner().invoke(main, [*args, "--batch-size", "8", "--device", "cpu", *extra])
 
 

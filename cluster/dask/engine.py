@@ -1,0 +1,331 @@
+"""The Dask engine: a job's ranks run inside the workers of a Dask cluster.
+
+A job that forms a process group (training) gets one rank per worker: on the embedded
+LocalCluster every worker (targetNodeCount x processesPerNode of them, one machine), on a
+scheduler's cluster `processesPerNode` workers on each of `targetNodeCount` worker hosts.
+MASTER_ADDR is rank 0's worker host, MASTER_PORT a port found free there by a task on that
+worker; each rank is one task pinned to its worker (`workers=[address]`, no other worker
+allowed, no retries: a rank cannot be redone alone) that runs the entry module inside the
+worker process (`cluster.dask.rank`), its output in `logs/rank-<i>.log` of the run dir. A rank
+that fails makes the job fail with its one-line error (`cluster.failures`); the other ranks'
+workers are then restarted, since a rank blocked in a collective would otherwise wait for
+the one that is gone; a rank whose worker leaves the cluster fails the job the same way; so
+does Ctrl-C.
+
+Jobs without a process group (tile and predict, `Job.process_group` False) run the same way,
+one rank per worker, coordinating through their output as on every engine; landcover runs
+those stages as tasks instead where the engine `runs_tasks` (`cluster.dask.client.TaskRunner`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster.dask.client import dask_client, import_distributed, worker_hosts
+from cluster.dask.rank import free_port, run_rank
+from cluster.dask.section import DaskSpec
+from cluster.engine import Job, LaunchOptions, LaunchResult, Plan, job_redactor
+from cluster.errors import LaunchError
+from cluster.failures import ERROR_DIR_ENV, clear_worker_errors, first_worker_error
+from cluster.redact import REDACTED, Redactor
+from cluster.spec import ClusterSpec
+from tiling.shared import rankenv
+from tiling.shared.rankenv import DistEnv
+from tiling.shared.urls import is_local
+
+logger = logging.getLogger(__name__)
+
+# how often the launch checks that every rank's worker is still in the cluster
+_WATCH_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlace:
+    """Where one rank runs: its worker and the place torch is told."""
+
+    rank: int
+    worker: str
+    host: str
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class DaskPlan:
+    """What a Dask launch does; `client` is a `distributed.Client` a caller already holds
+    (None: the spec's cluster, `cluster.dask.client.dask_client`)."""
+
+    spec: ClusterSpec
+    job: Job
+    log_dir: str
+    threads_per_worker: int | None
+    redactor: Redactor = field(repr=False, compare=False)
+    client: Any = field(default=None, repr=False, compare=False)
+    engine: str = "dask"
+
+    @property
+    def dask(self) -> DaskSpec:
+        return self.spec.dask or DaskSpec()
+
+    def describe(self) -> str:
+        spec, r = self.spec, self.redactor
+        layout = (
+            f"{spec.workers} worker(s) on this machine"
+            if self.dask.embedded and self.client is None
+            else f"{spec.processes_per_node} worker(s) on each of {spec.node_count} worker host(s)"
+        )
+        where = (
+            "a distributed.Client given by the caller"
+            if self.client is not None
+            else self.dask.describe(spec.workers)
+        )
+        work = f"ranks: {spec.workers} ({layout}), one task pinned to each worker running " + (
+            "the job in the worker process; MASTER_ADDR = rank 0's worker host, a free port there"
+            if self.job.process_group
+            else "its share in the worker process; the ranks coordinate through the output"
+        )
+        command = " ".join(shlex.quote(a) for a in r.args(self.job.bound_argv()))
+        return "\n".join(
+            [
+                "engine: dask",
+                f"cluster: {spec.name}: {where}",
+                work,
+                *(f"input {k}: {r.text(v)}" for k, v in self.job.inputs.items()),
+                *(f"output {k}: {r.text(v)}" for k, v in self.job.outputs.items()),
+                f"logs: {Path(self.log_dir) / 'rank-<i>.log'}",
+                "environment: "
+                + " ".join(
+                    (
+                        [f"OMP_NUM_THREADS={self.threads_per_worker}"]
+                        if self.threads_per_worker
+                        else []
+                    )
+                    + [f"{k}={REDACTED}" for k in self.job.secret_env]
+                ),
+                f"command (each rank): python -m {self.job.entry_module} {command}",
+                *(f"note: {n}" for n in spec.notes),
+            ]
+        )
+
+    def files(self) -> dict[str, str]:
+        """No files: a Dask job is submitted from this process."""
+        return {}
+
+
+def plan_dask(spec: ClusterSpec, job: Job, *, client: Any = None) -> DaskPlan:
+    """The plan of `job` on `spec`'s Dask cluster (or on `client`)."""
+    from cluster.engine import threads_per_worker
+
+    out = job.output_dir
+    log_dir = (
+        str(Path(out) / "logs")
+        if out is not None and is_local(out)
+        else str(Path(tempfile.gettempdir()) / f"landcover-dask-{uuid.uuid4().hex[:8]}")
+    )
+    return DaskPlan(
+        spec=spec,
+        job=job,
+        log_dir=log_dir,
+        threads_per_worker=threads_per_worker(spec),
+        redactor=job_redactor(spec, job),
+        client=client,
+    )
+
+
+class DaskEngine:
+    """Runs a job's ranks in the workers of a Dask cluster."""
+
+    def plan(self, spec: ClusterSpec, job: Job) -> DaskPlan:
+        return plan_dask(spec, job)
+
+    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
+        if not isinstance(plan, DaskPlan):
+            raise TypeError(f"the dask engine cannot launch a {plan.engine} plan")
+        started = time.monotonic()
+        with dask_client(plan.spec, client=plan.client) as client:
+            run_ranks(client, plan, timeout_s=options.timeout_s)
+        out = plan.job.output_dir
+        return LaunchResult(
+            engine="dask",
+            job_id=Path(plan.log_dir).parent.name if out else Path(plan.log_dir).name,
+            status="succeeded",
+            run_dir=out if out is not None and is_local(out) else None,
+            log_location=plan.log_dir,
+            wall_time_s=time.monotonic() - started,
+        )
+
+
+def assign_ranks(
+    hosts: Mapping[str, str], *, nodes: int, per_node: int, one_host: bool
+) -> list[RankPlace]:
+    """The ranks' places among the workers `hosts` (address → host): `one_host` (the embedded
+    LocalCluster), nodes x per_node workers of that machine as one node; else `per_node`
+    workers on each of the first `nodes` hosts that have that many. One line when the cluster
+    has too few."""
+    by_host: dict[str, list[str]] = {}
+    for address, host in sorted(hosts.items(), key=lambda item: (item[1], item[0])):
+        by_host.setdefault(host, []).append(address)
+    world = nodes * per_node
+    if one_host:
+        chosen = [(host, a) for host, found in by_host.items() for a in found][:world]
+        if len(chosen) < world:
+            raise LaunchError(
+                f"the Dask cluster has {len(chosen)} worker(s), the job needs {world}: "
+                "wait for the workers to start or lower targetNodeCount x processesPerNode"
+            )
+        return [
+            RankPlace(rank, address, host, rank, world, 0)
+            for rank, (host, address) in enumerate(chosen)
+        ]
+    usable = [(host, found[:per_node]) for host, found in by_host.items() if len(found) >= per_node]
+    if len(usable) < nodes:
+        counts = ", ".join(f"{h}: {len(f)}" for h, f in by_host.items()) or "none"
+        raise LaunchError(
+            f"the Dask cluster has {len(usable)} host(s) with {per_node} worker(s) or more "
+            f"(workers per host: {counts}); the job needs {nodes} x {per_node}: start more "
+            "workers or lower targetNodeCount / processesPerNode in cluster.json"
+        )
+    places = []
+    for node, (host, found) in enumerate(usable[:nodes]):
+        for local, address in enumerate(found):
+            places.append(RankPlace(node * per_node + local, address, host, local, per_node, node))
+    return places
+
+
+def rank_environment(place: RankPlace, *, world: int, master: tuple[str, int]) -> dict[str, str]:
+    """The variables a rank reads its place from (`tiling.shared.rankenv`), and its worker."""
+    return rankenv.rank_environment(
+        DistEnv(
+            rank=place.rank,
+            world_size=world,
+            local_rank=place.local_rank,
+            local_world_size=place.local_world_size,
+            node_rank=place.node_rank,
+            master_addr=master[0],
+            master_port=master[1],
+            worker_address=place.worker,
+        )
+    )
+
+
+def run_ranks(client: Any, plan: DaskPlan, *, timeout_s: float | None = None) -> None:
+    """Run the plan's job as one rank per chosen worker and wait for every rank; LaunchError
+    with the first failing rank's one-line error (see the module docstring)."""
+    spec, job = plan.spec, plan.job
+    one_host = plan.client is None and plan.dask.embedded
+    places = assign_ranks(
+        worker_hosts(client),
+        nodes=spec.node_count,
+        per_node=spec.processes_per_node,
+        one_host=one_host,
+    )
+    log_dir = Path(plan.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    clear_worker_errors(log_dir)
+    for place in places:
+        (log_dir / f"rank-{place.rank}.log").unlink(missing_ok=True)
+    master_worker = places[0]
+    port = client.submit(
+        free_port, workers=[master_worker.worker], allow_other_workers=False, pure=False
+    ).result()
+    master = (master_worker.host, int(port))
+    threads = {"OMP_NUM_THREADS": str(plan.threads_per_worker)} if plan.threads_per_worker else {}
+    logger.info(
+        "dask: %d rank(s) on %s; master %s:%d; logs in %s",
+        len(places),
+        ", ".join(p.worker for p in places),
+        *master,
+        log_dir,
+    )
+    futures = [
+        client.submit(
+            run_rank,
+            job.entry_module,
+            job.bound_argv(),
+            {
+                **threads,
+                **job.secret_env,
+                **rank_environment(place, world=len(places), master=master),
+                ERROR_DIR_ENV: str(log_dir),
+            },
+            str(log_dir / f"rank-{place.rank}.log"),
+            workers=[place.worker],
+            allow_other_workers=False,
+            pure=False,
+            retries=0,
+            key=f"rank-{place.rank}-{uuid.uuid4().hex[:8]}",
+        )
+        for place in places
+    ]
+    try:
+        failure = _wait_for_ranks(client, futures, places, timeout_s=timeout_s)
+    except BaseException:  # Ctrl-C: the ranks stop with the launch
+        _stop_ranks(client, futures, places)
+        raise
+    if failure is None:
+        return
+    _stop_ranks(client, futures, places)
+    worker_error = first_worker_error(log_dir)
+    reason = worker_error.message if worker_error is not None else failure
+    raise LaunchError(
+        plan.redactor.text(f"dask job failed: {reason} (logs: {log_dir})"),
+        worker_error=worker_error,
+    )
+
+
+def _wait_for_ranks(
+    client: Any, futures: Sequence[Any], places: Sequence[RankPlace], *, timeout_s: float | None
+) -> str | None:
+    """None once every rank ended with status 0; else what went wrong first, in words."""
+    distributed = import_distributed()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            with contextlib.suppress(distributed.TimeoutError):
+                distributed.wait(pending, timeout=_WATCH_S, return_when="FIRST_COMPLETED")
+        for place, future in zip(places, futures, strict=True):
+            if future.status == "error":
+                error = future.exception()
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                return f"rank {place.rank} on {place.worker}: {first}"
+            if future.status == "finished" and future.result() != 0:
+                return f"rank {place.rank} on {place.worker} exited with status {future.result()}"
+        if all(f.status == "finished" for f in futures):
+            return None
+        alive = set(worker_hosts(client))
+        gone = [
+            p
+            for p, f in zip(places, futures, strict=True)
+            if p.worker not in alive and not f.done()
+        ]
+        if gone:
+            return f"rank {gone[0].rank}'s worker {gone[0].worker} left the Dask cluster"
+        if deadline is not None and time.monotonic() > deadline:
+            return f"the job ran past --timeout {timeout_s:g} s"
+
+
+def _stop_ranks(client: Any, futures: Sequence[Any], places: Sequence[RankPlace]) -> None:
+    """Cancel the ranks still running and restart their workers: a rank blocked in a
+    collective waits for the others forever otherwise (a cancelled task keeps running)."""
+    running = [p.worker for p, f in zip(places, futures, strict=True) if not f.done()]
+    client.cancel(list(futures))
+    if not running:
+        return
+    alive = set(worker_hosts(client))
+    try:
+        client.restart_workers(
+            [w for w in running if w in alive], timeout=60, raise_for_error=False
+        )
+    except Exception as exc:  # a worker without a nanny cannot be restarted: said, not fatal
+        logger.warning("could not restart the Dask workers of the stopped ranks: %s", exc)

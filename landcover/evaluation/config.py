@@ -1,0 +1,45 @@
+"""`EvaluateConfig`: what an evaluation compares, and the one definition of the options of
+`landcover evaluate` that the library reads.
+
+Each field that is an option declares its flag and help (`tiling.shared.flags`); the command
+generates those click options from it and builds the config from the parsed values. Values
+no evaluation can use are refused here, in the constructor (one line). Free of rasterio and
+torch, so that the command's options are known without importing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from landcover.errors import EvaluationError
+from tiling.shared.flags import flag, option
+
+__all__ = ["EvaluateConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluateConfig:
+    """Everything `evaluate_prediction` needs; built by the CLI."""
+
+    prediction: str = field(metadata=flag("PREDICTION"))
+    truth: tuple[str, ...] = field(
+        metadata=flag(
+            "--truth", "Truth raster(s): paths, globs or URLs; repeat the option for several."
+        )
+    )
+    # remap of the truth's raw codes; None: the prediction's
+    class_map: str | None = option(
+        "--class-map",
+        None,
+        "Remap of the truth's raw codes [default: the prediction's class map].",
+    )
+    block_px: int = 2048
+    storage_options: Mapping[str, Any] = field(
+        default_factory=dict, metadata=flag("--storage-options")
+    )
+
+    def __post_init__(self) -> None:
+        if self.block_px < 1:
+            raise EvaluationError(f"block size {self.block_px} px: must be positive")

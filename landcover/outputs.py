@@ -1,0 +1,228 @@
+"""Output files: the overwrite policy, the checks before the work, and landcover's errors
+for atomic writes.
+
+`refuse_existing` is the one overwrite policy (as rasterio's `resolve_inout` with
+`FileOverwriteError`): an output that exists (a symlink too, even a dangling one) is replaced
+only when `--overwrite` was given. `check_output_file`, `check_can_create` and
+`check_can_create_in` tell before any work whether an output can be written where it was asked
+for (a directory that takes new files, not a directory where a file goes), and
+`require_distinct` that no two outputs of one command, nor an output and an input, are one file.
+
+`write_atomic` and its kin are the shared writer (`tiling.shared.atomic`: temp file, fsync,
+the permissions of a plain open, rename, fsync of the directory) under `output_errors`: a file
+system that refuses the write (full, read-only, no permission) becomes `OutputError`, one line
+naming the output and the fix, and a file that appeared after the command's check without
+`--overwrite` becomes `OutputExistsError` (the file is kept).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from landcover.errors import OutputError, OutputExistsError
+from tiling.shared import atomic
+from tiling.shared.atomic import FULL_ERRNOS, WRITE_FAILURE_ERRNOS, Writer
+
+__all__ = [
+    "check_can_create",
+    "check_can_create_in",
+    "check_output_file",
+    "output_errors",
+    "publish",
+    "refuse_existing",
+    "require_distinct",
+    "write_atomic",
+    "write_bytes_atomic",
+    "write_failure_message",
+    "write_files_atomic",
+    "write_text_atomic",
+]
+
+
+def refuse_existing(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    overwrite: bool,
+    what: str = "it",
+    exists: Callable[[str], bool] = os.path.lexists,
+) -> None:
+    """Raise `OutputExistsError` naming the first of `paths` that exists, unless `overwrite`.
+
+    The message is "<path> exists; pass --overwrite to replace <what>" (`what` names the
+    files when there are several, e.g. "the plan files"). Call it before the work that
+    produces the outputs, so a refusal costs nothing. `exists` tells whether a path exists
+    (a local file or symlink, dangling or not, by default; pass the storage's own check for
+    URLs).
+    """
+    if overwrite:
+        return
+    for path in paths:
+        if exists(os.fspath(path)):
+            raise OutputExistsError(f"{path} exists; pass --overwrite to replace {what}")
+
+
+def check_output_file(
+    path: str | os.PathLike[str],
+    *,
+    option: str,
+    overwrite: bool,
+    example: str,
+    what: str = "it",
+) -> None:
+    """Refuse the local output file `path` of `option` before any work: a directory there
+    (the message suggests `path/<example>`), an existing file or symlink unless `overwrite`
+    (`refuse_existing`), or a place where no file can be created (`check_can_create`)."""
+    if Path(path).is_dir():
+        raise OutputError(
+            f"{option} {path} is a directory; give a file name like {Path(path) / example}"
+        )
+    refuse_existing([path], overwrite=overwrite, what=what)
+    check_can_create(path, option=option)
+
+
+def check_can_create(path: str | os.PathLike[str], *, option: str | None = None) -> None:
+    """Raise `OutputError` unless a file can be created at `path`: the nearest existing
+    directory on the way to it must take new entries (missing directories are created when
+    writing starts). `option` names the command-line option in the message."""
+    _probe(_label(option, path), Path(path).absolute().parent)
+
+
+def check_can_create_in(directory: str | os.PathLike[str], *, option: str | None = None) -> None:
+    """Raise `OutputError` unless files can be created in the output directory `directory`
+    (or, while it does not exist, in the nearest existing directory above it)."""
+    _probe(_label(option, directory), Path(directory).absolute())
+
+
+def require_distinct(
+    outputs: Sequence[tuple[str, str | None]], *, inputs: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Raise `OutputError` when two of `outputs` ((option, path); None: not asked for) name
+    one file, or an output names one of `inputs` ((what, path)): one would replace the other.
+    Local paths are compared resolved (`./a.tif`, `a.tif`, a symlink to it and a hard link of
+    it are one file), URLs as written. Cheap: call it before any work."""
+    named = [(option, path) for option, path in outputs if path]
+    for i, (option, path) in enumerate(named):
+        for other_option, other in named[i + 1 :]:
+            if _same_file(path, other):
+                raise OutputError(
+                    f"{option} {path} and {other_option} {other} are the same file; give each "
+                    "output its own name"
+                )
+        for what, source in inputs:
+            if _same_file(path, source):
+                raise OutputError(
+                    f"{option} {path} is the {what} {source}: writing it would replace the "
+                    "input; choose another output name"
+                )
+
+
+@contextmanager
+def output_errors() -> Iterator[None]:
+    """landcover's errors for what the shared writer raises in the block: a target that
+    appeared without `--overwrite` becomes `OutputExistsError`, a file system's refusal
+    (`WRITE_FAILURE_ERRNOS`) `OutputError` naming the output and the fix."""
+    try:
+        yield
+    except OutputExistsError:
+        raise
+    except FileExistsError as exc:
+        raise OutputExistsError(f"{exc.filename} exists; pass --overwrite to replace it") from None
+    except OSError as exc:
+        if exc.errno in WRITE_FAILURE_ERRNOS:
+            raise OutputError(write_failure_message(exc.filename or "a file", exc)) from exc
+        raise
+
+
+def write_atomic(path: str | os.PathLike[str], write: Writer, *, overwrite: bool = True) -> None:
+    """`tiling.shared.atomic.write_atomic` with landcover's errors (`output_errors`)."""
+    with output_errors():
+        atomic.write_atomic(path, write, overwrite=overwrite)
+
+
+def write_bytes_atomic(
+    path: str | os.PathLike[str], data: bytes, *, overwrite: bool = True
+) -> None:
+    """`tiling.shared.atomic.write_bytes_atomic` with landcover's errors."""
+    with output_errors():
+        atomic.write_bytes_atomic(path, data, overwrite=overwrite)
+
+
+def write_text_atomic(
+    path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8", overwrite: bool = True
+) -> None:
+    """`tiling.shared.atomic.write_text_atomic` with landcover's errors."""
+    with output_errors():
+        atomic.write_text_atomic(path, text, encoding=encoding, overwrite=overwrite)
+
+
+def write_files_atomic(
+    files: Sequence[tuple[str | os.PathLike[str], Writer]],
+    *,
+    overwrite: bool,
+    modes: Mapping[Path, int | None] | None = None,
+) -> None:
+    """`tiling.shared.atomic.write_files_atomic` (all or nothing) with landcover's errors."""
+    with output_errors():
+        atomic.write_files_atomic(files, overwrite=overwrite, modes=modes)
+
+
+def publish(
+    tmp: str | os.PathLike[str], target: str | os.PathLike[str], *, overwrite: bool
+) -> None:
+    """`tiling.shared.atomic.publish` (a finished temp file put in place) with landcover's
+    errors."""
+    with output_errors():
+        atomic.publish(tmp, target, overwrite=overwrite)
+
+
+def write_failure_message(path: str | os.PathLike[str], exc: OSError) -> str:
+    """The one line for an output the file system refused (`exc`, one of
+    `WRITE_FAILURE_ERRNOS`): the path, the reason and the fix."""
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in FULL_ERRNOS:
+        fix = "free some space there or choose another output"
+    elif exc.errno == errno.EROFS:
+        fix = "choose an output on a writable file system"
+    else:
+        fix = "check its permissions or choose a writable directory"
+    return f"{path}: cannot write it ({reason}); {fix}"
+
+
+def _label(option: str | None, path: str | os.PathLike[str]) -> str:
+    return f"{option} {os.fspath(path)}" if option else os.fspath(path)
+
+
+def _probe(label: str, directory: Path) -> None:
+    """Create and remove a file in the nearest existing directory of `directory` and above:
+    permissions alone do not tell (root, read-only mounts, /proc)."""
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if not existing.is_dir():
+        raise OutputError(f"{label}: {existing} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".landcover.", suffix=".probe", dir=existing)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise OutputError(
+            f"{label}: cannot create files in {existing} ({reason}); choose a writable directory"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _same_file(a: str, b: str) -> bool:
+    from tiling.shared.urls import is_local, local_path  # zarr and fsspec: only when comparing
+
+    if not (is_local(a) and is_local(b)):
+        return a.rstrip("/") == b.rstrip("/")
+    first, second = local_path(a), local_path(b)
+    try:
+        if first.resolve() == second.resolve():
+            return True
+        return first.exists() and second.exists() and first.samefile(second)
+    except OSError:  # a symlink loop, an unreadable directory: compared as written
+        return os.path.abspath(first) == os.path.abspath(second)

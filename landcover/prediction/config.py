@@ -1,0 +1,127 @@
+"""`PredictConfig`: everything a prediction needs, and the one definition of the options of
+`landcover predict` that the library reads.
+
+Each field that is an option declares its flag and help (`tiling.shared.flags.option`); the
+command generates those click options from it (`PREDICT_OPTIONS`), adding only what is the
+command's own (output-URL callbacks, the narrower click types), and builds the config from the
+parsed values. The values the library cannot use are refused once, here, in the constructor
+(one line naming the option). Free of torch and GDAL, so that `landcover predict --help` and
+the `--nproc` parent do not import them; the region is parsed by the command
+(`landcover.prediction.region`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from landcover.cliconfig import OptionSpec, option_specs
+from landcover.errors import PredictionError
+from landcover.prediction.choices import (
+    DEFAULT_MAX_PIXELS,
+    RESOLUTION_LIMIT_FACTOR,
+    RESOLUTION_WARN_FACTOR,
+    Runtime,
+    TtaMode,
+)
+from tiling.shared.flags import flag, option
+
+if TYPE_CHECKING:
+    from landcover.prediction.region import Region
+
+__all__ = ["MIN_BLOCK_PX", "PREDICT_OPTIONS", "PredictConfig"]
+
+MIN_BLOCK_PX = 16
+
+
+@dataclass(frozen=True, slots=True)
+class PredictConfig:
+    """Everything `predict_region` needs; built by the CLI (or `landcover.api.predict`)."""
+
+    model: str = field(metadata=flag("MODEL"))
+    images: tuple[str, ...]  # IMAGES, resolved (globs, STAC items) by the command
+    out: str = field(
+        metadata=flag(
+            "--out",
+            "Output land-cover COG: a local path or an az:// URL; a directory (DIR/, with the "
+            "slash) for a tiled map product with --tile-size.",
+        )
+    )
+    region: Region | None = None  # None: the union of the images
+    dst_crs: str | None = option("--dst-crs", None, "Output CRS [default: the first image's].")
+    # in units of the output CRS; None: the model's
+    resolution: float | None = option(
+        "--resolution",
+        None,
+        "Output pixel size in --dst-crs units [default: the model's resolution]. More than "
+        f"{RESOLUTION_LIMIT_FACTOR:g}x coarser or finer than the model's is refused, more than "
+        f"{RESOLUTION_WARN_FACTOR:g}x warned about (the model sees objects at another scale "
+        "than it learnt); grids above --max-pixels are refused.",
+    )
+    overlap_px: int | None = option(  # None: a quarter of the model's chip size
+        "--overlap",
+        None,
+        "Window overlap in px, blended smoothly [default: a quarter of the model's chip].",
+    )
+    batch_size: int = option("--batch-size", 16, "Windows per batch.")
+    device: str = option("--device", "cpu", "auto, cpu, cuda, cuda:N.")
+    # what runs the model (landcover.prediction.runtime); checked where it loads
+    runtime: Runtime = option(
+        "--runtime",
+        "auto",
+        "What runs MODEL: torch (model.pt, TorchScript) or onnxruntime (an ONNX file from "
+        "`landcover export`); auto picks onnxruntime for *.onnx.",
+    )
+    # landcover.prediction.tta; checked before the model loads
+    tta: TtaMode = option(
+        "--tta",
+        "none",
+        "Test-time augmentation: average the logits over the 8 flips/rotations of the "
+        "square (--tta or --tta d4, 8x the model time) or the 4 flips (--tta flips, 4x).",
+    )
+    probabilities: str | None = option(
+        "--probabilities",
+        None,
+        "Also write per-class probabilities (uint8, scale 1/254, 255 = nodata) as a COG.",
+    )
+    overwrite: bool = False
+    block_px: int = option(
+        "--block-px",
+        2048,
+        "Output block edge in px; memory grows with its square, not with the region.",
+        deprecated=("--block-size",),
+    )
+    storage_options: Mapping[str, Any] = field(
+        default_factory=dict, metadata=flag("--storage-options")
+    )
+    progress: bool | None = None  # None: a progress bar when stderr is a terminal
+    max_pixels: int | None = option(  # refuse larger output grids; None: no limit
+        "--max-pixels",
+        DEFAULT_MAX_PIXELS,
+        f"Refuse an output grid with more pixels than this ({DEFAULT_MAX_PIXELS / 1e9:g} "
+        f"gigapixels: {DEFAULT_MAX_PIXELS**0.5 / 1000:g} x {DEFAULT_MAX_PIXELS**0.5 / 1000:g} "
+        "km at 1 m), before any work: a --resolution typo would otherwise fill the disk. Raise "
+        "it for larger regions.",
+    )
+    # Images without nodata or a mask: pixels 0 in every band are nodata (NAIP collars).
+    zero_is_nodata: bool = option(
+        "--zero-nodata",
+        True,
+        "In images that declare no nodata and have no mask, pixels 0 in all bands are "
+        "nodata (the black collar of reprojected NAIP). --no-zero-nodata keeps them as data.",
+        off="--no-zero-nodata",
+    )
+    # Read, infer and write in three overlapping threads; False: one block after another in
+    # this thread (the same bytes, slower: for comparisons and debugging).
+    pipeline: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise PredictionError(f"--batch-size {self.batch_size}: must be at least 1")
+        if self.block_px < MIN_BLOCK_PX:
+            raise PredictionError(f"--block-px {self.block_px} px: must be at least {MIN_BLOCK_PX}")
+
+
+# The fields that are options of `landcover predict`, by name.
+PREDICT_OPTIONS: Mapping[str, OptionSpec] = {o.name: o for o in option_specs(PredictConfig)}

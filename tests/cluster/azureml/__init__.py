@@ -1,0 +1,1 @@
+"""Tests of the azureml engine (`cluster.azureml`)."""

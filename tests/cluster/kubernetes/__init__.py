@@ -1,0 +1,1 @@
+"""Tests of the kubernetes engine (`cluster.kubernetes`)."""

@@ -1,0 +1,1 @@
+"""Tests of the slurm engine (`cluster.slurm`)."""

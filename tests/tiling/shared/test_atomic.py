@@ -1,0 +1,98 @@
+"""The shared atomic writer: the target appears only complete and durable (file and directory
+fsynced), a failed write leaves nothing, a refusal names the target."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tiling.shared.atomic import (
+    publish,
+    replaced_when_done,
+    text_writer,
+    write_files_atomic,
+    write_text_atomic,
+)
+
+
+def test_the_target_appears_only_when_the_write_completed(tmp_path: Path) -> None:
+    target = tmp_path / "scene.tif"
+    target.write_text("old")
+    with replaced_when_done(target) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith(".scene.tif.")
+        tmp.write_text("new")
+        assert target.read_text() == "old"
+    assert target.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["scene.tif"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "scene.tif"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt), replaced_when_done(target) as tmp:
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["scene.tif"]
+
+
+def test_a_full_disk_names_the_target_not_the_temporary_file(tmp_path: Path) -> None:
+    target = tmp_path / "scene.tif"
+    with (
+        pytest.raises(OSError, match=r"No space left on device") as info,
+        replaced_when_done(target) as tmp,
+    ):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_writer_fsyncs_the_file_then_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One durability policy: the GeoTIFF writer's context and the one-call writers alike."""
+    synced: list[Path] = []
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: synced.append(Path(f"/proc/self/fd/{fd}").readlink())
+    )
+    with replaced_when_done(tmp_path / "scene.tif") as tmp:
+        tmp.write_text("pixels")
+    write_text_atomic(tmp_path / "plan" / "job.sh", "#!/bin/sh\n", mode=0o755)
+    assert len(synced) == 4
+    assert synced[0].name.startswith(".scene.tif.") and synced[1] == tmp_path
+    assert synced[2].name.startswith(".job.sh.") and synced[3] == tmp_path / "plan"
+    assert stat.S_IMODE((tmp_path / "plan" / "job.sh").stat().st_mode) == 0o755
+
+
+def test_without_overwrite_a_file_that_appeared_is_kept_and_named(tmp_path: Path) -> None:
+    first, second = tmp_path / "plan.txt", tmp_path / "job.sh"
+    second.write_text("the user's")
+    with pytest.raises(FileExistsError) as info:
+        write_files_atomic(
+            [(first, text_writer("plan")), (second, text_writer("script"))], overwrite=False
+        )
+    assert info.value.filename == str(second)
+    assert second.read_text() == "the user's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sh"]  # plan.txt taken back
+
+
+def test_publish_puts_a_finished_file_in_place_and_names_the_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finished = tmp_path / ".part.tmp"
+    finished.write_text("part")
+    publish(finished, tmp_path / "part.bin")
+    assert (tmp_path / "part.bin").read_text() == "part" and not finished.exists()
+
+    def full(src: object, dst: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src))
+
+    finished.write_text("again")
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError, match="No space left") as info:
+        publish(finished, tmp_path / "part.bin")
+    assert info.value.filename == str(tmp_path / "part.bin")

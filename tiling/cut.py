@@ -1,0 +1,228 @@
+"""Tile's cut role: read a source's windows and turn them into encoded chips with their
+statistics, in input order, K windows at a time; and the units of work built on it.
+
+K worker threads each read one window of an image (GDAL decodes with the GIL released),
+align its labels, and cut, filter and count its chips; the caller takes the windows strictly
+in input order (sources in the order given, windows row-major), so what it appends or stages
+is the same for any K. Threads rather than processes: nothing has to be pickled, and
+adlfs/zarr event loops do not survive a fork.
+
+A `Cutter` holds the reader and the threads for one process. On top of it:
+`stage_owned` is a rank's whole job in a distributed run but rank 0's (cut the sources it
+owns and stage each as a part beside the store, `tiling.ranks`), and `stage_source` is the
+unit of work a task scheduler runs (`tiling.units`): cut one source and stage its part.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import rasterio.errors
+import rasterio.windows
+
+from tiling.chipstats import add_band_sums, count_classes
+from tiling.commit import stored_done_chips
+from tiling.config import TileConfig
+from tiling.errors import SourceFormatError
+from tiling.grid import ReadWindow
+from tiling.parts import build_part, part_key
+from tiling.plan import SourcePlan, TilePlan
+from tiling.rankplan import RankPlan, input_fingerprints
+from tiling.ranks import stage_rank
+from tiling.reader import RasterReader
+from tiling.shards import ChunkEncoder, EncodedChunk
+from tiling.staging import PartStaging
+from tiling.store import NUM_BANDS, SPLIT_TRAIN
+
+__all__ = ["Cutter", "WindowChips", "stage_owned", "stage_source"]
+
+
+@dataclass(slots=True)
+class WindowChips:
+    """Chips cut from one read window, compressed, with their statistics."""
+
+    images: list[EncodedChunk]
+    labels: list[EncodedChunk]
+    index: npt.NDArray[np.int32]
+    sums: npt.NDArray[np.uint64]  # (4,) over valid pixels of kept chips
+    sums_sq: npt.NDArray[np.uint64]
+    valid_px: int
+    class_counts: npt.NDArray[np.int64]
+    train: int
+    val: int
+    candidates: int
+
+
+class Cutter:
+    """Cuts the sources of `plan` with `workers` threads, `2 * workers` windows in flight,
+    until `close` (`with contextlib.closing(Cutter(...))`)."""
+
+    def __init__(
+        self, plan: TilePlan, storage_options: Mapping[str, Any] | None, workers: int
+    ) -> None:
+        self.plan, self.workers = plan, workers
+        self._reader = RasterReader(storage_options=storage_options)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tile")
+
+    def close(self) -> None:
+        """Wait for the windows under way, then close the reader."""
+        try:
+            self._pool.shutdown(wait=True)
+        finally:
+            self._reader.close()
+
+    def source(self, source: SourcePlan) -> Iterator[WindowChips]:
+        """The cut windows of one source, in order (`tiling.parts.CutSource`)."""
+        return self.windows([source])
+
+    def windows(self, sources: Sequence[SourcePlan]) -> Generator[WindowChips, None, None]:
+        """The cut windows of `sources`, in order; closing the generator cancels the windows
+        not started yet."""
+        tasks = [(source, window) for source in sources for window in source.windows]
+        plan, reader = self.plan, self._reader
+        return _in_order(
+            self._pool,
+            tasks,
+            lambda task: _cut_window(reader, plan, task[0], task[1]),
+            lookahead=2 * self.workers,
+        )
+
+
+def _in_order(
+    pool: ThreadPoolExecutor,
+    tasks: Sequence[Any],
+    fn: Callable[[Any], WindowChips],
+    *,
+    lookahead: int,
+) -> Generator[WindowChips, None, None]:
+    """Results of fn(task) in task order, with at most `lookahead` tasks in flight."""
+    pending: deque[Future[WindowChips]] = deque()
+    it = iter(tasks)
+    try:
+        for task in it:
+            pending.append(pool.submit(fn, task))
+            if len(pending) >= lookahead:
+                break
+        while pending:
+            result = pending.popleft().result()
+            for task in it:
+                pending.append(pool.submit(fn, task))
+                break
+            yield result
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _cut_window(
+    reader: RasterReader, plan: TilePlan, source: SourcePlan, window: ReadWindow
+) -> WindowChips:
+    """Read one window, align labels, and keep the chips with enough valid pixels."""
+    image = source.image
+    rio_window = rasterio.windows.Window(window.col_px, window.row_px, window.width, window.height)
+    try:
+        pixels, valid = reader.read_image(image, rio_window)
+        codes = (
+            reader.read_labels(image, rio_window, source.labels, plan.class_map)
+            if plan.class_map is not None
+            else None
+        )
+    except rasterio.errors.RasterioError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceFormatError(
+            f"{image.path}: cannot read pixels ({first}); re-download it or leave it out"
+        ) from None
+    if codes is not None and not valid.all():
+        np.multiply(codes, valid, out=codes)  # no label where the image has no data
+    c = plan.params.chip_size
+    min_valid_px = plan.params.min_valid * c * c
+    num_classes = plan.class_map.num_classes if plan.class_map else 0
+    encoder = ChunkEncoder(plan.params.compression_level)
+    sums = np.zeros(NUM_BANDS, dtype=np.uint64)
+    sums_sq = np.zeros(NUM_BANDS, dtype=np.uint64)
+    valid_px = 0
+    class_counts = np.zeros(num_classes, dtype=np.int64)
+    images: list[EncodedChunk] = []
+    labels: list[EncodedChunk] = []
+    rows: list[tuple[int, int, int, int]] = []
+    train = 0
+    for i, j in window.chips:
+        row, col = source.grid.chip_origin(i, j)
+        r, k = row - window.row_px, col - window.col_px
+        n_valid = int(np.count_nonzero(valid[r : r + c, k : k + c]))
+        if n_valid < min_valid_px:
+            continue
+        if codes is not None:
+            chip_codes = np.ascontiguousarray(codes[r : r + c, k : k + c])
+            if np.count_nonzero(chip_codes) < min_valid_px:
+                continue
+            class_counts += count_classes(chip_codes, num_classes)
+            labels.append(encoder.encode(chip_codes))
+        chip = np.ascontiguousarray(pixels[:, r : r + c, k : k + c])
+        add_band_sums(chip, sums, sums_sq)
+        valid_px += n_valid
+        images.append(encoder.encode(chip))
+        split = source.split_of(i, j)
+        train += split == SPLIT_TRAIN
+        rows.append((source.id, row, col, split))
+    return WindowChips(
+        images=images,
+        labels=labels,
+        index=np.array(rows, dtype=np.int32).reshape(-1, 4),
+        sums=sums,
+        sums_sq=sums_sq,
+        valid_px=valid_px,
+        class_counts=class_counts,
+        train=train,
+        val=len(rows) - train,
+        candidates=len(window.chips),
+    )
+
+
+def stage_owned(
+    work: RankPlan, cutter: Cutter, *, progress: Callable[[int], None] | None = None
+) -> int:
+    """A rank other than 0: cut the sources it owns and stage each as a part beside the
+    store (`tiling.ranks.stage_rank`), skipping those the store holds already; parts cut."""
+    config, plan = work.config, work.plan
+    if config.overwrite:
+        done: Callable[[], list[int]] = list  # the store is rebuilt: nothing in it counts
+    else:
+        digest = plan.params.digest()  # once: the store itself is asked afresh at each poll
+
+        def done() -> list[int]:
+            return stored_done_chips(config.out, digest, config.storage_options)
+
+    return stage_rank(
+        plan,
+        work.mine,
+        work.staging(),
+        cutter.source,
+        work.prints,
+        done_chips=done,
+        progress=progress,
+    )
+
+
+def stage_source(config: TileConfig, plan: TilePlan, source_id: int) -> int:
+    """Cut source `source_id` of `plan` and stage its part (kept when already staged whole
+    under the same key); the part's chips."""
+    source = plan.sources[source_id]
+    workers = config.effective_workers
+    prints = input_fingerprints(config, [source], [lab.path for lab in source.labels], workers)
+    key = part_key(plan.params, source, prints)
+    staging = PartStaging(config.out, config.storage_options)
+    staged = staging.get(source.id, key)
+    if staged is not None and staged.interior is None:
+        return staged.num_chips
+    with closing(Cutter(plan, config.storage_options, workers)) as cutter:
+        part = build_part(source.id, key, plan.num_classes, cutter.source(source))
+    staging.put(part)
+    return part.num_chips

@@ -1,0 +1,9 @@
+"""The shared layer: facts and mechanisms that tiling, cluster and landcover all use.
+
+One owner each for atomic writes (`atomic`), this machine's cores and GPUs (`machine`), the
+device a rank gets (`device`), the rank-environment contract (`rankenv`), storage URLs
+(`urls`), fingerprints of inputs (`fingerprint`), waiting for files (`polling`) and the
+command-line flag a config's field declares (`flags`).
+It imports nothing of tiling but itself and `tiling.errors`, never torch, and is cheap to
+import: the modules are imported by name (`from tiling.shared.atomic import ...`).
+"""
