@@ -184,10 +184,10 @@ CANDIDATES: dict[str, Candidate] = {
             "as small-jitter-60, 64 px chips (4x the chips, each a quarter of the pixels)",
         ),
         Candidate(
-            "small-jitter-60-chip256",
-            256,
-            recipe("small_unet", 60, jitter=0.2),
-            "as small-jitter-60, 256 px chips (a patch is one chip)",
+            "small-jitter-60-chip64-warmup5",
+            64,
+            recipe("small_unet", 60, jitter=0.2, warmup_epochs=5),
+            "as small-jitter-60, 64 px chips and 5 warm-up epochs",
         ),
     )
 }
