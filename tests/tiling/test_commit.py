@@ -18,9 +18,8 @@ import tiling.cut
 import tiling.ranks
 import tiling.stager
 import tiling.staging
+from tests.support.chipstores import config, snapshot
 from tests.tiling.rasters import Scenes
-from tests.tiling.test_store import snapshot
-from tests.tiling.test_tile import config
 from tiling.commit import assign_sources, check_rank, stored_done_chips
 from tiling.config import TileConfig
 from tiling.errors import StoreError, TilingError

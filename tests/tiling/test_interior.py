@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiling.test_store import chips, record, small_params, snapshot, write_source
+from tests.support.chipstores import chips, record, small_params, snapshot, write_source
 from tiling.commit import commit_part, placeable
 from tiling.errors import StoreError
 from tiling.interior import interior_shards, split_part

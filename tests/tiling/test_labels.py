@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rasterio.crs import CRS
 
+from tests.support.labels import pairwise_matches
 from tiling.classes import available_class_maps, get_class_map
 from tiling.errors import LabelError
 from tiling.labels import LabelIndex, footprint_in, label_codes
@@ -94,17 +95,6 @@ def raster(path: str, crs: CRS, x: float, y: float, size_m: float) -> RasterInfo
         width=int(size_m), count=1, dtype="uint8", nodata=None, block_shape=(1, 1),
         mask_kind="none",
     )  # fmt: skip
-
-
-def pairwise_matches(image: RasterInfo, labels: list[RasterInfo]) -> tuple[RasterInfo, ...]:
-    """The rule the index must give: every label whose bounds overlap the image's footprint
-    in that label's CRS, in the labels' order."""
-    hits = []
-    for lab in labels:
-        a, b = footprint_in(image, lab.crs), lab.bounds
-        if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
-            hits.append(lab)
-    return tuple(hits)
 
 
 @settings(max_examples=40, deadline=None)

@@ -8,26 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.chipstores import config, sample_part
 from tests.tiling.rasters import Scenes
-from tests.tiling.test_tile import config
-from tiling.parts import SourcePart, SourceTotals, decode_part, encode_part, part_key
+from tiling.parts import decode_part, encode_part, part_key
 from tiling.plan import plan_tiling
 from tiling.shared.fingerprint import Fingerprint
 from tiling.staged import staging_url
 from tiling.staging import PartStaging
-
-
-def sample_part(key: str = "k" * 24, *, labels: bool = True) -> SourcePart:
-    totals = SourceTotals(3, sums=[1, 2, 3, 2**70], sums_sq=[5, 6, 7, 8], valid_px=9)
-    totals.class_counts, totals.train, totals.val = [0, 4, 5], 2, 1
-    return SourcePart(
-        source_id=7,
-        key=key,
-        totals=totals,
-        images=[b"image-0", None, b"image-2"],
-        labels=[b"l0", b"l1", None] if labels else [],
-        index=[np.array([[7, 0, 0, 0], [7, 0, 64, 1]], np.int32), np.array([[7, 64, 0, 0]])],
-    )
 
 
 @pytest.mark.parametrize("labels", [True, False])

@@ -19,10 +19,9 @@ from rasterio.crs import CRS
 
 import tiling.plan
 import tiling.stager
+from tests.support.chipstores import config, snapshot
+from tests.support.labels import pairwise_matches
 from tests.tiling.rasters import Scenes
-from tests.tiling.test_labels import pairwise_matches
-from tests.tiling.test_store import snapshot
-from tests.tiling.test_tile import config
 from tiling.config import TileConfig
 from tiling.grid import chip_grid
 from tiling.labels import LabelIndex, footprint_in

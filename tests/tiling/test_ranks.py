@@ -8,8 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from tests.tiling.test_parts import sample_part
-from tests.tiling.test_store import small_params
+from tests.support.chipstores import sample_part, small_params
 from tiling.commit import PendingSource
 from tiling.parts import SourcePart, run_key
 from tiling.plan import SourcePlan

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.chipstores import config, interrupt_after_first_source
 from tests.tiling.rasters import Scenes
-from tests.tiling.test_tile import config, interrupt_after_first_source
 from tiling.errors import StoreExistsError
 from tiling.params import differences
 from tiling.resume import TILE_RERUN_MAY_CHANGE, TILE_RERUN_MUST_MATCH

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.tiling.test_store import chips, record, small_params, snapshot
+from tests.support.chipstores import chips, record, small_params, snapshot
 from tiling.params import create_arrays
 from tiling.resume import open_writer
 from tiling.shards import ChunkEncoder, decode_shard, encode_shard

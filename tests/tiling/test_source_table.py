@@ -11,7 +11,7 @@ import zarr
 from zarr.storage import LocalStore
 
 import tiling.resume
-from tests.tiling.test_store import chips, small_params, snapshot, write_source
+from tests.support.chipstores import chips, small_params, snapshot, write_source
 from tiling.errors import StoreCorruptError
 from tiling.resume import open_writer
 from tiling.source_table import read_records

@@ -12,6 +12,7 @@ import pystac
 import pytest
 import shapely.geometry
 
+from tests.support.chipstores import snapshot
 from tests.tiling.rasters import Scenes
 from tests.tiling.stacfiles import (
     raster_item,
@@ -19,7 +20,6 @@ from tests.tiling.stacfiles import (
     write_catalog,
     write_item_collection,
 )
-from tests.tiling.test_store import snapshot
 from tiling.errors import SourceFormatError, SourceNotFoundError, StorageAccessError
 from tiling.inputs import expand_inputs, resolve_inputs
 from tiling.stac import one_per_place

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from tests.azurite import Azurite
 from tests.multiprocess import free_port
+from tests.support.chipstores import chips, record, small_params, snapshot, write_source
 from tests.tiling.rasters import Scenes
 from tiling.errors import StorageAccessError, StoreCorruptError, StoreError, StoreExistsError
-from tiling.params import StoreParams
 from tiling.resume import open_writer
 from tiling.shared.urls import filesystem
 from tiling.store import (
@@ -32,7 +32,6 @@ from tiling.store import (
     FORMAT_VERSION,
     BandStats,
     ChipStore,
-    SourceRecord,
     assign_chips_to_ranks,
     load_shard_into_memory,
     open_store,
@@ -58,13 +57,6 @@ def tile_config(scenes: Scenes, out: str, options: Mapping[str, Any], **kw: Any)
     }
     base.update(kw)
     return TileConfig(**base)
-
-
-def snapshot(url: str, options: Mapping[str, Any]) -> dict[str, bytes]:
-    """Every object of a store, keyed by its path inside the store."""
-    fs, root = filesystem(url, options)
-    root = root.rstrip("/")
-    return {p[len(root) + 1 :]: fs.cat_file(p) for p in sorted(fs.find(root))}
 
 
 @pytest.fixture(scope="module")
@@ -306,54 +298,6 @@ def _zarr_store(url: str, options: Mapping[str, Any]) -> Any:
     from tiling.zarrstore import zarr_store
 
     return zarr_store(url, storage_options=options)
-
-
-def small_params(images: tuple[str, ...]) -> StoreParams:
-    from tiling.classes import get_class_map
-
-    return StoreParams(
-        chip_size=8,
-        stride=8,
-        shard_size=5,
-        class_map=get_class_map("chesapeake7to5"),
-        val_fraction=0.0,
-        min_valid=0.0,
-        split_block_chips=4,
-        compression_level=3,
-        images=images,
-        labels=("l",),
-    )
-
-
-def chips(n: int, *, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    images = rng.integers(1, 256, size=(n, 4, 8, 8), dtype=np.uint8)
-    labels = rng.integers(0, 5, size=(n, 8, 8), dtype=np.uint8)
-    index = np.stack([np.full(n, seed), np.arange(n), np.zeros(n), np.zeros(n)], 1)
-    return images, labels, index.astype(np.int32)
-
-
-def record(source_id: int) -> SourceRecord:
-    return SourceRecord(
-        id=source_id,
-        path=f"s{source_id}",
-        crs="",
-        transform=(1.0, 0.0, 0.0, 0.0, -1.0, 0.0),
-        shape=(80, 80),
-        start=0,
-        chips=0,
-        state="writing",
-    )
-
-
-def write_source(
-    writer: ChipStoreWriter, source_id: int, data: tuple[np.ndarray, np.ndarray, np.ndarray]
-) -> None:
-    writer.begin_source(record(source_id))
-    writer.append(*data)
-    writer.commit_source(
-        band_stats=BandStats(), class_counts=(0,) * 5, train_chips=len(data[0]), val_chips=0
-    )
 
 
 def interrupt_after_appends(monkeypatch: pytest.MonkeyPatch, n: int) -> None:

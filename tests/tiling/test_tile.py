@@ -13,8 +13,8 @@ from affine import Affine
 from pyproj import Transformer
 from rasterio.crs import CRS
 
+from tests.support.chipstores import config, interrupt_after_first_source, snapshot
 from tests.tiling.rasters import ALBERS, Scenes, write_nlcd_cover, write_raster
-from tests.tiling.test_store import snapshot
 from tiling.classes import get_class_map
 from tiling.errors import (
     LabelError,
@@ -27,36 +27,8 @@ from tiling.errors import (
 from tiling.grid import chip_offsets
 from tiling.store import ChipStore, open_store
 from tiling.tile import TileConfig, plan_tiling, tile
-from tiling.writer import ChipStoreWriter
 
 ALPHA_NIR = ("m_3211605_ne_11_060_20200415.tif", "m_4208701_ne_16_060_20200902.tif")
-
-
-def config(images: list[Path] | tuple[Path, ...], out: Path, **kw: Any) -> TileConfig:
-    base: dict[str, Any] = {
-        "images": tuple(str(p) for p in images),
-        "out": str(out),
-        "chip_size": 64,
-        "shard_size": 4,
-        "min_valid": 0.0,
-        "workers": 2,
-    }
-    base.update(kw)
-    return TileConfig(**base)
-
-
-def interrupt_after_first_source(cfg: TileConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run `tile(cfg)` as a process killed right after its first source was committed."""
-    real_commit = ChipStoreWriter.commit_source
-
-    def commit_then_crash(self: ChipStoreWriter, **kwargs: Any) -> Any:
-        record = real_commit(self, **kwargs)
-        raise RuntimeError(f"killed after source {record.id}")
-
-    monkeypatch.setattr(ChipStoreWriter, "commit_source", commit_then_crash)
-    with pytest.raises(RuntimeError, match="killed after source 0"):
-        tile(cfg)
-    monkeypatch.undo()
 
 
 def reassemble(store: ChipStore, source_id: int) -> np.ndarray:

@@ -29,7 +29,7 @@ from landcover.errors import TrainingError
 from landcover.scaling import sweep
 from tests.cluster.test_clusterjson import ACCOUNT_KEY, LEGACY_TUTORIAL
 from tests.conftest import REPO_ROOT, two_node_slurm_job
-from tests.landcover.cli.test_main import incomplete_copy, incomplete_store_error
+from tests.support.chipstores import incomplete_copy, incomplete_store_error
 from tests.support.slurm_testbed import SlurmTestbed
 from tiling.shared.machine import local_cpu_count
 

@@ -24,7 +24,7 @@ from tests.landcover.cli.test_predict import one_process as one_prediction  # no
 from tests.landcover.cli.test_tile_ranks import images as images
 from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa: F401
 from tests.landcover.cli.test_tile_ranks import run, tile_args
-from tests.tiling.test_store import snapshot
+from tests.support.chipstores import snapshot
 from tiling.staged import staging_url
 
 

@@ -21,7 +21,7 @@ from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa
 from tests.landcover.cli.test_tile_ranks import run, tile_args
 from tests.landcover.cli.test_tiled import tile_pixels
 from tests.landcover.prediction.inputs import pixels, write_image
-from tests.tiling.test_store import snapshot
+from tests.support.chipstores import snapshot
 
 pytestmark = [
     pytest.mark.slow,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from click.testing import CliRunner
 
 from landcover.cli import app as cli
 from landcover.errors import LandcoverError
-from tiling.store import ATTRS_KEY
+from tests.support.chipstores import incomplete_copy, incomplete_store_error
 
 
 def test_help_lists_every_stage() -> None:
@@ -66,27 +65,6 @@ def test_internal_error_is_one_line_exit_3_unless_verbose() -> None:
     assert "Traceback" not in result.output
     verbose = CliRunner().invoke(cli.main, ["-v", "boom", "--kind", "bug"])
     assert isinstance(verbose.exception, RuntimeError)
-
-
-def incomplete_copy(store: str, dest: Path) -> str:
-    """A copy of `store` as an interrupted tile command leaves it: its last source not done,
-    the store not complete."""
-    shutil.copytree(store, dest)
-    meta_path = dest / "zarr.json"
-    meta = json.loads(meta_path.read_text())
-    chips = meta["attributes"][ATTRS_KEY]
-    chips["complete"] = False
-    chips["source_chips"] = chips["source_chips"].rsplit(" ", 1)[0]  # the last one's commit
-    meta_path.write_text(json.dumps(meta))
-    return str(dest)
-
-
-def incomplete_store_error(url: str) -> str:
-    return (
-        f"error: {url}: the store is incomplete (tiling stopped after 1 source(s), 49 chips); "
-        "rerun the same `landcover tile` command to finish it, or pass --allow-incomplete to "
-        "train on the chips written so far\n"
-    )
 
 
 def test_train_refuses_an_incomplete_store_unless_allowed(tiny_store: str, tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ import tiling.stager
 from landcover.cli.app import main
 from tests.azurite import Azurite
 from tests.conftest import REPO_ROOT, two_node_slurm_job
+from tests.support.chipstores import snapshot
 from tests.support.slurm_testbed import SlurmTestbed
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tests.tiling.rasters import Scenes, make_scenes
-from tests.tiling.test_store import snapshot
 from tiling.shared.machine import cores_per_rank
 from tiling.staging import PartStaging
 
