@@ -25,6 +25,8 @@ OPTIONS = {o.name: o for o in option_specs(EvaluateConfig)}
 @click.command("evaluate")
 @config_option(OPTIONS["prediction"])
 @config_option(OPTIONS["truth"])
+@config_option(OPTIONS["reference"])
+@config_option(OPTIONS["reference_raster"])
 @config_option(OPTIONS["class_map"])
 @click.option(
     "--out",
@@ -46,7 +48,8 @@ OPTIONS = {o.name: o for o in option_specs(EvaluateConfig)}
 def evaluate_command(
     out_dir: str | None, panels: bool, as_json: bool, overwrite: bool, **options: Any
 ) -> None:
-    """Score PREDICTION (a land-cover raster) against truth rasters."""
+    """Score PREDICTION (a land-cover raster) against truth rasters, or estimate its class
+    areas and accuracies from a labelled stratified sample (--reference)."""
     from landcover.evaluation import check_report_target, evaluate_prediction, write_report
     from tiling.shared.urls import check_storage_options
 
@@ -56,6 +59,9 @@ def evaluate_command(
             "--out DIR or drop --overwrite"
         )
     config = EvaluateConfig(**options)
+    if config.reference is not None:
+        _evaluate_sample(config, out_dir, as_json=as_json, overwrite=overwrite)
+        return
     urls = [config.prediction, *config.truth, *([out_dir] if out_dir else [])]
     check_storage_options(urls, config.storage_options)
     if out_dir is not None:  # fail before the work, not after it
@@ -73,3 +79,26 @@ def evaluate_command(
         click.echo(json.dumps(evaluation.to_json(), indent=2))
     else:
         click.echo(evaluation.to_markdown(), nl=False)
+
+
+def _evaluate_sample(
+    config: EvaluateConfig, out_dir: str | None, *, as_json: bool, overwrite: bool
+) -> None:
+    """`--reference`: area and accuracy estimates from a labelled sample."""
+    from landcover.evaluation.areareport import (
+        area_markdown,
+        check_area_report_target,
+        write_area_report,
+    )
+    from landcover.evaluation.samplecompare import evaluate_sample
+
+    if out_dir is not None:  # fail before the work, not after it
+        check_area_report_target(out_dir, overwrite=overwrite)
+    evaluation = evaluate_sample(config)
+    if out_dir is not None:
+        for path in write_area_report(evaluation, out_dir, overwrite=overwrite):
+            logger.info("wrote %s", path)
+    if as_json:
+        click.echo(json.dumps(evaluation.to_json(), indent=2))
+    else:
+        click.echo(area_markdown(evaluation), nl=False)

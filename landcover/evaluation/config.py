@@ -24,10 +24,24 @@ class EvaluateConfig:
     """Everything `evaluate_prediction` needs; built by the CLI."""
 
     prediction: str = field(metadata=flag("PREDICTION"))
-    truth: tuple[str, ...] = field(
-        metadata=flag(
-            "--truth", "Truth raster(s): paths, globs or URLs; repeat the option for several."
-        )
+    truth: tuple[str, ...] = option(
+        "--truth",
+        (),
+        "Truth raster(s) covering the map: paths, globs or URLs; repeat the option for several.",
+    )
+    # a labelled sample instead of wall-to-wall truth (landcover.evaluation.samplecompare)
+    reference: str | None = option(
+        "--reference",
+        None,
+        "A labelled sample of the map (the .gpkg or .csv of `landcover sample`, its reference "
+        "column filled): area estimates with 95 % CIs and accuracies with standard errors "
+        "(Olofsson et al. 2014) instead of --truth.",
+    )
+    reference_raster: str | None = option(
+        "--reference-raster",
+        None,
+        "With --reference: read each point's reference from this truth raster (remapped with "
+        "--class-map) instead of the sample's reference column.",
     )
     # remap of the truth's raw codes; None: the prediction's
     class_map: str | None = option(
@@ -41,5 +55,18 @@ class EvaluateConfig:
     )
 
     def __post_init__(self) -> None:
+        if not self.truth and self.reference is None:
+            raise EvaluationError(
+                "nothing to score against: give --truth RASTER (wall-to-wall truth) or "
+                "--reference SAMPLE (a labelled `landcover sample`)"
+            )
+        if self.truth and self.reference is not None:
+            raise EvaluationError(
+                "--truth and --reference are two ways to score a map; give one of them"
+            )
+        if self.reference_raster is not None and self.reference is None:
+            raise EvaluationError(
+                "--reference-raster labels the points of a sample: add --reference SAMPLE"
+            )
         if self.block_px < 1:
             raise EvaluationError(f"block size {self.block_px} px: must be positive")
