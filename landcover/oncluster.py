@@ -43,7 +43,9 @@ def cluster_of(cluster: ClusterArg) -> tuple[ClusterSpec, Any]:
             f"cluster= takes a cluster.json path or a distributed.Client, got "
             f"{type(cluster).__name__}"
         )
-    from cluster.dask.client import worker_hosts
+    from cluster.dask.client import check_open, worker_hosts
+
+    check_open(cluster)
 
     per_host = Counter(worker_hosts(cluster).values())
     if not per_host:
@@ -110,14 +112,15 @@ def predict_on_cluster(config: PredictConfig, cluster: ClusterArg) -> PredictRes
     """Predict `config` as one rank per worker of the Dask cluster (each rank's share of the
     block rows is one task pinned to its worker; rank 0 assembles the output), and return
     rank 0's result."""
-    from cluster.dask.client import dask_client, worker_hosts
+    from cluster.dask.client import dask_client, wait_for_tasks, worker_hosts
     from cluster.dask.engine import assign_ranks
+    from cluster.dask.remote import run_capturing
     from landcover.prediction.runner import predict_region
 
     spec, client = cluster_of(cluster)
     _need_tasks(spec)
     embedded = client is None and spec.dask is not None and spec.dask.embedded
-    with dask_client(spec, client=client) as connected:
+    with dask_client(spec, client=client, ranks=True) as connected:
         dask: Any = connected
         places = assign_ranks(
             worker_hosts(dask),
@@ -128,6 +131,7 @@ def predict_on_cluster(config: PredictConfig, cluster: ClusterArg) -> PredictRes
         world = len(places)
         futures = [
             dask.submit(
+                run_capturing,
                 predict_region,
                 config,
                 rank=p.rank,
@@ -139,10 +143,8 @@ def predict_on_cluster(config: PredictConfig, cluster: ClusterArg) -> PredictRes
             )
             for p in places
         ]
-        try:
-            results = dask.gather(futures)
-        finally:
-            dask.cancel([f for f in futures if not f.done()])
+        # a rank's error is raised here as it was raised there (cluster.dask.remote)
+        results = wait_for_tasks(dask, futures, what="prediction ranks")
     result: PredictResult = results[0]
     return result
 

@@ -1,16 +1,20 @@
 """A client of the Dask cluster a spec names, and units of work run on it as tasks.
 
-`dask_client(spec)` starts the embedded LocalCluster (no `dask.scheduler`) and closes it at
-the end, or connects to the scheduler; a `distributed.Client` the caller already holds is used
-as it is and left open. `TaskRunner` runs a function over units of work (a source, a tile) as
-one task each: retried (a unit lost with its worker is redone elsewhere), followed by a
-progress bar on a terminal (or a log line per tenth), the rest cancelled when one fails or on
-Ctrl-C, results in unit order.
+`dask_client(spec)` starts the embedded LocalCluster (no `dask.scheduler`: at most one worker
+per core for tasks, no dashboard) and closes it at the end, or connects to the scheduler (a
+closed port is said at once); a `distributed.Client` the caller already holds is used as it
+is and left open (a closed one is one line). `TaskRunner` runs a function over units of work
+(a source, a tile) as one task each: retried when its worker is lost (the unit is redone
+elsewhere), followed by a progress bar on a terminal (or a log line per tenth), the rest
+cancelled when one fails or on Ctrl-C, results in unit order. A unit that raises is not
+retried: its exception is raised here as it was raised there (`cluster.dask.remote`), so the
+CLI says what one process says.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cluster.dask.remote import raise_failure, run_capturing
 from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.spec import ClusterSpec
 
@@ -44,10 +49,14 @@ def import_distributed() -> Any:
 
 @contextmanager
 def dask_client(
-    spec: ClusterSpec | None = None, *, client: Client | None = None
+    spec: ClusterSpec | None = None, *, client: Client | None = None, ranks: bool = False
 ) -> Iterator[Client]:
-    """A client for `spec`'s Dask cluster (see the module docstring), or `client` itself."""
+    """A client for `spec`'s Dask cluster (see the module docstring), or `client` itself.
+    `ranks`: the job runs one rank per worker (training, a one-COG prediction), so the
+    embedded LocalCluster needs all of targetNodeCount x processesPerNode workers; tasks
+    run on as many as this machine has cores (`DaskSpec.local_workers`)."""
     if client is not None:
+        check_open(client)
         yield client
         return
     distributed = import_distributed()
@@ -55,7 +64,7 @@ def dask_client(
 
     dask = (spec.dask if spec is not None else None) or DaskSpec()
     if dask.embedded:
-        workers = spec.workers if spec is not None else 1
+        workers = dask.local_workers(spec.workers if spec is not None else 1, ranks=ranks)
         with (
             _quiet_scheduler(),
             distributed.LocalCluster(
@@ -63,12 +72,17 @@ def dask_client(
                 threads_per_worker=dask.threads_per_worker or 1,
                 processes=True,
                 dashboard_address=None,
+                # distributed starts the dashboard's HTTP server on 0.0.0.0:8787 even with
+                # dashboard_address=None: no dashboard, its health routes on loopback only
+                scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
                 silence_logs=logging.ERROR,
             ) as cluster,
             distributed.Client(cluster) as local,
         ):
             yield local
         return
+    assert dask.scheduler is not None  # not embedded
+    check_reachable(dask.scheduler, timeout_s=dask.connect_timeout_s)
     try:
         remote = distributed.Client(dask.scheduler, timeout=dask.connect_timeout)
     except (OSError, TimeoutError) as exc:
@@ -79,6 +93,41 @@ def dask_client(
         ) from None
     with remote:
         yield remote
+
+
+def check_reachable(scheduler: str, *, timeout_s: float) -> None:
+    """One line at once when nothing listens at the scheduler's TCP address (connection
+    refused), or its host does not resolve or cannot be reached within `timeout_s`, instead of
+    the client retrying until its timeout and saying only that it timed out. Addresses of
+    other protocols (ucx://) are left to the client."""
+    from cluster.dask.section import DEFAULT_SCHEDULER_PORT, split_scheduler_address
+
+    protocol, host, port = split_scheduler_address(scheduler)
+    if protocol not in ("tcp", "tls", "ws", "wss"):
+        return
+    fix = "start it (`dask scheduler`) or fix dask.scheduler in cluster.json"
+    try:
+        with socket.create_connection((host, port or DEFAULT_SCHEDULER_PORT), timeout=timeout_s):
+            return
+    except ConnectionRefusedError:
+        reason = "connection refused: nothing listens on that port"
+    except socket.gaierror as exc:
+        reason = f"host {host!r} does not resolve: {exc.strerror or exc}"
+    except TimeoutError:
+        reason = f"no answer within {timeout_s:g} s"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    raise LaunchError(f"cannot reach the Dask scheduler at {scheduler} ({reason}); {fix}")
+
+
+def check_open(client: Any) -> None:
+    """One line for a `distributed.Client` that is closed (or closing): it can run nothing."""
+    status = getattr(client, "status", "running")
+    if status in ("closing", "closed"):
+        raise LaunchError(
+            f"the distributed.Client given is {status}: pass an open one "
+            "(distributed.Client(scheduler_address)) or a cluster.json path"
+        )
 
 
 @contextmanager
@@ -127,24 +176,64 @@ class TaskRunner:
         once (scattered), not with every task."""
         if not units:
             return []
-        distributed = import_distributed()
         batch = uuid.uuid4().hex[:8]
+        check_open(self.client)
         scattered = [self.client.scatter([value], hash=False)[0] for value in shared]
         futures = [
             self.client.submit(
-                fn, *scattered, unit, retries=self.retries, pure=False, key=f"{what}-{batch}-{i}"
+                run_capturing,
+                fn,
+                *scattered,
+                unit,
+                retries=self.retries,
+                pure=False,
+                key=f"{what}-{batch}-{i}",
             )
             for i, unit in enumerate(units)
         ]
-        try:
-            with _Progress(len(futures), what, self.show_progress) as advance:
-                for future in distributed.as_completed(futures):
-                    if future.status == "error":
-                        future.result()  # raises the task's own error
-                    advance()
-            return [future.result() for future in futures]
-        finally:  # failed, interrupted, or done: nothing of this batch keeps running
-            self.client.cancel([f for f in futures if not f.done()])
+        with _Progress(len(futures), what, self.show_progress) as advance:
+            results = wait_for_tasks(self.client, futures, what=what, on_done=advance)
+        return results
+
+
+def wait_for_tasks(
+    client: Any,
+    futures: Sequence[Any],
+    *,
+    what: str,
+    on_done: Callable[[], None] = lambda: None,
+) -> list[Any]:
+    """The results of `futures` (tasks of `run_capturing`), in their order. The first task
+    that fails raises here what it raised there (`cluster.dask.remote`); a task whose
+    workers all died running it, one line naming it. Failed, interrupted or done, nothing
+    of the batch keeps running."""
+    distributed = import_distributed()
+    try:
+        for future in distributed.as_completed(futures):
+            if future.status == "error":
+                _raise_task_error(future, futures, what)
+            raise_failure(future.result())
+            on_done()
+        return [future.result() for future in futures]
+    finally:
+        client.cancel([f for f in futures if not f.done()])
+
+
+def _raise_task_error(future: Any, futures: Sequence[Any], what: str) -> None:
+    """Raise the error Dask itself gave a task: one line for a task whose every worker died
+    (KilledWorker); anything else as it came."""
+    from distributed.scheduler import KilledWorker
+
+    error = future.exception()
+    if isinstance(error, KilledWorker):
+        index = list(futures).index(future)
+        last = getattr(error.last_worker, "address", error.last_worker)
+        raise LaunchError(
+            f"{what}: task {index + 1} of {len(futures)} ({error.task}) killed each of the "
+            f"{error.allowed_failures + 1} workers that ran it, the last {last}: see that "
+            "worker's log (out of memory? a crash in a native library?)"
+        ) from None
+    future.result()  # raises the task's error
 
 
 @contextmanager

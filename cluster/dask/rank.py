@@ -20,8 +20,11 @@ import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-# The Dask worker's address of a rank, for run.json (`landcover.distenv` reads it)
+# Exit statuses of the worker processes a nanny of this process watched (worker address →
+# status: negative for a signal), for the launch to say how a rank's worker died.
+_WORKER_EXITS: dict[str, int] = {}
 
 
 def free_port() -> int:
@@ -29,6 +32,36 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
         return int(probe.getsockname()[1])
+
+
+def watch_worker_exit(dask_worker: Any) -> None:
+    """Run on a nanny (`Client.run(..., nanny=True)`): remember its worker process's exit
+    status when that process ends (the nanny itself only logs it), for `worker_exit`."""
+    process = getattr(dask_worker, "process", None)
+    address = getattr(dask_worker, "worker_address", None)
+    if process is None or address is None or not hasattr(process, "on_exit"):
+        return
+    nanny_on_exit = process.on_exit
+
+    def remember(exitcode: int) -> None:
+        _WORKER_EXITS[address] = exitcode
+        nanny_on_exit(exitcode)
+
+    process.on_exit = remember
+
+
+def worker_exit(address: str, dask_worker: Any = None) -> int | None:
+    """Run on a nanny: the exit status of its (former) worker at `address`, if it ended."""
+    return _WORKER_EXITS.get(address)
+
+
+def death_of(exitcode: int | None) -> str:
+    """How a worker process ended, in words ("killed by signal 9")."""
+    if exitcode is None:
+        return "it left the Dask cluster"
+    if exitcode < 0:
+        return f"killed by signal {-exitcode}"
+    return f"its process exited with status {exitcode}"
 
 
 def run_rank(
