@@ -5,8 +5,6 @@ the test is skipped with the reason on one line)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,22 +68,3 @@ def require_emulated_nodes() -> None:
     reason = network_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-
-
-def two_node_slurm_job(testbed: SlurmTestbed, folder: Path) -> tuple[Path, dict[str, str]]:
-    """A slurm.json in `folder` for the testbed's two nodes (one rank each), and the
-    environment under which its nodes run this interpreter on this checkout (sbatch passes
-    the submitting environment on)."""
-    cluster_json = folder / "slurm.json"
-    cluster_json.write_text(
-        json.dumps(
-            {
-                "engine": "slurm",
-                "targetNodeCount": 2,
-                "processesPerNode": 1,
-                "slurm": {"timeLimit": "00:08:00", "socketInterface": testbed.interface},
-            }
-        )
-    )
-    path = f"{Path(sys.executable).parent}:{testbed.env['PATH']}"
-    return cluster_json, {**testbed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}

@@ -13,36 +13,11 @@ from cluster.errors import ClusterSpecError
 from cluster.slurm.section import SlurmSpec
 from cluster.spec import BlobMount, ElasticSpec, local_spec
 from tests.conftest import REPO_ROOT
+from tests.support.clusterspecs import ACCOUNT_KEY, LEGACY_TUTORIAL
 from tiling.shared.machine import local_cpu_count, local_gpu_count
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
-ACCOUNT_KEY = "c2VjcmV0LWFjY291bnQta2V5LWZvci10ZXN0cw=="
-
 # The shape of the original Batch AI tutorial's cluster.json.
-LEGACY_TUTORIAL: dict[str, Any] = {
-    "properties": {
-        "vmSize": "STANDARD_NC6",
-        "vmPriority": "dedicated",
-        "scaleSettings": {"manual": {"targetNodeCount": 2}},
-        "nodeSetup": {
-            "mountVolumes": {
-                "azureBlobFileSystems": [
-                    {
-                        "accountName": "landcoverdata",
-                        "containerName": "chips",
-                        "relativeMountPath": "bfs",
-                        "credentials": {"accountKey": ACCOUNT_KEY},
-                    }
-                ]
-            },
-            "setupTask": {
-                "commandLine": "pip install landcover",
-                "stdOutErrPathPrefix": "$AZ_BATCHAI_MOUNT_ROOT/bfs",
-            },
-        },
-    }
-}
-
 FLAT_TUTORIAL: dict[str, Any] = {
     "vmSize": "Standard_NC6",
     "vmPriority": "dedicated",

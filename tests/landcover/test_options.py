@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from landcover.cli.app import main
 from landcover.errors import OutputError
 from landcover.options import check_output_url
 from tests.landcover.evaluation.maps import TRUTH_RAW, write, write_prediction
 from tests.landcover.prediction.inputs import pixels, write_image, write_model
+from tests.support.cli import invoke
 
 # Every output of every command: (name, command line with {url} where the output goes, the
 # option the message names, whether the command writes az:// too). The inputs need not exist:
@@ -48,10 +48,6 @@ OUTPUTS: list[tuple[str, str, str, bool]] = [
 ]  # fmt: skip
 # az:// is what the remote outputs support; the rest no output does.
 SCHEMES = ("az://container/x", "s3://bucket/x", "http://host/x", "memory://x", "gs://bucket/x")
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def one_error_line(result: Result) -> str:

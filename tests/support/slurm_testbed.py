@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -50,6 +51,7 @@ from cluster.local.netns import (
     remove_by_prefix,
 )
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SLURM_PACKAGE = "slurm-wlm"
 _DAEMONS = ("slurmctld", "slurmd", "srun", "sinfo", "scontrol")
 _APT_TIMEOUT_S = 300.0
@@ -336,6 +338,25 @@ def remove_testbed(prefix: str) -> list[str]:
         shutil.rmtree(state_dir, ignore_errors=True)
         removed.append(str(state_dir))
     return removed
+
+
+def two_node_slurm_job(testbed: SlurmTestbed, folder: Path) -> tuple[Path, dict[str, str]]:
+    """A slurm.json in `folder` for the testbed's two nodes (one rank each), and the
+    environment under which its nodes run this interpreter on this checkout (sbatch passes
+    the submitting environment on)."""
+    cluster_json = folder / "slurm.json"
+    cluster_json.write_text(
+        json.dumps(
+            {
+                "engine": "slurm",
+                "targetNodeCount": 2,
+                "processesPerNode": 1,
+                "slurm": {"timeLimit": "00:08:00", "socketInterface": testbed.interface},
+            }
+        )
+    )
+    path = f"{Path(sys.executable).parent}:{testbed.env['PATH']}"
+    return cluster_json, {**testbed.env, "PATH": path, "PYTHONPATH": str(REPO_ROOT)}
 
 
 def main(argv: list[str] | None = None) -> int:

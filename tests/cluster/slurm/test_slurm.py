@@ -26,8 +26,8 @@ from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.slurm import engine as slurm
 from cluster.slurm.plan import SCRIPT_NAME, SlurmPlan
 from tests.cluster.fake_worker import fake_job
-from tests.cluster.slurm.test_slurmplan import SECRET, slurm_plan
 from tests.conftest import REPO_ROOT
+from tests.support.clusterspecs import SECRET, slurm_plan
 from tests.support.slurm_testbed import SlurmTestbed
 
 # ----------------------------------------------------------------------------- launching, offline

@@ -3,16 +3,14 @@ job's secrets stay out of it and out of the plan."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import plan_job
 from cluster.slurm.plan import SCRIPT_NAME, SlurmPlan
 from tests.cluster.fake_worker import fake_job
+from tests.support.clusterspecs import SECRET, slurm_plan
 
-SECRET = "c2VjcmV0LXNsdXJtLWFjY291bnQta2V5"
-SECRET_ENV = {"LANDCOVER_STORAGE_OPTIONS": json.dumps({"account_key": SECRET})}
 FULL_SLURM = {
     "partition": "gpu",
     "account": "proj-42",
@@ -23,18 +21,6 @@ FULL_SLURM = {
     "extraDirectives": ["--exclusive", "#SBATCH --mem=0"],
     "socketInterface": "ib0",
 }
-
-
-def slurm_plan(
-    run_dir: Path, section: dict[str, object] | None = None, **spec: object
-) -> SlurmPlan:
-    document = {"engine": "slurm", "targetNodeCount": 2, **spec}
-    if section is not None:
-        document["slurm"] = section
-    job = fake_job("/shared/chips.zarr", str(run_dir), "--epochs", "3", secret_env=SECRET_ENV)
-    plan = plan_job(parse_cluster_spec(document), job)
-    assert isinstance(plan, SlurmPlan)
-    return plan
 
 
 def directives(script: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from cluster.azureml import engine as azureml
 from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
@@ -27,43 +27,21 @@ from landcover.cli.cluster import train_argv
 from landcover.cli.train import worker_command
 from landcover.errors import TrainingError
 from landcover.scaling import sweep
-from tests.cluster.test_clusterjson import ACCOUNT_KEY, LEGACY_TUTORIAL
-from tests.conftest import REPO_ROOT, two_node_slurm_job
+from tests.conftest import REPO_ROOT
 from tests.support.chipstores import incomplete_copy, incomplete_store_error
-from tests.support.slurm_testbed import SlurmTestbed
+from tests.support.cli import invoke
+from tests.support.clusterspecs import (
+    ACCOUNT_KEY,
+    AZUREML_SPEC,
+    KUBERNETES_SPEC,
+    write_json,
+)
+from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
 from tiling.shared.machine import local_cpu_count
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 FAKE_WORKER = "tests.cluster.fake_worker"
 SAS_SIG = "c2lnbmF0dXJlLW9mLXRoZS1zYXMtdG9rZW4"
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
-
-
-def write_json(path: Path, document: dict[str, Any]) -> Path:
-    path.write_text(json.dumps(document))
-    return path
-
-
-AZUREML_SPEC: dict[str, Any] = {
-    **LEGACY_TUTORIAL,
-    "engine": "azureml",
-    "azureml": {
-        "subscriptionId": "00000000-0000-0000-0000-000000000000",
-        "resourceGroup": "rg",
-        "workspace": "ws",
-        "image": "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest",
-    },
-}
-KUBERNETES_SPEC: dict[str, Any] = {
-    "engine": "kubernetes",
-    "vmSize": "Standard_NC12s_v3",
-    "targetNodeCount": 2,
-    "elastic": {"maxRestarts": 1},
-    "kubernetes": {"image": "myregistry.azurecr.io/landcover:1"},
-}
 
 
 @pytest.mark.parametrize(

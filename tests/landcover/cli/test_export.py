@@ -10,12 +10,12 @@ from typing import Any
 import onnx
 import pytest
 import torch
-from click.testing import CliRunner, Result
+from click.testing import Result
 from onnx import TensorProto, helper
 
-from landcover.cli.app import main
 from tests.landcover.prediction.inputs import write_model
 from tests.landcover.prediction.test_runtime import write_torchscript
+from tests.support.cli import invoke
 
 NEWEST_OPSET = int(onnx.defs.onnx_opset_version())
 
@@ -23,10 +23,6 @@ NEWEST_OPSET = int(onnx.defs.onnx_opset_version())
 @pytest.fixture(scope="module")
 def model_pt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(tmp_path_factory.mktemp("export-cli") / "model.pt", seed=3)
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def error_line(result: Result) -> str:

@@ -25,24 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from landcover.cli.app import main
 from landcover.scaling import sweep
-from tests.landcover.cli.test_cluster import AZUREML_SPEC
 from tests.landcover.evaluation.maps import TRUTH_RAW, write, write_prediction
 from tests.landcover.prediction.inputs import pixels, write_image, write_model
 from tests.landcover.scaling.runfiles import write_run
 from tests.landcover.scaling.test_sweep import FakeLaunch
 from tests.landcover.tuning.stand_in_worker import replace_trainer
+from tests.support.cli import invoke
+from tests.support.clusterspecs import AZUREML_SPEC
 
 FAKE_WORKER = "tests.cluster.fake_worker"
 LOCAL_SPEC = {"name": "one", "engine": "local", "vmSize": "local", "targetNodeCount": 1}
 USER_TEXT = "the user's own file\n"
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 @dataclass(frozen=True)

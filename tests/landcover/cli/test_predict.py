@@ -13,9 +13,8 @@ import shapely
 from click.testing import CliRunner, Result
 
 from landcover.cli.app import main
-from tests.conftest import two_node_slurm_job
 from tests.landcover.prediction.inputs import UTM18, pixels, write_image, write_model
-from tests.support.slurm_testbed import SlurmTestbed
+from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
-from landcover.cli.app import main
 from landcover.cli.stagejob import RANK_FLAG, StageError, rank_argv, stage_job
 from landcover.options import STORAGE_OPTIONS_ENV
-from tests.cluster.test_clusterjson import ACCOUNT_KEY
 from tests.conftest import REPO_ROOT
-from tests.landcover.cli.test_cluster import AZUREML_SPEC, KUBERNETES_SPEC, write_json
+from tests.support.cli import invoke
+from tests.support.clusterspecs import ACCOUNT_KEY, AZUREML_SPEC, KUBERNETES_SPEC, write_json
 
 SECRET_OPTIONS = json.dumps({"account_name": "acct", "account_key": ACCOUNT_KEY})
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from click.testing import CliRunner, Result
 import tiling.stager
 from landcover.cli.app import main
 from tests.azurite import Azurite
-from tests.conftest import REPO_ROOT, two_node_slurm_job
+from tests.conftest import REPO_ROOT
 from tests.support.chipstores import snapshot
-from tests.support.slurm_testbed import SlurmTestbed
+from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tests.tiling.rasters import Scenes, make_scenes
 from tiling.shared.machine import cores_per_rank

@@ -13,18 +13,13 @@ from pathlib import Path
 
 import optuna
 import pytest
-from click.testing import CliRunner, Result
 
-from landcover.cli.app import main
 from landcover.training import TrainConfig
 from tests.conftest import REPO_ROOT
 from tests.landcover.tuning.stand_in_worker import ENTRY_MODULE, replace_trainer, val_miou
+from tests.support.cli import invoke
 
 SPACE = "lr=1e-4:1e-2:log,loss=ce|ce+dice"
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def test_prints_the_table_and_the_best_trial(
@@ -139,7 +134,7 @@ REFUSED_VALUES = [
     ("batch_size=8:1000", "--space batch_size=8:1000: 69 train chips over 1 workers give 69 "
      "chips per worker, fewer than --batch-size 1000; use a smaller batch or fewer workers"),
     ("pretrained=none|imagenet", "--space pretrained=none|imagenet: small_unet has no "
-     "pretrained weights; use pretrained=None"),
+     "pretrained weights; leave out --pretrained"),
     ("block_momentum=true|false,compression=none|fp16", "--space block_momentum=true|false,"
      "compression=none|fp16: block_momentum=true with compression=fp16: --compression fp16 "
      "compresses DDP gradients but --block-momentum averages models instead; use one of them"),
