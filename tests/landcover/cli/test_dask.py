@@ -18,13 +18,8 @@ import pytest
 import torch
 
 import landcover
-from tests.landcover.cli.test_predict import cog_bytes, predict_args
-from tests.landcover.cli.test_predict import inputs as inputs
-from tests.landcover.cli.test_predict import one_process as one_prediction  # noqa: F401
-from tests.landcover.cli.test_tile_ranks import images as images
-from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa: F401
-from tests.landcover.cli.test_tile_ranks import run, tile_args
 from tests.support.chipstores import snapshot
+from tests.support.stageruns import cog_bytes, predict_args, run, tile_args, tile_pixels
 from tiling.staged import staging_url
 
 
@@ -70,7 +65,7 @@ def test_plan_says_what_runs_where(dask_json: Path, images: Path, tmp_path: Path
 def test_tile_as_tasks_writes_the_bytes_of_one_process(
     dask_json: Path,
     images: Path,
-    one_store: Path,  # noqa: F811
+    one_store: Path,
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "tasks.zarr"
@@ -83,12 +78,12 @@ def test_tile_as_tasks_writes_the_bytes_of_one_process(
 
 def test_predict_on_the_workers_writes_the_bytes_of_one_process(
     dask_json: Path,
-    inputs: tuple[Path, Path, Path],
-    one_prediction: tuple[Path, str],  # noqa: F811
+    predict_inputs: tuple[Path, Path, Path],
+    one_prediction: tuple[Path, str],
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "lc.tif"
-    result = run("cluster", "launch", str(dask_json), "--", *predict_args(inputs, out))
+    result = run("cluster", "launch", str(dask_json), "--", *predict_args(predict_inputs, out))
     assert result.exit_code == 0, result.output
     assert cog_bytes(out) == cog_bytes(one_prediction[0])
 
@@ -96,8 +91,8 @@ def test_predict_on_the_workers_writes_the_bytes_of_one_process(
 def test_the_python_api_tiles_and_predicts_on_a_client(
     client: Any,
     images: Path,
-    inputs: tuple[Path, Path, Path],
-    one_prediction: tuple[Path, str],  # noqa: F811
+    predict_inputs: tuple[Path, Path, Path],
+    one_prediction: tuple[Path, str],
     tmp_path: Path,
 ) -> None:
     options: dict[str, Any] = {"chip_size": 64, "shard_size": 3, "workers": 1}
@@ -109,7 +104,7 @@ def test_the_python_api_tiles_and_predicts_on_a_client(
     )
     assert there.summary.num_chips == here.summary.num_chips > 0
     assert snapshot(str(tmp_path / "there.zarr"), {}) == snapshot(str(tmp_path / "here.zarr"), {})
-    scene, model, region = inputs
+    scene, model, region = predict_inputs
     out = tmp_path / "lc.tif"
     probabilities = str(out.with_suffix(".p.tif"))
     result = landcover.predict(
@@ -180,7 +175,6 @@ def test_a_failing_rank_is_one_line(dask_json: Path, tmp_path: Path) -> None:
 def test_a_tiled_predict_runs_a_task_per_tile_and_writes_the_tiles_of_one_process(
     dask_json: Path, client: Any, tmp_path: Path
 ) -> None:
-    from tests.landcover.cli.test_tiled import tile_pixels
     from tests.landcover.prediction.inputs import pixels, write_image, write_model
 
     scene = write_image(tmp_path / "scene.tif", pixels(75, 90, seed=1))

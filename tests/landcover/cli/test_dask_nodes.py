@@ -16,12 +16,9 @@ import rasterio
 
 from cluster.local.netns import network_unavailable_reason
 from tests.cluster.dasknodes import DaskNodes, dask_nodes
-from tests.landcover.cli.test_tile_ranks import images as images
-from tests.landcover.cli.test_tile_ranks import one_process as one_store  # noqa: F401
-from tests.landcover.cli.test_tile_ranks import run, tile_args
-from tests.landcover.cli.test_tiled import tile_pixels
 from tests.landcover.prediction.inputs import pixels, write_image
 from tests.support.chipstores import snapshot
+from tests.support.stageruns import run, tile_args, tile_pixels
 
 pytestmark = [
     pytest.mark.slow,
@@ -77,7 +74,7 @@ def wait_for_two_workers(scheduler: str) -> None:
 def test_a_worker_killed_mid_tile_leaves_the_store_of_one_process(
     nodes: tuple[DaskNodes, Path],
     images: Path,
-    one_store: Path,  # noqa: F811
+    one_store: Path,
     tmp_path: Path,
 ) -> None:
     _, folder = nodes

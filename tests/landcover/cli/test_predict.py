@@ -4,75 +4,21 @@ a one-process run (the library's protocol is tested in tests/landcover/predictio
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
-import shapely
-from click.testing import CliRunner, Result
 
-from landcover.cli.app import main
-from tests.landcover.prediction.inputs import UTM18, pixels, write_image, write_model
 from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """A 75 x 90 px scene, a small_unet model file and a triangle region cutting its blocks."""
-    folder = tmp_path_factory.mktemp("predict-ranks")
-    scene = write_image(folder / "scene.tif", pixels(75, 90, seed=1))
-    model = write_model(folder / "model.pt", seed=7)
-    triangle = shapely.Polygon(
-        [(500_003.0, 3_999_990.0), (500_085.0, 3_999_930.0), (500_010.0, 3_999_928.0)]
-    )
-    region = folder / "tri.geojson"
-    region.write_text(
-        json.dumps(
-            {
-                "type": "Feature",
-                "crs": {"type": "name", "properties": {"name": UTM18}},
-                "properties": {},
-                "geometry": shapely.geometry.mapping(triangle),
-            }
-        )
-    )
-    return scene, model, region
-
-
-def predict_args(inputs: tuple[Path, Path, Path], out: Path, *extra: str) -> list[str]:
-    scene, model, region = inputs
-    return [
-        "predict", str(model), str(scene), "--out", str(out), "--region", str(region),
-        "--probabilities", str(out.with_suffix(".p.tif")), "--block-px", "16",
-        "--batch-size", "3", "--device", "cpu", *extra,
-    ]  # fmt: skip
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner(env=env).invoke(main, list(args))
-
-
-def cog_bytes(out: Path) -> tuple[bytes, bytes]:
-    return out.read_bytes(), out.with_suffix(".p.tif").read_bytes()
+from tests.support.stageruns import cog_bytes, predict_args, run
 
 
 def without_time(line: str) -> str:
     return re.sub(r" in [0-9.]+ s$", "", line)
 
 
-@pytest.fixture(scope="module")
-def one_process(
-    inputs: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("one") / "lc.tif"
-    result = run(*predict_args(inputs, out))
-    assert result.exit_code == 0, result.output
-    return out, result.output.splitlines()[0]
-
-
 def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
-    inputs: tuple[Path, Path, Path], one_process: tuple[Path, str], tmp_path: Path
+    predict_inputs: tuple[Path, Path, Path], one_prediction: tuple[Path, str], tmp_path: Path
 ) -> None:
     """`--rank-from-env` as an engine runs it (here rank 1, then rank 0, in this process)."""
     out = tmp_path / "lc.tif"
@@ -83,45 +29,45 @@ def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
         "MASTER_PORT": "29500",
         "LANDCOVER_ERROR_DIR": str(tmp_path),
     }
-    second = run(*predict_args(inputs, out, "--rank-from-env"), env={**env, "RANK": "1"})
+    second = run(*predict_args(predict_inputs, out, "--rank-from-env"), env={**env, "RANK": "1"})
     assert second.exit_code == 0, second.output
     assert second.output == ""  # rank 0 speaks for the job
     assert any(p.suffix == ".json" for p in Path(f"{out}.parts").iterdir())
-    first = run(*predict_args(inputs, out, "--rank-from-env"), env={**env, "RANK": "0"})
+    first = run(*predict_args(predict_inputs, out, "--rank-from-env"), env={**env, "RANK": "0"})
     assert first.exit_code == 0, first.output
     summary = [line for line in first.output.splitlines() if line.startswith("wrote ")]
     assert without_time(summary[0]) == without_time(
-        one_process[1].replace(str(one_process[0]), str(out))
+        one_prediction[1].replace(str(one_prediction[0]), str(out))
     )
-    assert cog_bytes(out) == cog_bytes(one_process[0])
+    assert cog_bytes(out) == cog_bytes(one_prediction[0])
     assert not Path(f"{out}.parts").exists()
 
 
 @pytest.mark.slow
 def test_nproc_2_writes_the_bytes_of_one_process(
-    inputs: tuple[Path, Path, Path], one_process: tuple[Path, str], tmp_path: Path
+    predict_inputs: tuple[Path, Path, Path], one_prediction: tuple[Path, str], tmp_path: Path
 ) -> None:
     out = tmp_path / "lc.tif"
-    result = run(*predict_args(inputs, out, "--nproc", "2", "--no-quicklook"))
+    result = run(*predict_args(predict_inputs, out, "--nproc", "2", "--no-quicklook"))
     assert result.exit_code == 0, result.output
-    assert cog_bytes(out) == cog_bytes(one_process[0])
+    assert cog_bytes(out) == cog_bytes(one_prediction[0])
     summary = [line for line in result.output.splitlines() if line.startswith("wrote ")]
     # rank 0's lines, printed once, by the parent: the one-process lines
     assert len(summary) == 2 and summary == result.stdout.splitlines()[-2:]
     assert without_time(summary[0]) == without_time(
-        one_process[1].replace(str(one_process[0]), str(out))
+        one_prediction[1].replace(str(one_prediction[0]), str(out))
     )
     assert summary[1] == f"wrote {out.with_suffix('.p.tif')}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lc.p.tif", "lc.tif"]
 
 
 def test_nproc_refuses_an_existing_output_as_one_process_does(
-    inputs: tuple[Path, Path, Path], tmp_path: Path
+    predict_inputs: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "lc.tif"
     out.write_bytes(b"keep")
-    result = run(*predict_args(inputs, out, "--nproc", "2"))
-    one = run(*predict_args(inputs, out))
+    result = run(*predict_args(predict_inputs, out, "--nproc", "2"))
+    one = run(*predict_args(predict_inputs, out))
     assert result.exit_code == one.exit_code != 0
     assert result.output == one.output
     assert f"{out} exists; pass --overwrite" in result.output
@@ -132,8 +78,8 @@ def test_nproc_refuses_an_existing_output_as_one_process_does(
 @pytest.mark.timeout(600)
 def test_cluster_launch_predicts_across_two_slurm_nodes(
     slurm_testbed: SlurmTestbed,
-    inputs: tuple[Path, Path, Path],
-    one_process: tuple[Path, str],
+    predict_inputs: tuple[Path, Path, Path],
+    one_prediction: tuple[Path, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -143,9 +89,9 @@ def test_cluster_launch_predicts_across_two_slurm_nodes(
     cluster_json, env = two_node_slurm_job(slurm_testbed, tmp_path)
     out = tmp_path / "slurm" / "lc.tif"
     result = run(
-        "cluster", "launch", str(cluster_json), "--wait", "--", *predict_args(inputs, out),
+        "cluster", "launch", str(cluster_json), "--wait", "--", *predict_args(predict_inputs, out),
         env=env,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert cog_bytes(out) == cog_bytes(one_process[0])
+    assert cog_bytes(out) == cog_bytes(one_prediction[0])
     assert not Path(f"{out}.parts").exists()

@@ -4,21 +4,18 @@ real SLURM cluster, each store compared byte for byte with a one-process run."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import rasterio
-from click.testing import CliRunner, Result
 
 import tiling.stager
-from landcover.cli.app import main
 from tests.azurite import Azurite
 from tests.conftest import REPO_ROOT
 from tests.support.chipstores import snapshot
 from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
+from tests.support.stageruns import run, tile_args
 from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
-from tests.tiling.rasters import Scenes, make_scenes
 from tiling.shared.machine import cores_per_rank
 from tiling.staging import PartStaging
 
@@ -38,39 +35,8 @@ PartStaging.put = put_then_die
 """
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Four small scenes (two generated, two copies) in one folder."""
-    scenes: Scenes = make_scenes(tmp_path_factory.mktemp("rank-scenes"))
-    folder = scenes.root / "four"
-    folder.mkdir()
-    for name, src in zip("abcd", [*scenes.images, *scenes.images], strict=True):
-        shutil.copy(src, folder / f"{name}.tif")
-    return folder
-
-
-def tile_args(images: Path, out: Path | str, *extra: str) -> list[str]:
-    return [
-        "tile", str(images / "*.tif"), "--labels", str(images.parent / "nlcd"),
-        "--class-map", "nlcd", "--out", str(out), "--chip-size", "64", "--shard-size", "3",
-        "--min-valid", "0.3", "--val-fraction", "0.2", "--workers", "1", *extra,
-    ]  # fmt: skip
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner(env=env).invoke(main, list(args))
-
-
-@pytest.fixture(scope="module")
-def one_process(images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("one") / "one.zarr"
-    result = run(*tile_args(images, out))
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
-    images: Path, one_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    images: Path, one_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--rank-from-env` as an engine runs it (here one rank after the other, in process)."""
     monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)  # no rank 0 to count its sources
@@ -87,17 +53,17 @@ def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
     assert "from 4 sources in " in first.stdout
     assert first.stdout.rstrip().endswith("with 2 ranks x 1 workers")
     assert "committed 4 parts" in first.stderr  # its log, at INFO
-    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert snapshot(str(out), {}) == snapshot(str(one_store), {})
 
 
 @pytest.mark.slow
 def test_nproc_2_writes_the_bytes_of_one_process(
-    images: Path, one_process: Path, tmp_path: Path
+    images: Path, one_store: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "two.zarr"
     result = run(*tile_args(images, out, "--nproc", "2"))
     assert result.exit_code == 0, result.output
-    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert snapshot(str(out), {}) == snapshot(str(one_store), {})
     assert not Path(f"{out}.parts").exists()
     summary_lines = [line for line in result.output.splitlines() if line.startswith("wrote ")]
     assert len(summary_lines) == 1  # rank 0's line, printed once, by the parent
@@ -159,7 +125,7 @@ def test_nproc_2_warns_about_an_input_once(images: Path, tmp_path: Path) -> None
 @pytest.mark.slow
 @pytest.mark.parametrize("rerun", [["--nproc", "2"], []], ids=["two-ranks", "one-process"])
 def test_a_rank_killed_midway_then_a_rerun_equals_the_uninterrupted_store(
-    images: Path, one_process: Path, tmp_path: Path, rerun: list[str]
+    images: Path, one_store: Path, tmp_path: Path, rerun: list[str]
 ) -> None:
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -171,7 +137,7 @@ def test_a_rank_killed_midway_then_a_rerun_equals_the_uninterrupted_store(
     assert "000001" in staged  # rank 1's first part survived its death
     done = run(*tile_args(images, out, *rerun))
     assert done.exit_code == 0, done.output
-    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert snapshot(str(out), {}) == snapshot(str(one_store), {})
     assert not Path(f"{out}.parts").exists()
 
 
@@ -197,7 +163,7 @@ def test_nproc_2_to_an_az_url_gives_the_ranks_the_storage_options(
 def test_cluster_launch_tiles_across_two_slurm_nodes(
     slurm_testbed: SlurmTestbed,
     images: Path,
-    one_process: Path,
+    one_store: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -210,7 +176,7 @@ def test_cluster_launch_tiles_across_two_slurm_nodes(
         "cluster", "launch", str(cluster_json), "--wait", "--", *tile_args(images, out), env=env
     )
     assert result.exit_code == 0, result.output
-    assert snapshot(str(out), {}) == snapshot(str(one_process), {})
+    assert snapshot(str(out), {}) == snapshot(str(one_store), {})
     assert not Path(f"{out}.parts").exists()
     logs = sorted((tmp_path / "slurm-logs" / "landcover").glob("job-*-rank-*.log"))
     assert len(logs) == 2  # one rank per node

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-import rasterio
 from click.testing import CliRunner, Result
 
 from landcover.cli.app import main
 from tests.landcover.prediction.inputs import pixels, write_image, write_model
+from tests.support.stageruns import tile_pixels
 
 LOCAL_SPEC = {
     "name": "two",
@@ -43,14 +43,6 @@ def predict_args(inputs: tuple[Path, Path], out: str, *extra: str) -> list[str]:
 
 def run(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
-
-
-def tile_pixels(folder: Path) -> dict[str, bytes]:
-    pixels = {}
-    for tif in sorted(folder.glob("E*_N*.tif")):
-        with rasterio.open(tif) as ds:
-            pixels[tif.name] = ds.read().tobytes()
-    return pixels
 
 
 @pytest.mark.parametrize(

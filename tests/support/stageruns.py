@@ -1,0 +1,56 @@
+"""Stages run through the CLI and compared byte for byte with one process: the command lines
+of `tile` and `predict` as ranks and the bytes compared. Their inputs and one-process results
+are fixtures of tests/landcover/cli/conftest.py. Used by the rank, SLURM and Dask tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import rasterio
+from click.testing import CliRunner, Result
+
+from landcover.cli.app import main
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    """`landcover ARGS...` in this process, under `env` where given."""
+    return CliRunner(env=env).invoke(main, list(args))
+
+
+# -- tile ---------------------------------------------------------------------------------------
+
+
+def tile_args(images: Path, out: Path | str, *extra: str) -> list[str]:
+    """`landcover tile` of `images` with NLCD labels into `out`, one worker."""
+    return [
+        "tile", str(images / "*.tif"), "--labels", str(images.parent / "nlcd"),
+        "--class-map", "nlcd", "--out", str(out), "--chip-size", "64", "--shard-size", "3",
+        "--min-valid", "0.3", "--val-fraction", "0.2", "--workers", "1", *extra,
+    ]  # fmt: skip
+
+
+# -- predict ------------------------------------------------------------------------------------
+
+
+def predict_args(inputs: tuple[Path, Path, Path], out: Path, *extra: str) -> list[str]:
+    """`landcover predict` of `inputs` into `out` with probabilities, 16 px blocks."""
+    scene, model, region = inputs
+    return [
+        "predict", str(model), str(scene), "--out", str(out), "--region", str(region),
+        "--probabilities", str(out.with_suffix(".p.tif")), "--block-px", "16",
+        "--batch-size", "3", "--device", "cpu", *extra,
+    ]  # fmt: skip
+
+
+def cog_bytes(out: Path) -> tuple[bytes, bytes]:
+    """The bytes of the map and of its probabilities beside it."""
+    return out.read_bytes(), out.with_suffix(".p.tif").read_bytes()
+
+
+def tile_pixels(folder: Path) -> dict[str, bytes]:
+    """The pixels of every tile of a tiled map product, by file name."""
+    pixels = {}
+    for tif in sorted(folder.glob("E*_N*.tif")):
+        with rasterio.open(tif) as ds:
+            pixels[tif.name] = ds.read().tobytes()
+    return pixels
