@@ -17,7 +17,7 @@ PYTEST_ARGS ?= -q
 AZURITE := .tools/node_modules/.bin/azurite
 DEMO_OUT ?= demo-output
 
-.PHONY: install demo test test-latest lint format bench bench-peers clean cluster-up cluster-down docs
+.PHONY: install demo test test-fast test-latest lint format bench bench-peers clean cluster-up cluster-down docs
 
 install: $(STAMP)
 
@@ -34,8 +34,14 @@ $(AZURITE):
 demo: $(STAMP)
 	$(VENV)/bin/landcover demo --out $(DEMO_OUT)
 
+# everything (what CI runs), the 25 slowest tests listed at the end
 test: $(STAMP) $(AZURITE)
-	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+
+# the quick loop while changing code: no test marked slow, none that needs a service (Azurite,
+# Chromium, SLURM, network namespaces, a Dask cluster: tests/conftest.py marks those), no notebook
+test-fast: $(STAMP)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not service" $(PYTEST_ARGS)
 
 # The newest versions pyproject allows (as far as this machine's own pip settings let them),
 # in a venv of their own; the lock moves to them only if the whole suite passes.

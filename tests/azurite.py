@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
 from tests.multiprocess import free_port
+from tests.support.paths import REPO_ROOT
 
 TOOLS_DIR = REPO_ROOT / ".tools"
 ACCOUNT = "devstoreaccount1"

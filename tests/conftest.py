@@ -1,7 +1,12 @@
-"""Fixtures shared by every test package: the real NAIP files, and a real SLURM cluster of
-emulated nodes on this machine (`slurm_testbed`: one per session, about a second to start; it
-needs root, iproute2 and slurm-wlm, which it installs with apt-get when missing, and otherwise
-the test is skipped with the reason on one line)."""
+"""Fixtures shared by every test package: the real NAIP files, the Azurite blob emulator
+(`azurite`, tests/azurite.py), a real SLURM cluster of emulated nodes on this machine
+(`slurm_testbed`: one per session, about a second to start; it needs root, iproute2 and
+slurm-wlm, which it installs with apt-get when missing, and otherwise the test is skipped with
+the reason on one line), and headless Chromium (`chromium`, tests/browser.py).
+
+Every test that needs a service (Azurite, Chromium, SLURM daemons, network namespaces, a Dask
+cluster) is marked `service` here, from the fixtures it asks for, so `make test-fast`
+(`-m "not slow and not service"`) leaves it out without a list kept by hand."""
 
 from __future__ import annotations
 
@@ -11,11 +16,19 @@ from pathlib import Path
 import pytest
 
 from cluster.local.netns import network_unavailable_reason
+from tests.azurite import azurite  # noqa: F401  (the session fixture, registered once, here)
+from tests.browser import chromium  # noqa: F401  (the session fixture, registered once, here)
+from tests.support.paths import REAL_NAIP_DIR, REPO_ROOT  # noqa: F401  (tests import them from here)
 from tests.support.slurm_testbed import SlurmTestbed, slurm_testbed_unavailable_reason
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADER_PACKAGES = ("torch", "torchvision", "numpy", "rasterio", "zarr")
-REAL_NAIP_DIR = REPO_ROOT / "tests" / "data" / "naip-real"
+# Fixtures that start or need a service: a test asking for one (directly or through another
+# fixture) is marked `service`.
+SERVICE_FIXTURES = frozenset(
+    {"azurite", "chromium", "slurm_testbed", "require_emulated_nodes", "local_cluster"}
+)
+# In a module that starts Dask (imports `distributed`), these fixtures are a running cluster.
+DASK_FIXTURES = frozenset({"client", "nodes"})
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -35,6 +48,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line("versions: " + ", ".join(found))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `service` every test that needs a service (SERVICE_FIXTURES, the `azurite` marker,
+    a Dask cluster of a module that imports `distributed`)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        module = getattr(item, "module", None)
+        dask = module is not None and "distributed" in vars(module) and names & DASK_FIXTURES
+        if names & SERVICE_FIXTURES or item.get_closest_marker("azurite") or dask:
+            item.add_marker(pytest.mark.service)
 
 
 @pytest.fixture(scope="session")

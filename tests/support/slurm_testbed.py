@@ -50,8 +50,8 @@ from cluster.local.netns import (
     plan_network,
     remove_by_prefix,
 )
+from tests.support.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SLURM_PACKAGE = "slurm-wlm"
 _DAEMONS = ("slurmctld", "slurmd", "srun", "sinfo", "scontrol")
 _APT_TIMEOUT_S = 300.0

@@ -1,4 +1,4 @@
-"""Fixtures of the tiling tests: generated scenes and an Azurite blob emulator."""
+"""Fixtures of the tiling tests: generated scenes (the Azurite blob emulator is tests/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.azurite import azurite  # noqa: F401  (the session fixture, defined there once)
 from tests.tiling.rasters import Scenes, make_scenes
 
 

@@ -9,7 +9,6 @@ import fsspec
 import pytest
 
 from tests.azurite import Azurite
-from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tiling.blobcopy import copy_blobs
 from tiling.shared.urls import filesystem
 
@@ -22,7 +21,7 @@ def test_a_filesystem_that_is_not_azure_blob_copies_nothing(tmp_path: Path) -> N
 
 
 @pytest.mark.azurite
-def test_blobs_are_copied_whole_on_the_server(azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+def test_blobs_are_copied_whole_on_the_server(azurite: Azurite, tmp_path: Path) -> None:
     fs, root = filesystem(azurite.url(f"copy-{tmp_path.name}"), azurite.storage_options)
     fs.pipe_file(f"{root}/staged/a", b"bytes of a" * 1000)
     assert copy_blobs(fs, [(f"{root}/staged/a", f"{root}/store/a")])

@@ -15,7 +15,6 @@ from tests.conftest import REPO_ROOT
 from tests.support.chipstores import snapshot
 from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
 from tests.support.stageruns import run, tile_args
-from tests.tiling.conftest import azurite  # noqa: F401  (the one Azurite fixture)
 from tiling.shared.machine import cores_per_rank
 from tiling.staging import PartStaging
 
@@ -146,7 +145,7 @@ def test_a_rank_killed_midway_then_a_rerun_equals_the_uninterrupted_store(
 def test_nproc_2_to_an_az_url_gives_the_ranks_the_storage_options(
     images: Path,
     tmp_path: Path,
-    azurite: Azurite,  # noqa: F811  (the fixture imported above)
+    azurite: Azurite,
 ) -> None:
     """The ranks get --storage-options by environment (never argv) and write to az://."""
     options = azurite.storage_options

@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from landcover.cli.app import main
 from landcover.evaluation.panels import AGREE_RGB, DISAGREE_RGB, ScenePanel
-from tests.browser import chromium, render  # noqa: F401  (the session fixture)
+from tests.browser import render
 from tests.landcover.view.maps import (
     FIVE,
     RES_M,
@@ -75,7 +75,7 @@ def evaluate(prediction: Path, truths: list[Path], out: Path, *extra: str) -> Re
 
 
 def test_report_html_in_chromium_shows_the_table_and_each_scenes_panel(
-    chromium: Path,  # noqa: F811
+    chromium: Path,
     evaluated: tuple[Path, Path, list[Path]],
     tmp_path: Path,
 ) -> None:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.azurite import azurite  # noqa: F401  (the session fixture, defined there once)
 from tests.landcover.prediction.inputs import pixels, write_image
 
 

@@ -29,7 +29,7 @@ from pyproj import Geod
 from landcover.cli.app import main
 from landcover.view import ViewConfig, build_page, class_areas, class_rgba, open_map
 from landcover.view import page as page_module
-from tests.browser import chromium, render  # noqa: F401  (the session fixture)
+from tests.browser import render
 from tests.landcover.view.maps import (
     FIVE,
     RES_M,
@@ -72,7 +72,7 @@ def picture(uri: str) -> npt.NDArray[np.uint8]:
 
 
 def test_the_page_in_chromium_shows_legend_colours_and_opacity_without_errors(
-    chromium: Path,  # noqa: F811
+    chromium: Path,
     mapped: tuple[Path, Path, npt.NDArray[np.uint8]],
     tmp_path: Path,
 ) -> None:
