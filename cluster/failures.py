@@ -4,10 +4,11 @@ A launcher that sets `LANDCOVER_ERROR_DIR` in the workers' environment asks ever
 fails to write its one-line error there, as `rank-<RANK>.error` (one JSON object:
 `{"rank": 1, "attempt": 0, "time_s": 1767225600.25, "message": "...", "bad_input": true}`,
 where `bad_input` says the worker refused its input with one of our one-line errors rather
-than crashed). After a failed job the launcher reports the earliest error of the last attempt:
-the rank that failed first is the cause; the others mostly fail because it did (a closed
-connection, a shared check raised on every rank), and printing all of them would say the same
-thing N times.
+than crashed). After a failed job the launcher reports one error of the last attempt: where
+ranks refused their input, the lowest such rank's (the ranks share the units in order, so it
+is the unit one process would have refused first, and the job says what one process says);
+else the earliest: the rank that failed first is the cause; the others mostly fail because
+it did (a closed connection), and printing all of them would say the same thing N times.
 
 Writer (the worker entry point) and reader (the local engine) share this one definition.
 `attempt` is torchrun's restart count, so an error of a group that was restarted and then
@@ -99,12 +100,17 @@ def read_worker_errors(error_dir: str | Path) -> list[WorkerError]:
 
 
 def first_worker_error(error_dir: str | Path) -> WorkerError | None:
-    """The root cause: the earliest error of the last attempt, or None if no worker wrote one."""
+    """The root cause (see the module docstring): of the last attempt, the lowest rank that
+    refused its input, else the earliest error; None if no worker wrote one."""
     errors = read_worker_errors(error_dir)
     if not errors:
         return None
     last = max(e.attempt for e in errors)
-    return min((e for e in errors if e.attempt == last), key=lambda e: (e.time_s, e.rank or 0))
+    latest = [e for e in errors if e.attempt == last]
+    refused = [e for e in latest if e.bad_input]
+    if refused:
+        return min(refused, key=lambda e: (e.rank is None, e.rank or 0, e.time_s))
+    return min(latest, key=lambda e: (e.time_s, e.rank or 0))
 
 
 def clear_worker_errors(error_dir: str | Path) -> None:

@@ -38,6 +38,7 @@ from tiling.rankplan import RankPlan, input_fingerprints
 from tiling.ranks import stage_rank
 from tiling.reader import RasterReader
 from tiling.shards import ChunkEncoder, EncodedChunk
+from tiling.shared.gdal import gdal_reason
 from tiling.staging import PartStaging
 from tiling.store import NUM_BANDS, SPLIT_TRAIN
 
@@ -135,9 +136,8 @@ def _cut_window(
             else None
         )
     except rasterio.errors.RasterioError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SourceFormatError(
-            f"{image.path}: cannot read pixels ({first}); re-download it or leave it out"
+            f"{image.path}: cannot read pixels ({gdal_reason(exc)}); re-download it or leave it out"
         ) from None
     if codes is not None and not valid.all():
         np.multiply(codes, valid, out=codes)  # no label where the image has no data

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cluster.dask.remote import raise_failure, run_capturing
+from cluster.dask.remote import TaskFailure, raise_failure, run_capturing
 from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.spec import ClusterSpec
 
@@ -203,17 +203,31 @@ def wait_for_tasks(
     what: str,
     on_done: Callable[[], None] = lambda: None,
 ) -> list[Any]:
-    """The results of `futures` (tasks of `run_capturing`), in their order. The first task
-    that fails raises here what it raised there (`cluster.dask.remote`); a task whose
-    workers all died running it, one line naming it. Failed, interrupted or done, nothing
-    of the batch keeps running."""
+    """The results of `futures` (tasks of `run_capturing`), in their order. A task that fails
+    raises here what it raised there (`cluster.dask.remote`), or one line for a task whose
+    workers all died; where several fail, the first in order, once the tasks before it are
+    done: the unit one process would have failed on, so the job says what one process says.
+    Failed, interrupted or done, nothing of the batch keeps running."""
     distributed = import_distributed()
+    order = {future.key: i for i, future in enumerate(futures)}
+    failed: dict[int, Any] = {}  # index → the failed future
     try:
         for future in distributed.as_completed(futures):
-            if future.status == "error":
-                _raise_task_error(future, futures, what)
-            raise_failure(future.result())
-            on_done()
+            index = order[future.key]
+            if future.status == "cancelled":
+                continue
+            if future.status == "error" or isinstance(future.result(), TaskFailure):
+                failed[index] = future
+                client.cancel([f for f in futures[index + 1 :] if not f.done()])
+            else:
+                on_done()
+            if failed and all(f.done() for f in futures[: min(failed)]):
+                break
+        if failed:
+            first = failed[min(failed)]
+            if first.status == "error":
+                _raise_task_error(first, futures, what)
+            raise_failure(first.result())
         return [future.result() for future in futures]
     finally:
         client.cancel([f for f in futures if not f.done()])

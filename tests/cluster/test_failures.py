@@ -55,3 +55,16 @@ def test_a_refused_input_is_told_from_a_crash(tmp_path: Path) -> None:
     write_record(tmp_path, 1, 0, 1.0, "internal error: KeyError: 'x'")
     again = first_worker_error(tmp_path)
     assert again is not None and not again.bad_input
+
+
+def test_of_refused_inputs_the_lowest_rank_is_the_one_line(tmp_path: Path) -> None:
+    """Ranks that each refuse their own unit: the lowest rank's is the unit one process would
+    have met first, so the job says what one process says, whichever rank wrote first.
+    Before: the earliest record, so the line changed from run to run."""
+    for rank, time_s, rows in [(1, 10.0, "112..224"), (0, 20.0, "0..112"), (2, 5.0, "224..336")]:
+        record = {"rank": rank, "attempt": 0, "time_s": time_s, "bad_input": True,
+                  "message": f"scene.vrt: reading rows {rows} failed"}  # fmt: skip
+        (tmp_path / f"rank-{rank}.error").write_text(json.dumps(record))
+    write_record(tmp_path, 3, 0, 1.0, "internal error: RuntimeError: Connection closed by peer")
+    first = first_worker_error(tmp_path)
+    assert first is not None and first.message == "scene.vrt: reading rows 0..112 failed"
