@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 SAMPLE_BLOCK_PX = 1024  # part of what a seed means: changing it moves the points
 DEFAULT_MIN_PER_CLASS = 50  # Olofsson et al. 2014 suggest 50-100 points for a rare class
+MIN_POINTS_PER_STRATUM = 2  # a stratum's variance divides by its points less one
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,9 @@ def allocate(
     """Points per class code (0 = nodata gets none): the classes named in `per_class` get
     their count; the other classes share what is left of `size` in proportion to their
     mapped area, each at least `min_per_class` (the allocation Olofsson et al. 2014 advise:
-    proportional, with rare classes raised to a floor), and never more than its pixels."""
+    proportional, with rare classes raised to a floor), and never more than its pixels.
+    Refuses (one line) an allocation that leaves a class of the map with fewer than two
+    points: an empty stratum, whose variance the estimates cannot have."""
     k = class_map.num_classes
     counts = np.zeros(k, dtype=np.int64)
     for code, n in per_class.items():
@@ -193,9 +196,34 @@ def allocate(
                 "pixel in the map, so its stratum is empty; drop it"
             )
         counts[code] = min(n, int(mapped_pixels[code]))
+    if size is not None and int(counts.sum()) > size:
+        raise EvaluationError(
+            f"--per-class asks for {int(counts.sum())} points, more than --size {size}; raise "
+            "--size or drop it"
+        )
     rest = [c for c in range(1, k) if c not in per_class and mapped_pixels[c] > 0]
-    if size is None or not rest:
-        return counts
+    if size is not None and rest:
+        _share(counts, mapped_pixels, rest, size=size, min_per_class=min_per_class)
+    for c in range(1, k):
+        if counts[c] < min(MIN_POINTS_PER_STRATUM, int(mapped_pixels[c])):
+            raise EvaluationError(
+                f"class {c} ({class_map.classes[c].name}) has {int(mapped_pixels[c]):,} pixels "
+                f"but would get {int(counts[c])} point(s): its stratum needs at least "
+                f"{MIN_POINTS_PER_STRATUM} for the estimates; give it --per-class {c}=N or "
+                "--size"
+            )
+    return counts
+
+
+def _share(
+    counts: npt.NDArray[np.int64],
+    mapped_pixels: npt.NDArray[np.int64],
+    rest: list[int],
+    *,
+    size: int,
+    min_per_class: int,
+) -> None:
+    """Share what `size` leaves after `counts` among the classes `rest` (see `allocate`)."""
     left = size - int(counts.sum())
     floors = {c: min(min_per_class, int(mapped_pixels[c])) for c in rest}
     if left < sum(floors.values()):
@@ -230,7 +258,6 @@ def allocate(
         whole[order[: budget - int(whole.sum())]] += 1
         for c, n in zip(free, whole, strict=True):
             counts[c] = min(int(n), int(mapped_pixels[c]))
-    return counts
 
 
 def draw_sample(config: SampleConfig) -> SamplePoints:

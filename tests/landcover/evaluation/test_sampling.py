@@ -22,6 +22,7 @@ from landcover.evaluation.sampling import (
     allocate,
     draw_sample,
 )
+from tests.landcover.change.years import retag
 from tests.landcover.view.maps import FIVE, RES_M, X0, Y0, class_blocks, write_map, write_mosaic
 from tiling.classes import ClassInfo, ClassMap
 
@@ -72,10 +73,13 @@ def test_allocation_is_proportional_with_a_floor_and_adds_up() -> None:
     [
         (100, {}, "--size 100 leaves 100 points for 4 classes, fewer than --min-per-class 50"),
         (400, {7: 20}, "--per-class 7=20: no class 7 in the map's table 'chesapeake7to5'"),
+        (None, {1: 30}, "class 2 (tree canopy) has 800 pixels but would get 0 point(s)"),
+        (400, {1: 30, 2: 1}, "class 2 (tree canopy) has 800 pixels but would get 1 point(s)"),
+        (20, {1: 30}, "--per-class asks for 30 points, more than --size 20"),
     ],
 )
 def test_an_allocation_that_cannot_be_is_refused(
-    size: int, per_class: dict[int, int], message: str
+    size: int | None, per_class: dict[int, int], message: str
 ) -> None:
     mapped = np.array([0, 9_000, 800, 100, 100], dtype=np.int64)
     with pytest.raises(EvaluationError) as caught:
@@ -192,16 +196,8 @@ def _table(name: str) -> ClassMap:
 
 
 def test_class_names_are_escaped_in_the_page(codes: np.ndarray, tmp_path: Path) -> None:
-    import tests.landcover.view.maps as view_maps
-
     hostile = "<img src=x onerror=alert(1)>$x$"
-    path = tmp_path / "m.tif"
-    original = view_maps.FIVE
-    view_maps.FIVE = _table(hostile)  # write_map tags the map with this table
-    try:
-        write_map(path, codes)
-    finally:
-        view_maps.FIVE = original
+    path = retag(write_map(tmp_path / "m.tif", codes), _table(hostile))
     sample = tmp_path / "s.csv"
     assert run("sample", str(path), "--out", str(sample), "--size", "300")[0] == 0
     _fill(sample, tmp_path / "f.csv", codes)
@@ -258,17 +254,10 @@ def test_a_bad_sample_is_refused_in_one_line(
 def test_maps_that_are_not_one_population_are_refused(
     codes: np.ndarray, tmp_path: Path, bad: str
 ) -> None:
-    import tests.landcover.view.maps as view_maps
-
     first = write_map(tmp_path / "a.tif", codes)
     x0 = X0 + WIDTH * RES_M
     if bad == "class-table":
-        original = view_maps.FIVE
-        view_maps.FIVE = _table("quarry")
-        try:
-            second = write_map(tmp_path / "b.tif", codes, x0=x0)
-        finally:
-            view_maps.FIVE = original
+        second = retag(write_map(tmp_path / "b.tif", codes, x0=x0), _table("quarry"))
         message = "sample maps of one class table"
     elif bad == "crs":
         second = write_map(tmp_path / "b.tif", codes, x0=x0, crs="EPSG:32617")
