@@ -43,6 +43,7 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     """Train a segmentation model on chip store STORE, writing RUN_DIR (--out)."""
     from landcover.training import train
     from landcover.training.preflight import check_local_training
+    from landcover.training.rundir import removed_if_left_empty
     from tiling.shared.urls import check_storage_options
 
     config = config_from_params(params)
@@ -62,15 +63,18 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
         return
     # Fail here, with one clean line, rather than in N workers.
     check_local_training(config, world_sizes=(nproc,))
-    with contextlib.suppress(OSError), exclusive_outputs([config.out_dir], "train"):
-        pass  # a run writing RUN_DIR now: refused before the workers start (rank 0 takes it)
     root = ctx.find_root().obj or {}
     verbose, quiet = int(root.get("verbose", 0)), bool(root.get("quiet", False))
     spec = local_spec(nproc)
     # the worker's own logging options, as `landcover -v/-q` was given
     logging_args = ["-v"] * verbose + (["-q"] if quiet else [])
     job = training_job(spec, config, extra_args=logging_args)
-    launch_job(spec, job, LaunchOptions(on_output=None if quiet else _to_stderr))
+    # The lock probe makes RUN_DIR's parent, the workers RUN_DIR: a launch that fails before
+    # anything is written there leaves neither behind.
+    with removed_if_left_empty(config.out_dir):
+        with contextlib.suppress(OSError), exclusive_outputs([config.out_dir], "train"):
+            pass  # a run writing RUN_DIR now: refused before the workers start (rank 0 takes it)
+        launch_job(spec, job, LaunchOptions(on_output=None if quiet else _to_stderr))
     click.echo(f"{config.out_dir}: trained with {nproc} workers")
 
 

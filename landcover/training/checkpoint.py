@@ -16,7 +16,7 @@ import torch
 
 from landcover.errors import TrainingError
 from landcover.training.records import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
-from landcover.training.rundir import CHECKPOINT_DIR, LAST_CHECKPOINT, write_atomic
+from landcover.training.rundir import CHECKPOINT_DIR, LAST_CHECKPOINT, START_OVER, write_atomic
 
 
 def save_checkpoint(run_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
@@ -30,15 +30,20 @@ def save_checkpoint(run_dir: str | os.PathLike[str], payload: Mapping[str, Any])
 def read_checkpoint(path: Path, *, must_match: Mapping[str, Any]) -> dict[str, Any]:
     """The payload of a checkpoint written by `save_checkpoint` (any version: see
     `Checkpoint.from_payload`), refused unless its config has the values of `must_match`
-    (options a resumed run cannot change)."""
+    (options a resumed run cannot change). A checkpoint that cannot be resumed is refused with
+    the fix every such refusal gives (`rundir.START_OVER`): deleting it would not help, since a
+    run dir with results and no checkpoint is refused too (`rundir.check_run_dir`)."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise TrainingError(
-            f"{path}: unreadable checkpoint ({type(exc).__name__}); delete it or pass --overwrite"
+            f"{path}: unreadable checkpoint ({type(exc).__name__}), which --resume cannot "
+            f"continue; {START_OVER}"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise TrainingError(f"{path}: not a landcover checkpoint; pass --overwrite to start over")
+        raise TrainingError(
+            f"{path}: not a landcover checkpoint, which --resume cannot continue; {START_OVER}"
+        )
     if int(payload.get("version", 0)) > CHECKPOINT_VERSION:
         raise TrainingError(f"{path}: checkpoint from a newer landcover; upgrade landcover")
     saved = payload["config"]
@@ -46,7 +51,7 @@ def read_checkpoint(path: Path, *, must_match: Mapping[str, Any]) -> dict[str, A
         if saved.get(key) != value:
             raise TrainingError(
                 f"{path}: checkpoint was trained with --{key.replace('_', '-')} "
-                f"{saved.get(key)}, not {value}; pass the same value or --overwrite"
+                f"{saved.get(key)}, not {value}; pass the same value, or {START_OVER}"
             )
     return dict(payload)
 

@@ -106,7 +106,10 @@ class TrainConfig:
         "--patience", None, "Stop after this many epochs without a better val mIoU."
     )
     resume: bool = option(
-        "--resume", False, "Continue from RUN_DIR/checkpoints/last.pt (fresh start if none)."
+        "--resume",
+        False,
+        "Continue from RUN_DIR/checkpoints/last.pt; without one, start fresh only when RUN_DIR "
+        "holds no trained result (model.pt, metrics.jsonl).",
     )
     overwrite: bool = option("--overwrite", False, "Replace existing output.")
     device: Device = option("--device", "auto")

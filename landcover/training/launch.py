@@ -7,7 +7,8 @@ as its output `run` (Azure ML mounts both). The configuration each worker gets d
 cluster, the same way for every engine (`worker_config`):
 
 - `--resume` when the spec allows restarts: the trainer's `--resume` starts fresh when there is
-  no checkpoint, so a restarted worker group continues from the last checkpoint. The user's
+  no checkpoint and no trained result (`rundir.check_run_dir`), so a restarted worker group
+  continues from the last checkpoint, or starts again when it failed before the first. The user's
   `--overwrite` is then done once, by the launcher, before launching (`overwrite_once`), and
   not by the workers (a restarted group must resume, not wipe); a local run dir that already
   holds a run is refused unless `--resume` or `--overwrite` says what to do with it

@@ -43,7 +43,7 @@ from landcover.training.checkpoint import read_checkpoint
 from landcover.training.config import DEFAULT_LR, OPTIONS, TrainConfig
 from landcover.training.distributed import Collectives
 from landcover.training.records import Checkpoint, EpochRecord
-from landcover.training.rundir import last_checkpoint, rewrite_metrics
+from landcover.training.rundir import START_OVER, last_checkpoint, rewrite_metrics
 
 if TYPE_CHECKING:
     from tiling.store import StoreSummary
@@ -112,7 +112,7 @@ _UNREPORTED_CHANGES = ("store_url", "out_dir", "resume", "overwrite", "storage_o
 _SPECS: dict[str, OptionSpec] = {option.name: option for option in OPTIONS}
 # How a checkpoint from before an option existed trained, where that is not today's default.
 _BEFORE_RECORDED: dict[str, Any] = {"brightness_jitter": 0.0}
-FIX = "train into a new --out, or pass --overwrite instead of --resume to start this run over"
+FIX = START_OVER  # the fix of every refusal to resume (`landcover.training.rundir`)
 
 
 def store_identity(url: str, summary: StoreSummary) -> dict[str, Any]:
@@ -222,8 +222,7 @@ def resume_state(
     except RuntimeError as exc:
         first = str(exc).splitlines()[0]
         raise TrainingError(
-            f"{path}: checkpoint does not fit {config.model} ({first}); "
-            "pass --overwrite to start over"
+            f"{path}: checkpoint does not fit {config.model} ({first}); {FIX}"
         ) from None
     records = saved.records
     if env.is_main:

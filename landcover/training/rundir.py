@@ -26,7 +26,8 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -47,23 +48,52 @@ LAST_CHECKPOINT = "last.pt"
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_FILE = "mlflow.json"
 RESULT_NAMES = (METRICS_FILE, RUN_FILE, MODEL_FILE, CHECKPOINT_DIR)
+# what the epochs of a run trained: a fresh start never replaces them under --resume
+TRAINED_NAMES = (MODEL_FILE, METRICS_FILE)
 # what a fresh start clears besides the results: tracking of the run it replaces
 TRACKING_NAMES = (TENSORBOARD_DIR, MLFLOW_FILE)
+# The fixes for a run that cannot be continued: the same words in every refusal
+# (check_run_dir, landcover.training.checkpoint, landcover.training.resume).
+NO_CHECKPOINT = f"it has no checkpoint to resume ({CHECKPOINT_DIR}/{LAST_CHECKPOINT})"
+START_OVER = "pass --overwrite to replace this run, or train into a new --out"
 
 
 def check_run_dir(out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool) -> None:
-    """Refuse a run dir that already holds results unless told to resume or overwrite, or
-    that takes no new files."""
+    """Refuse a run dir that takes no new files, or that already holds results, unless told to
+    overwrite them, or to resume a run that has a checkpoint to resume.
+
+    `--resume` with no checkpoint (a finished run whose checkpoint was deleted) is refused as a
+    run without `--resume` is: starting fresh would replace its model.pt and metrics.jsonl
+    (`trained_results`). A run dir holding no trained result (a run stopped before its first
+    checkpoint, only run.json and tracking) starts fresh, which a restarted worker group needs.
+    """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise TrainingError(f"{out}: exists and is not a directory; choose another --out")
     outputs.check_can_create_in(out, option="--out")
+    if overwrite:
+        return
     found = [name for name in RESULT_NAMES if os.path.lexists(out / name)]  # links count
-    if found and not (resume or overwrite):
-        raise TrainingError(
-            f"{out}: already holds a training run ({', '.join(found)}); pass --resume to "
-            "continue it or --overwrite to replace it"
+    has_checkpoint = os.path.lexists(last_checkpoint(out))
+    if found and not resume:
+        fix = (
+            "pass --resume to continue it or --overwrite to replace it"
+            if has_checkpoint
+            else f"{NO_CHECKPOINT}; {START_OVER}"
         )
+        raise TrainingError(f"{out}: already holds a training run ({', '.join(found)}); {fix}")
+    trained = trained_results(out)
+    if resume and trained and not has_checkpoint:
+        raise TrainingError(
+            f"{out}: already holds a training run ({', '.join(trained)}); {NO_CHECKPOINT}, "
+            f"which --resume needs; {START_OVER}"
+        )
+
+
+def trained_results(out_dir: str | os.PathLike[str]) -> list[str]:
+    """The files of RUN_DIR that hold what its epochs trained (model.pt, metrics.jsonl): what a
+    fresh start would destroy."""
+    return [name for name in TRAINED_NAMES if os.path.lexists(Path(out_dir) / name)]
 
 
 def last_checkpoint(out_dir: str | os.PathLike[str]) -> Path:
@@ -74,23 +104,44 @@ def last_checkpoint(out_dir: str | os.PathLike[str]) -> Path:
 def prepare_run_dir(
     out_dir: str | os.PathLike[str], *, resume: bool, overwrite: bool
 ) -> Path | None:
-    """Check the run dir, then return the checkpoint to resume from, or clear old results
-    (and return None) when there is none to resume or `overwrite` is set."""
+    """Check the run dir (`check_run_dir`), then return the checkpoint to resume from, or clear
+    old results (and return None) when there is none to resume or `overwrite` is set."""
     out = Path(out_dir)
     check_run_dir(out, resume=resume, overwrite=overwrite)
     last = last_checkpoint(out)
-    if resume and last.exists():
+    if resume and os.path.lexists(last):
         return last
     if resume:
-        logger.info("%s: no checkpoint to resume from; starting fresh", out)
+        logger.info("%s: no checkpoint and no trained result to resume; starting fresh", out)
     for name in (*RESULT_NAMES, *TRACKING_NAMES):
         path = out / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     return None
+
+
+@contextmanager
+def removed_if_left_empty(out_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Run the block; when it fails, remove the directories of `out_dir` (it and its parents)
+    that did not exist before it and are empty: a `train` that fails before writing anything
+    (a bad store, option or model) leaves no empty run dir behind. A directory that holds
+    anything stays, and so does one that existed before."""
+    path = Path(out_dir).absolute()
+    created = [p for p in (path, *path.parents) if not os.path.lexists(p)]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for directory in created:
+            try:
+                directory.rmdir()  # only when empty
+            except FileNotFoundError:
+                continue  # never made: a parent may have been (the lock file's)
+            except OSError:
+                break  # not empty: nor are its parents
+        raise
 
 
 def write_atomic(path: Path, write: Callable[[str], object]) -> None:

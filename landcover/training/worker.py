@@ -5,8 +5,9 @@ launcher (torchrun, Azure ML, Kubeflow); `landcover train` runs it in-process or
 workers through torchrun. `train` builds, in this order, then hands everything to the `Trainer`
 (as pytorch/examples' ddp-tutorial-series/multinode.py does):
 
-1. rank 0 checks the run dir (refuses old results unless `--resume`/`--overwrite`), and every
-   rank learns whether there is a checkpoint to resume;
+1. rank 0 checks the run dir (refuses old results unless `--overwrite`, or `--resume` with a
+   checkpoint to resume), and every rank learns whether there is a checkpoint to resume; a run
+   that fails before it writes anything there removes the run dir it made;
 2. the store (its checks, and the steps per epoch of this world) and the model, seeded: a bad
    `--model`/`--pretrained` fails before the long load;
 3. the resume state (`landcover.training.resume`: a checkpoint of another store or sync mode is
@@ -24,7 +25,7 @@ workers through torchrun. `train` builds, in this order, then hands everything t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from landcover.errors import OutputBusyError, TrainingError
@@ -48,7 +49,7 @@ from landcover.training.distributed import (
 from landcover.training.outputs import write_run_info
 from landcover.training.placement import Placement
 from landcover.training.resume import resume_state
-from landcover.training.rundir import prepare_run_dir
+from landcover.training.rundir import prepare_run_dir, removed_if_left_empty
 from landcover.training.sync import build_sync
 from landcover.training.tracking import Tracking, open_tracking
 from landcover.training.trainer import TrainCallbacks, Trainer, TrainResult
@@ -64,12 +65,19 @@ def train(
 ) -> TrainResult:
     """Run one training worker (the whole job when the world is one process)."""
     env = read_dist_env() if dist_env is None else dist_env
-    threads = configure_threads(config.threads, env.local_world_size)
-    device = training_device(config.device, env)
-    check_sync_bn(config.sync_bn, env, device)
-    with process_group(env, device) as collectives, _run_dir_lock(config, collectives):
-        place = Placement.create(env, collectives, device, threads=threads, amp=config.amp)
-        return build_trainer(config, place, callbacks or TrainCallbacks()).fit()
+    # Rank 0 makes the run dir: a run that fails before writing into it leaves none behind.
+    cleanup = (
+        removed_if_left_empty(config.out_dir)
+        if env.is_main and "://" not in config.out_dir
+        else nullcontext()
+    )
+    with cleanup:
+        threads = configure_threads(config.threads, env.local_world_size)
+        device = training_device(config.device, env)
+        check_sync_bn(config.sync_bn, env, device)
+        with process_group(env, device) as collectives, _run_dir_lock(config, collectives):
+            place = Placement.create(env, collectives, device, threads=threads, amp=config.amp)
+            return build_trainer(config, place, callbacks or TrainCallbacks()).fit()
 
 
 @contextmanager

@@ -27,7 +27,6 @@ from landcover.models.modelfile import load_model_file
 from landcover.models.registry import build_model
 from landcover.training import (
     TrainCallbacks,
-    TrainConfig,
     read_metrics,
     rundir,
     train,
@@ -37,6 +36,7 @@ from landcover.training import checkpoint as checkpoint_file
 from landcover.training.distributed import DistEnv
 from landcover.training.losses import Scores
 from tests.multiprocess import free_ports
+from tests.support.trainruns import make_config
 from tiling.shared.machine import local_cpu_count
 from tiling.store import open_store
 from tiling.synth import SynthResult
@@ -48,19 +48,6 @@ METRIC_FIELDS = [
     "step_time_s", "data_time_s", "steps", "comm_bytes_per_step", "comm_time_s", "compression",
     "block_momentum", "model", "batch_size", "device", "threads_per_worker", "host", "lr", "time",
 ]  # fmt: skip
-
-
-def make_config(store: str, out: Path, **overrides: Any) -> TrainConfig:
-    # One thread: fast on 2 cores, and immune to other processes competing for them.
-    options: dict[str, Any] = {
-        "epochs": 2,
-        "batch_size": 8,
-        "device": "cpu",
-        "seed": 0,
-        "threads": 1,
-    }
-    options.update(overrides)
-    return TrainConfig(store_url=store, out_dir=str(out), **options)
 
 
 def checkpoint(run: Path) -> dict[str, Any]:
@@ -361,8 +348,8 @@ def test_resume_refuses_another_store_and_accepts_a_moved_one(
         train(make_config(tiny_store, run, epochs=2, resume=True))
     assert str(info.value) == (
         f"{last}: checkpoint was trained on the store {no_val_store} (49 chips, 0 val) but "
-        f"{tiny_store} holds other chips ({other.num_chips}, {other.num_val} val); train into "
-        "a new --out, or pass --overwrite instead of --resume to start this run over"
+        f"{tiny_store} holds other chips ({other.num_chips}, {other.num_val} val); pass "
+        "--overwrite to replace this run, or train into a new --out"
     )
     assert last.read_bytes() == before and len(read_metrics(run)) == 1
     # The same store under another URL (copied from blob storage to a local disk, say).
@@ -616,8 +603,8 @@ def test_resume_refuses_a_change_of_sync_mode(
     }[mode]
     assert str(info.value) == (
         f"{run / 'checkpoints' / 'last.pt'}: checkpoint was trained with {saved}; a resumed "
-        f"run cannot change the sync mode: {fix}, or train into a new --out, or pass "
-        "--overwrite instead of --resume to start this run over"
+        f"run cannot change the sync mode: {fix}, or pass --overwrite to replace this run, or "
+        "train into a new --out"
     )
     assert (run / "checkpoints" / "last.pt").read_bytes() == before
     assert not (run / "run.json").exists()
