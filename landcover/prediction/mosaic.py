@@ -6,11 +6,22 @@ or an internal mask, never from an alpha band). Sources on the same grid (within
 `tiling.grid.GRID_TOLERANCE_PX`) are copied as they are; the others are warped from that
 numpy window, so GDAL never sees a band's colour interpretation: NAIP files whose NIR band is
 tagged ALPHA keep NIR as data.
+
+Warped pixels are made cell by cell on a fixed lattice of the output grid (`WARP_CELL_PX`),
+each cell from the source window it alone decides, and cut out of the cells: GDAL's
+approximate transformer (rasterio's `reproject` always uses one, 0.125 px error) fits its
+piecewise-linear pieces over the rectangle it is asked for, so a pixel warped as part of
+another rectangle could come out differently. On the lattice a pixel has the same inputs
+whichever window, block, tile or rank asks for it. A few cells per reader are kept
+(`_CellCache`): neighbouring blocks share the cells along their edge.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +42,16 @@ from tiling.grid import aligned_offset
 from tiling.reader import RasterReader
 from tiling.sources import RasterInfo
 
-__all__ = ["GridRect", "Pixels", "read_mosaic", "read_source_onto"]
+__all__ = ["WARP_CELL_PX", "GridRect", "Pixels", "read_mosaic", "read_source_onto", "warp_cells"]
 
 # Extra source pixels read around a warped window, for the resampling kernel.
 _WARP_MARGIN_PX = 3
+# The edge of the lattice cells warped whole, in output pixels (cells start at multiples of it
+# from the grid's origin): small enough that the cells past a block's edge cost little, large
+# enough that GDAL's per-call set-up does not dominate.
+WARP_CELL_PX = 256
+# The warped cells one reader keeps, in bytes: the cells along one block's edge, for the next.
+_CELL_CACHE_BYTES = 32 * 1024 * 1024
 
 # (bands, height, width) values and the (height, width) mask of the pixels with data
 Pixels = tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]
@@ -111,6 +128,87 @@ def _read_aligned(
 
 
 def _read_warped(reader: RasterReader, source: RasterInfo, rect: GridRect) -> Pixels | None:
+    """`source` warped onto `rect`, cut out of the lattice cells that cover it."""
+    window = rect.window
+    values = np.zeros((source.count, window.height, window.width), dtype=np.uint8)
+    covered = np.zeros((window.height, window.width), dtype=bool)
+    cells = _CellCache.of(reader)
+    for cell in warp_cells(window):
+        got = cells.get(source, rect.grid, cell)
+        if got is None:
+            continue
+        part = _intersection(cell, window)
+        inside, there = part.slices(window), part.slices(cell)
+        values[:, inside[0], inside[1]] = got[0][:, there[0], there[1]]
+        covered[inside] = got[1][there]
+    if not covered.any():
+        return None
+    return values, covered
+
+
+def warp_cells(window: Window) -> list[Window]:
+    """The cells of the warp lattice (`WARP_CELL_PX`, from the grid's origin) that `window`
+    touches, row by row."""
+    size = WARP_CELL_PX
+    rows = range(window.row // size, -(-window.row_stop // size))
+    cols = range(window.col // size, -(-window.col_stop // size))
+    return [Window(r * size, c * size, size, size) for r in rows for c in cols]
+
+
+def _intersection(a: Window, b: Window) -> Window:
+    row, col = max(a.row, b.row), max(a.col, b.col)
+    return Window(row, col, min(a.row_stop, b.row_stop) - row, min(a.col_stop, b.col_stop) - col)
+
+
+class _CellCache:
+    """The warped cells one reader made last, up to `_CELL_CACHE_BYTES` (least recently used
+    first out); one per reader, so a cell is never taken from another run's files."""
+
+    def __init__(self, reader: RasterReader) -> None:
+        self._reader = weakref.ref(reader)
+        self._cells: OrderedDict[tuple[Any, ...], Pixels | None] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, reader: RasterReader) -> _CellCache:
+        """The cache of `reader`'s cells (made on first use, gone with the reader)."""
+        with _CELL_CACHES_LOCK:
+            cache = _CELL_CACHES.get(reader)
+            if cache is None:
+                cache = _CELL_CACHES[reader] = cls(reader)
+            return cache
+
+    def get(self, source: RasterInfo, grid: OutputGrid, cell: Window) -> Pixels | None:
+        """The pixels of `source` warped onto `cell` of `grid` (None: it covers none)."""
+        key = (source, grid, cell)
+        with self._lock:
+            if key in self._cells:
+                self._cells.move_to_end(key)
+                return self._cells[key]
+        reader = self._reader()
+        assert reader is not None  # the reader asking is alive
+        got = _warp_rect(reader, source, GridRect(grid, cell))
+        with self._lock:
+            if key not in self._cells:
+                self._cells[key] = got
+                self._bytes += _pixels_bytes(got)
+            while self._bytes > _CELL_CACHE_BYTES and len(self._cells) > 1:
+                _, old = self._cells.popitem(last=False)
+                self._bytes -= _pixels_bytes(old)
+        return got
+
+
+_CELL_CACHES: weakref.WeakKeyDictionary[RasterReader, _CellCache] = weakref.WeakKeyDictionary()
+_CELL_CACHES_LOCK = threading.Lock()
+
+
+def _pixels_bytes(pixels: Pixels | None) -> int:
+    return 0 if pixels is None else pixels[0].nbytes + pixels[1].nbytes
+
+
+def _warp_rect(reader: RasterReader, source: RasterInfo, rect: GridRect) -> Pixels | None:
+    """`source` warped onto `rect` by one call of GDAL's warper."""
     grid, height, width = rect.grid, rect.window.height, rect.window.width
     try:
         src_bounds = transform_bounds(grid.crs, source.crs, *rect.bounds, densify_pts=21)
