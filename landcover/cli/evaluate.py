@@ -58,6 +58,8 @@ def evaluate_command(
             "--overwrite replaces the report of --out DIR, and no --out was given; add "
             "--out DIR or drop --overwrite"
         )
+    if options.get("prediction"):
+        options["prediction"] = _map_of(options["prediction"])
     config = EvaluateConfig(**options)
     if config.reference is not None:
         _evaluate_sample(config, out_dir, as_json=as_json, overwrite=overwrite)
@@ -79,6 +81,23 @@ def evaluate_command(
         click.echo(json.dumps(evaluation.to_json(), indent=2))
     else:
         click.echo(evaluation.to_markdown(), nl=False)
+
+
+def _map_of(prediction: str) -> str:
+    """PREDICTION as a raster: a tiled product's directory stands for its mosaic
+    (DIR/mosaic.vrt); another directory is refused in one line saying what to give."""
+    from landcover.prediction.tilecatalog import MOSAIC
+    from tiling.shared.urls import is_local, local_path
+
+    if not is_local(prediction) or not local_path(prediction).is_dir():
+        return prediction
+    mosaic = local_path(prediction) / MOSAIC
+    if mosaic.is_file():
+        return str(mosaic)
+    raise EvaluationError(
+        f"{prediction}: a directory, not a land-cover raster; give the map (a GeoTIFF or a "
+        f"VRT), or a tiled product's directory (one that holds {MOSAIC})"
+    )
 
 
 def _evaluate_sample(
