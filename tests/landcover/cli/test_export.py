@@ -14,8 +14,8 @@ from click.testing import Result
 from onnx import TensorProto, helper
 
 from tests.landcover.prediction.inputs import write_model
-from tests.landcover.prediction.test_runtime import write_torchscript
 from tests.support.cli import invoke
+from tests.support.exported import write_torchscript
 
 NEWEST_OPSET = int(onnx.defs.onnx_opset_version())
 

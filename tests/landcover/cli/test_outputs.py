@@ -31,10 +31,10 @@ from landcover.scaling import sweep
 from tests.landcover.evaluation.maps import TRUTH_RAW, write, write_prediction
 from tests.landcover.prediction.inputs import pixels, write_image, write_model
 from tests.landcover.scaling.runfiles import write_run
-from tests.landcover.scaling.test_sweep import FakeLaunch
 from tests.landcover.tuning.stand_in_worker import replace_trainer
 from tests.support.cli import invoke
 from tests.support.clusterspecs import AZUREML_SPEC
+from tests.support.sweeps import FakeLaunch
 
 FAKE_WORKER = "tests.cluster.fake_worker"
 LOCAL_SPEC = {"name": "one", "engine": "local", "vmSize": "local", "targetNodeCount": 1}

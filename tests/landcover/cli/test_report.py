@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from landcover.cli.app import main
 from landcover.scaling import sweep
 from tests.landcover.scaling.runfiles import write_run
-from tests.landcover.scaling.test_sweep import FakeLaunch
+from tests.support.sweeps import FakeLaunch
 
 STAND_IN = "tests.cluster.fake_worker"  # never started: the launch is FakeLaunch
 

@@ -22,9 +22,9 @@ from landcover.scaling import sweep
 from landcover.training import TrainConfig
 from landcover.training.resume import FIX
 from tests.conftest import REPO_ROOT
-from tests.landcover.scaling.test_sweep import FakeLaunch
-from tests.landcover.training.test_resume import write_saved_run
 from tests.landcover.tuning.stand_in_worker import replace_trainer
+from tests.support.sweeps import FakeLaunch
+from tests.support.trainruns import write_saved_run
 from tiling.synth import SynthResult
 
 # (the rerun's arguments, the one line it must print); run in tmp_path

@@ -5,63 +5,19 @@ are tested in tests/landcover/models/test_export.py)."""
 
 from __future__ import annotations
 
-import json
-import warnings
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from onnx import TensorProto, helper, numpy_helper
 
 from landcover.cli.app import main
 from landcover.errors import ModelFileError, PredictionError
-from landcover.models.modelfile import ModelMeta, meta_to_json
 from landcover.prediction.runtime import load_window_model
 from tests.landcover.prediction.inputs import CHIP, CLASS_MAP, pixels, write_image, write_model
+from tests.support.exported import META, write_onnx, write_torchscript
 
-BANDS = ("red", "green", "blue", "nir")
-META = ModelMeta(
-    architecture="small_unet",
-    class_map=CLASS_MAP,
-    band_names=BANDS,
-    band_mean=(110.0,) * 4,
-    band_std=(60.0,) * 4,
-    chip_size=CHIP,
-    resolution_m=1.0,
-)
-META_JSON = json.dumps(meta_to_json(META))
 CPU = torch.device("cpu")
-
-
-def write_onnx(path: Path, *, bands: int, classes: int, metadata: str | None = META_JSON) -> Path:
-    """A 1 x 1 convolution from `bands` to `classes` channels as an ONNX file, with `metadata`
-    under the key export writes it to."""
-    weights = numpy_helper.from_array(np.zeros((classes, bands, 1, 1), np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["pixels", "w"], ["logits"])],
-        "conv",
-        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", bands, "h", "w"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes, "h", "w"])],
-        [weights],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10
-    if metadata is not None:
-        helper.set_model_props(model, {"landcover": metadata})
-    onnx.save(model, str(path))
-    return path
-
-
-def write_torchscript(path: Path, *, metadata: str = META_JSON) -> Path:
-    """A TorchScript file (an identity) with `metadata` as export's extra file."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation note
-        module = torch.jit.script(torch.nn.Identity())
-        torch.jit.save(module, str(path), _extra_files={"landcover.json": metadata})
-    return path
 
 
 def test_a_matching_graph_loads(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
-from cluster.errors import ClusterError, LaunchError
+from cluster.errors import ClusterError
 from landcover.scaling import sweep
 from landcover.scaling.runs import load_runs
 from landcover.scaling.sweep import (
@@ -33,6 +33,7 @@ from landcover.scaling.sweep import (
     summarize_metrics,
 )
 from tests.landcover.scaling.runfiles import metrics_line, write_run
+from tests.support.sweeps import FakeLaunch
 
 
 def test_worker_counts() -> None:
@@ -90,39 +91,6 @@ def test_the_sweep_table_and_the_report_agree_on_epoch_time(tmp_path: Path) -> N
         report.samples_per_s,
     )
     assert epoch_time_s == 12.0  # epochs 2-4: the warm-up epoch counts in neither
-
-
-class FakeLaunch:
-    """Writes metrics.jsonl as a run of `workers` workers would (every field the report reads),
-    with ideal scaling."""
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.fail_at = fail_at
-        self.calls: list[int] = []
-
-    def __call__(self, plan: Plan, options: LaunchOptions | None = None) -> LaunchResult:
-        assert options is not None and options.wait  # sweeps wait for every run
-        workers = plan.spec.workers
-        self.calls.append(workers)
-        out = Path(str(plan.job.output_dir))
-        out.mkdir(parents=True)
-        (out / "logs").mkdir()
-        if workers == self.fail_at:
-            raise LaunchError(f"training failed on simulated node 0 (exit code 1); logs: {out}")
-        argv = plan.job.argv
-        epochs = int(argv[argv.index("--epochs") + 1])
-        threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv else 1
-        with (out / "metrics.jsonl").open("w") as f:
-            for epoch in range(1, epochs + 1):
-                # the first epoch pays warm-up: three times the others
-                time_s = (3 if epoch == 1 else 1) * 8.0 / workers
-                record = metrics_line(
-                    epoch, workers, time_s, samples_per_s=80.0 / time_s, threads_per_worker=threads
-                )
-                f.write(json.dumps(record) + "\n")
-        return LaunchResult(
-            "local", f"job-{workers}", "succeeded", str(out), str(out / "logs"), 1.0
-        )
 
 
 def test_sweep_records_runs_reuses_them_and_marks_oversubscription(

@@ -15,7 +15,7 @@ from landcover.training import train
 from landcover.training.progress import Progress, epoch_line, progress_message
 from landcover.training.records import EpochRecord
 from landcover.training.tracking import StepProgress
-from tests.landcover.training.test_trainer import make_config
+from tests.support.trainruns import make_config
 
 WORKER_FORMAT = "%(asctime)s rank 0 %(levelname)s %(name)s: %(message)s"  # the worker's
 

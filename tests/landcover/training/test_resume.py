@@ -27,34 +27,12 @@ from landcover.training.resume import (
     RESUME_MUST_MATCH,
     check_resumable,
     resume_state,
-    store_identity,
 )
 from tests.landcover.training.option_values import other_value
-from tiling.store import open_store
+from tests.support.trainruns import STORE, saved_checkpoint, write_saved_run
 
 PATH = Path("run/checkpoints/last.pt")
-STORE = {"url": "chips.zarr", "chips": 90, "train_chips": 70, "val_chips": 20, "digest": "d"}
 BASE = TrainConfig(store_url="chips.zarr", out_dir="run", epochs=2, resume=True, device="cpu")
-
-
-def saved_checkpoint(config: TrainConfig, *, epoch: int = 1, **state: Any) -> Checkpoint:
-    """A checkpoint of `config` after `epoch` (no tensors: the checks never read them)."""
-    values: dict[str, Any] = {
-        "epoch": epoch,
-        "world_size": 1,
-        "config": config.to_json(),
-        "model": {},
-        "optimizer": {},
-        "scheduler": {},
-        "per_rank": [{}],
-        "store": STORE,
-        "bmuf": None,
-        "best_val_miou": 0.5,
-        "best_epoch": epoch,
-        "epochs_without_improvement": 0,
-        "stopped_early": False,
-    }
-    return Checkpoint(**{**values, **state})
 
 
 def test_every_option_is_one_a_resume_may_change_or_one_it_must_keep() -> None:
@@ -160,14 +138,6 @@ def test_a_run_that_stopped_early_goes_on_when_the_new_patience_allows(
     comms = Collectives(DistEnv(), torch.device("cpu"))
     state = resume_state(run_dir / "checkpoints" / "last.pt", config, comms, module, store=STORE)
     assert (state.start_epoch, state.stopped_early) == (3, stopped)
-
-
-def write_saved_run(store: str, run: Path, config: TrainConfig) -> Path:
-    """RUN_DIR/checkpoints/last.pt of `config` on `store` after epoch 1, as the trainer writes
-    it but without tensors (a refusal comes before they are read)."""
-    identity = store_identity(store, open_store(store).summary)
-    save_checkpoint(run, saved_checkpoint(config, store=identity).to_payload())
-    return run / "checkpoints" / "last.pt"
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ from landcover.training.tracking import (
     open_tracking,
     tracking_backends,
 )
-from tests.landcover.training.test_trainer import make_config
 from tests.multiprocess import free_ports
+from tests.support.trainruns import make_config
 
 CLASSES = ["nodata", "water", "tree canopy", "low vegetation", "built (impervious)"]
 
