@@ -4,12 +4,20 @@ tiled product), its grid, its class table and the images it was predicted from.
 `landcover predict` writes the class table (`LANDCOVER_CLASS_MAP`) and the paths of the images
 it read (`LANDCOVER_SOURCES`) into the map's tags. A tiled product is a directory holding
 `mosaic.vrt`; a VRT carries no tags of its own, so they come from its tiles.
+
+A map's tags are data from whoever made the file: the recorded images are used only when they
+are local files that name no other file (never a URL, a GDAL virtual path or connection
+string, nor a VRT or JSON that could point to one), so opening a received map fetches nothing.
+A mosaic whose tiles are missing (deleted, or listed by the product's collection but not by its
+mosaic) is opened without them, and says which ones are missing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +29,9 @@ from rasterio.crs import CRS
 from landcover.errors import ViewError
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
 from tiling.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
-from tiling.shared.urls import is_local
+from tiling.shared.urls import is_local, local_path
 
-__all__ = ["MapFile", "open_map", "recorded_sources"]
+__all__ = ["MapFile", "local_image", "open_map", "recorded_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +52,17 @@ class MapFile:
     # The files holding its pixels: the map itself, or a VRT's tiles (GDAL exposes no
     # overviews for a VRT of several files: pictures read each tile's own).
     parts: tuple[str, ...] = ()
+    # The tiles of a mosaic that are missing: in the VRT but not on disk, or in the product's
+    # collection but not in the VRT. Areas and pictures leave them out.
+    missing: tuple[str, ...] = ()
+    # The VRT without its missing tiles (XML, GDAL opens it as it is), read in place of `path`.
+    vrt_xml: str | None = None
+
+    @property
+    def readable(self) -> str:
+        """What to open to read the map's pixels: `path`, or the VRT without its missing
+        tiles."""
+        return self.vrt_xml if self.vrt_xml is not None else self.path
 
     @property
     def name(self) -> str:
@@ -82,6 +101,18 @@ def open_map(given: str) -> MapFile:
             if t.b != 0 or t.d != 0 or t.a <= 0 or t.e >= 0:
                 raise ViewError(f"{given}: only north-up maps can be shown; warp it north-up")
             tags = _tags(ds)
+            members = tuple(ds.files[1:]) if _is_vrt(ds) else (path,)
+            absent = tuple(m for m in members if is_local(m) and not os.path.exists(m))
+            unlisted = _unlisted_tiles(path, members) if _is_vrt(ds) else ()
+            if absent or unlisted:
+                names = [Path(m).name for m in (*absent, *unlisted)]
+                logger.warning(
+                    "%s: %d tile(s) of the product are missing (%s); areas and pictures leave "
+                    "them out: predict the product again to restore them",
+                    given,
+                    len(names),
+                    _some(names),
+                )
             return MapFile(
                 given=given,
                 path=path,
@@ -91,7 +122,9 @@ def open_map(given: str) -> MapFile:
                 height=int(ds.height),
                 class_map=_class_map(given, tags),
                 sources=recorded_sources(ds),
-                parts=tuple(ds.files[1:]) if _is_vrt(ds) else (path,),
+                parts=tuple(m for m in members if m not in absent),
+                missing=(*absent, *unlisted),
+                vrt_xml=_without(path, absent) if absent else None,
             )
     except rasterio.errors.RasterioIOError as exc:
         raise ViewError(f"{given}: cannot open the map ({exc})".splitlines()[0]) from None
@@ -102,16 +135,110 @@ def recorded_sources(ds: Any) -> tuple[str, ...]:
     `LANDCOVER_SOURCES` tag, or for a VRT from the tags of its tiles; () when none is
     recorded."""
     found = _sources_of(ds.tags())
-    if found or not _is_vrt(ds):
-        return found
-    union: dict[str, None] = {}
-    for tile in ds.files[1:]:
-        try:
-            with rasterio.open(tile) as part:
-                union.update(dict.fromkeys(_sources_of(part.tags())))
-        except rasterio.errors.RasterioIOError:
-            logger.warning("cannot open the tile %s of %s", tile, ds.name)
-    return tuple(union)
+    if not found and _is_vrt(ds):
+        union: dict[str, None] = {}
+        for tile in ds.files[1:]:
+            if is_local(tile) and not os.path.exists(tile):
+                continue  # said once, as a missing tile
+            try:
+                with rasterio.open(tile) as part:
+                    union.update(dict.fromkeys(_sources_of(part.tags())))
+            except rasterio.errors.RasterioIOError:
+                logger.warning("cannot open the tile %s of %s", tile, ds.name)
+        found = tuple(union)
+    refused = [p for p in found if not local_image(p) and not _absent_local(p)]
+    if refused:
+        logger.warning(
+            "%s: the map records %d image(s) that are not local image files (%s); they are "
+            "not read (a map's tags never make this command fetch anything): pass --imagery "
+            "to show them",
+            ds.name,
+            len(refused),
+            _some(refused),
+        )
+    return tuple(p for p in found if p not in refused)
+
+
+def local_image(path: str) -> bool:
+    """Whether `path`, as recorded in a map's tags, may be opened: a local file that is not a
+    URL, a GDAL virtual path (/vsicurl/...) or connection string (WMS:...), nor a text file
+    (VRT, XML or JSON) that could name other files to read."""
+    file = _plain_local(path)
+    if file is None or not os.path.isfile(file):
+        return False
+    try:
+        with open(file, "rb") as head:
+            start = head.read(256).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError:
+        return False
+    return not start.startswith((b"<", b"{", b"["))
+
+
+def _plain_local(path: str) -> str | None:
+    """The file system path of a local path or file:// URL; None for anything GDAL would
+    read otherwise (a URL, /vsi..., an inline VRT)."""
+    if not is_local(path):
+        return None
+    text = str(local_path(path))
+    if "://" in text or text.startswith("/vsi") or "<" in text:
+        return None
+    return text
+
+
+def _absent_local(path: str) -> bool:
+    """A plain local path with no file: kept, for the pictures to name as unreadable."""
+    file = _plain_local(path)
+    return file is not None and not os.path.exists(file)
+
+
+def _some(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _unlisted_tiles(vrt: str, members: tuple[str, ...]) -> tuple[str, ...]:
+    """The tiles that the product's collection.json (beside the VRT) lists as items and the
+    VRT does not name, as paths beside the VRT; () without a readable collection."""
+    from landcover.prediction.tilecatalog import COLLECTION
+
+    folder = Path(vrt).parent
+    try:
+        collection = json.loads((folder / COLLECTION).read_text(encoding="utf-8"))
+        links = collection.get("links", [])
+        items = [
+            Path(str(link["href"])).stem
+            for link in links
+            if isinstance(link, dict) and link.get("rel") == "item" and "href" in link
+        ]
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return ()
+    named = {Path(m).name for m in members}
+    return tuple(str(folder / f"{item}.tif") for item in items if f"{item}.tif" not in named)
+
+
+def _without(vrt: str, absent: tuple[str, ...]) -> str | None:
+    """The XML of the VRT at `vrt` without the sources that read the files `absent`, every
+    other source by its absolute path; None when the VRT cannot be read."""
+    folder = Path(vrt).parent
+    gone = {os.path.normpath(p) for p in absent}
+    try:
+        root = ET.parse(vrt).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    for band in root.iter("VRTRasterBand"):
+        for source in list(band):
+            name = source.find("SourceFilename")
+            if name is None or not name.text:
+                continue
+            target = name.text
+            if name.get("relativeToVRT") == "1":
+                target = str(folder / target)
+            if os.path.normpath(target) in gone:
+                band.remove(source)
+            elif name.get("relativeToVRT") == "1":
+                name.set("relativeToVRT", "0")
+                name.text = os.path.abspath(target)
+    return ET.tostring(root, encoding="unicode")
 
 
 def _raster_path(given: str) -> str:

@@ -10,25 +10,30 @@ URIs and shown as Leaflet image overlays at the bounds of their grid, so the lay
 exactly at every zoom; the page shows the level that fits the zoom. The page's size grows with
 `detail_px`, not with the maps' size. Reads use the rasters' overviews
 (`landcover.view.display`); the areas in the legend count every pixel
-(`landcover.view.areas`).
+(`landcover.view.areas`), on the ellipsoid.
+
+Every user string (file and directory names, class names, the title) is text on the page: HTML
+escaped in the markup, JSON escaped for a `<script>` element (`landcover.markup`), and put into
+Leaflet's layer switch (which writes names as HTML) escaped by the page's script. Missing tiles
+of a product and codes outside a map's class table are said beside the legend.
 """
 
 from __future__ import annotations
 
-import html
-import json
 import logging
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import rasterio
 import rasterio.warp
 
 from landcover.errors import ViewError
+from landcover.markup import html_text, script_json
 from landcover.view.areas import ClassArea, class_areas
 from landcover.view.display import (
     DisplayGrid,
@@ -42,7 +47,7 @@ from landcover.view.display import (
 )
 from landcover.view.mapfile import MapFile
 
-__all__ = ["DEFAULT_DETAIL_PX", "Page", "ViewConfig", "build_page"]
+__all__ = ["DEFAULT_DETAIL_PX", "Page", "ViewConfig", "build_page", "map_warnings"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +96,10 @@ def build_page(config: ViewConfig) -> Page:
     if not images:
         logger.info("no imagery to show beneath the map(s): showing the classes alone")
     areas = tuple(tuple(class_areas(m)) for m in config.maps)
+    for m, a in zip(config.maps, areas, strict=True):
+        unknown = _unknown_codes(m, a)
+        if unknown:  # missing tiles are said as the map is opened
+            logger.warning("%s", unknown)
     parts = [locate(m.parts, crs, what="map file") for m in config.maps]
     levels = [_level(grid, grids[0], parts, config.maps, located) for grid in grids]
     origin = grids[0]
@@ -195,22 +204,57 @@ def _render(
     static = resources.files("landcover.view").joinpath("static")
     leaflet_css = _inline_css(static.joinpath("leaflet.css").read_text(encoding="utf-8"))
     leaflet_js = _inline_js(static.joinpath("leaflet.js").read_text(encoding="utf-8"))
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    payload = script_json(data)
     legend = "\n".join(_legend(m, a) for m, a in zip(maps, areas, strict=True))
+    warnings = "".join(
+        f'<p class="warning">{html_text(w)}</p>'
+        for m, a in zip(maps, areas, strict=True)
+        for w in map_warnings(m, a)
+    )
     if images:
         shown = f"{len(images)} image(s) beneath the map" + ("s" if len(maps) > 1 else "")
     else:
         shown = "no imagery recorded in the map, or none readable; pass --imagery to show it"
     return _TEMPLATE.format(
-        title=html.escape(title),
+        title=html_text(title),
         leaflet_css=leaflet_css,
         leaflet_js=leaflet_js,
         page_css=_PAGE_CSS,
         page_js=_PAGE_JS,
         payload=payload,
         legend=legend,
-        imagery=html.escape(shown),
+        warnings=warnings,
+        imagery=html_text(shown),
         opacity=round(DEFAULT_OPACITY * 100),
+    )
+
+
+def map_warnings(map_file: MapFile, areas: Sequence[ClassArea]) -> list[str]:
+    """What the legend of `map_file` does not cover: missing tiles, codes outside its class
+    table (one line each, for the page and the command's output)."""
+    found = []
+    if map_file.missing:
+        names = ", ".join(Path(m).name for m in map_file.missing[:5])
+        more = len(map_file.missing) - 5
+        found.append(
+            f"{map_file.name}: {len(map_file.missing)} tile(s) missing ({names}"
+            + (f" and {more} more" if more > 0 else "")
+            + "): the areas and pictures leave them out; predict the product again"
+        )
+    unknown = _unknown_codes(map_file, areas)
+    if unknown:
+        found.append(unknown)
+    return found
+
+
+def _unknown_codes(map_file: MapFile, areas: Sequence[ClassArea]) -> str | None:
+    unknown = [a for a in areas if not a.known]
+    if not unknown:
+        return None
+    return (
+        f"{map_file.name}: {sum(a.pixels for a in unknown):,} pixel(s) hold codes outside the "
+        f"class table ({', '.join(str(a.code) for a in unknown)}): listed as unknown codes, "
+        "not drawn"
     )
 
 
@@ -218,16 +262,18 @@ def _legend(map_file: MapFile, areas: Sequence[ClassArea]) -> str:
     rows = []
     for a in areas:
         colour = "#{:02x}{:02x}{:02x}".format(*a.color)
+        swatch = "swatch" if a.known else "swatch unknown"
         rows.append(
-            f'<tr data-code="{a.code}" data-pixels="{a.pixels}" data-km2="{a.area_km2!r}">'
-            f'<td><span class="swatch" style="background:{colour}"></span></td>'
-            f'<td class="name">{html.escape(a.name)}</td>'
+            f'<tr data-code="{a.code}" data-pixels="{a.pixels}" data-km2="{a.area_km2!r}"'
+            f' data-known="{str(a.known).lower()}">'
+            f'<td><span class="{swatch}" style="background:{colour}"></span></td>'
+            f'<td class="name">{html_text(a.name)}</td>'
             f'<td class="km2">{format_km2(a.area_km2)}</td>'
             f'<td class="share">{a.share * 100:.1f}</td></tr>'
         )
     total = format_km2(sum(a.area_km2 for a in areas))
     return (
-        f'<section class="legend-map"><h2>{html.escape(map_file.name)}</h2>'
+        f'<section class="legend-map"><h2>{html_text(map_file.name)}</h2>'
         "<table><thead><tr><th></th><th>class</th><th>km²</th><th>%</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody>"
         f'<tfoot><tr><td></td><td>mapped</td><td class="km2">{total}</td>'
@@ -270,6 +316,10 @@ body { display: flex; }
 #side tfoot td { border-top: 1px solid #ccc; }
 .swatch { display: inline-block; width: 14px; height: 14px; border: 1px solid #555; }
 .note { color: #666; font-size: 12px; }
+.warning { color: #a00; font-size: 12px; }
+.swatch.unknown {
+  background: repeating-linear-gradient(45deg, #fff 0 3px, #555 3px 5px) !important;
+}
 img.classes { image-rendering: pixelated; }
 """
 
@@ -277,6 +327,12 @@ _PAGE_JS = """
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("view-data").textContent);
+  // Leaflet's layer switch writes a layer's name as HTML: a name is text, so it goes escaped.
+  function asText(name) {
+    return String(name).replace(/[&<>"']/g, function (c) {
+      return "&#" + c.charCodeAt(0) + ";";
+    });
+  }
   const top = data.levels.length - 1;
   const map = L.map("map", {
     crs: L.CRS.Simple, minZoom: -3, maxZoom: top + 5, zoomSnap: 0.25,
@@ -320,7 +376,7 @@ _PAGE_JS = """
       });
     });
   }
-  const layers = {};
+  const layers = Object.create(null);  // a map named "__proto__" is a name too
   let imagery = null;
   if (data.imagery) {
     imagery = new Pyramid(overlays(function (p) { return p.imagery; }, { pane: "imagery" }));
@@ -332,7 +388,11 @@ _PAGE_JS = """
       pane: "classes" + m, className: "classes", opacity: data.opacity,
     }));
     layer.addTo(map);
-    layers[name] = layer;
+    let label = asText(name);
+    for (let n = 2; Object.prototype.hasOwnProperty.call(layers, label); n += 1) {
+      label = asText(name) + " (" + n + ")";
+    }
+    layers[label] = layer;
     return layer;
   });
   L.control.layers(null, layers, { collapsed: false }).addTo(map);
@@ -365,10 +425,12 @@ _TEMPLATE = """<!DOCTYPE html>
 <label for="opacity">map opacity</label>
 <input id="opacity" type="range" min="0" max="100" value="{opacity}">
 <span id="opacity-value">{opacity} %</span>
+{warnings}
 <div id="legend">
 {legend}
 </div>
-<p class="note">Areas count every pixel of the map; nodata is left out of the shares.</p>
+<p class="note">Areas count every pixel of the map, on the ellipsoid; nodata is left out of the
+shares.</p>
 </aside>
 <script id="view-data" type="application/json">{payload}</script>
 <script>{leaflet_js}</script>

@@ -1,10 +1,17 @@
 """Serve one page from 127.0.0.1 on a free port until Ctrl-C (the standard library's HTTP
-server: a page that needs no other file needs no more)."""
+server: a page that needs no other file needs no more).
+
+Only this machine's browser gets the page: the server listens on the loopback address, and it
+answers 403 to a request whose `Host` is not a loopback name with the served port (a web page
+elsewhere could otherwise point a name of its own at 127.0.0.1 and read the page: DNS
+rebinding). The page's address is percent-encoded, so a name with spaces or non-ASCII letters
+is a working URL, and the server decodes the request's path before comparing it."""
 
 from __future__ import annotations
 
 import http.server
 import logging
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +21,7 @@ __all__ = ["PageServer", "serve_page"]
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # this machine only: the page is the user's, not the network's
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")  # what a browser here may send as Host
 
 
 class PageServer(http.server.ThreadingHTTPServer):
@@ -25,16 +33,30 @@ class PageServer(http.server.ThreadingHTTPServer):
         super().__init__((HOST, port), _PageHandler)
 
     @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return int(self.server_address[1])
+
+    @property
     def url(self) -> str:
-        """The page's address."""
-        return f"http://{HOST}:{self.server_address[1]}/{self.page.name}"
+        """The page's address (its name percent-encoded)."""
+        return f"http://{HOST}:{self.port}/{urllib.parse.quote(self.page.name)}"
+
+    def allows_host(self, host: str | None) -> bool:
+        """Whether a request's `Host` header names this server by a loopback name."""
+        if host is None:
+            return False
+        return host.strip().lower() in {f"{name}:{self.port}" for name in LOOPBACK_NAMES}
 
 
 class _PageHandler(http.server.BaseHTTPRequestHandler):
     server: PageServer
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+        if not self.server.allows_host(self.headers.get("Host")):
+            self.send_error(403, "only this machine's loopback names are served")
+            return
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path, errors="replace")
         if path not in ("/", f"/{self.server.page.name}"):
             self.send_error(404, "only the page is served")
             return

@@ -1,5 +1,6 @@
 """A small land-cover COG with known class counts and overviews, the image it is "predicted"
-from, and a tiled product of two such maps side by side (a VRT mosaic in a directory)."""
+from, a tiled product of two such maps side by side (a VRT mosaic in a directory), and the
+areas of a map's classes on the ellipsoid, pixel by pixel."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import numpy.typing as npt
 import rasterio
 import rasterio.shutil
 from affine import Affine
+from pyproj import Geod, Transformer
 
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
-from tiling.classes import get_class_map
+from tiling.classes import ClassMap, get_class_map
 
 UTM = "EPSG:32618"
 X0, Y0 = 500_000.0, 4_000_000.0
@@ -39,9 +41,10 @@ def write_map(
     y0: float = Y0,
     res: float = RES_M,
     crs: str = UTM,
+    class_map: ClassMap = FIVE,
 ) -> Path:
-    """`codes` as a tagged land-cover COG with mode overviews (128 px blocks: maps larger
-    than that have overviews)."""
+    """`codes` as a tagged land-cover COG (class table `class_map`) with mode overviews (128 px
+    blocks: maps larger than that have overviews)."""
     tiled = path.with_suffix(".tiled.tif")
     with rasterio.open(
         tiled,
@@ -56,7 +59,7 @@ def write_map(
         nodata=0,
     ) as dst:
         dst.write(codes, 1)
-        tags = {TAG_CLASS_MAP: json.dumps(FIVE.to_json())}
+        tags = {TAG_CLASS_MAP: json.dumps(class_map.to_json())}
         if sources is not None:
             tags[TAG_SOURCES] = json.dumps(sources)
         dst.update_tags(**tags)
@@ -105,3 +108,23 @@ def write_mosaic(folder: Path, tiles: list[Path], width: int, height: int) -> Pa
     path = folder / "mosaic.vrt"
     path.write_text(vrt)
     return path
+
+
+def geodesic_areas(lc: Path, codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.float64]:
+    """Square metres of each code 0..255: every pixel's corners on the ellipsoid, its area
+    that of the geodesic polygon through them (pyproj.Geod, WGS 84)."""
+    with rasterio.open(lc) as ds:
+        t, crs = ds.transform, ds.crs
+    to_lonlat = Transformer.from_crs(crs.to_wkt(), "EPSG:4326", always_xy=True)
+    geod = Geod(ellps="WGS84")
+    rows, cols = codes.shape
+    cx, cy = np.meshgrid(np.arange(cols + 1), np.arange(rows + 1))
+    lon, lat = to_lonlat.transform(t.c + t.a * cx, t.f + t.e * cy)
+    area = np.zeros(256)
+    for r in range(rows):
+        for c in range(cols):
+            ring_lon = [lon[r, c], lon[r, c + 1], lon[r + 1, c + 1], lon[r + 1, c]]
+            ring_lat = [lat[r, c], lat[r, c + 1], lat[r + 1, c + 1], lat[r + 1, c]]
+            pixel, _ = geod.polygon_area_perimeter(ring_lon, ring_lat)
+            area[codes[r, c]] += abs(pixel)
+    return area
