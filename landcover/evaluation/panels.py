@@ -6,13 +6,13 @@ A scene is a truth raster's footprint on the prediction. Its pictures are read o
 display grid (at most `PANEL_PX` on the longer side): the prediction from its overviews, the
 imagery it was predicted from (recorded by `predict`) from theirs, the truth warped with
 nearest neighbour and remapped as the scores remap it (`landcover.view.display`,
-`tiling.reader`). Drawn with matplotlib, as the confusion matrix is.
+`tiling.reader`). Drawn with matplotlib, as the confusion matrix is; scene and class names are
+plain text in the pictures and escaped in the page (`landcover.markup`).
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import logging
 import math
@@ -28,6 +28,7 @@ from shapely.geometry import box
 from landcover.evaluation.compare import _truth_class_map
 from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation
+from landcover.markup import html_text, plain_figures, plot_text
 from landcover.prediction.outgrid import footprint_in_crs
 from landcover.view.display import DisplayGrid, class_rgba, locate, read_classes, read_imagery
 from landcover.view.mapfile import open_map
@@ -138,6 +139,11 @@ def _size(bounds: tuple[float, float, float, float]) -> tuple[float, float]:
 
 def panel_png(panel: ScenePanel, class_map: ClassMap) -> bytes:
     """The panel as PNG: imagery | truth | prediction | disagreement, a legend beneath."""
+    with plain_figures():
+        return _draw_panel(panel, class_map)
+
+
+def _draw_panel(panel: ScenePanel, class_map: ClassMap) -> bytes:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -162,7 +168,7 @@ def panel_png(panel: ScenePanel, class_map: ClassMap) -> bytes:
             continue
         ax.imshow(picture, interpolation="nearest")
     handles = [
-        Patch(facecolor=_unit(c.color), edgecolor="#555555", label=c.name)
+        Patch(facecolor=_unit(c.color), edgecolor="#555555", label=plot_text(c.name))
         for c in class_map.classes
         if c.code
     ]
@@ -171,18 +177,23 @@ def panel_png(panel: ScenePanel, class_map: ClassMap) -> bytes:
         Patch(facecolor=_unit(DISAGREE_RGB), edgecolor="#555555", label="disagree"),
     ]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
-    fig.suptitle(panel.name, fontsize=10)
+    fig.suptitle(plot_text(panel.name), fontsize=10)
     fig.subplots_adjust(left=0.01, right=0.99, top=0.85, bottom=0.12, wspace=0.04)
     return _png(fig)
 
 
 def classes_png(evaluation: Evaluation) -> bytes:
     """The per-class table (IoU, precision, recall, F1, pixels) as PNG."""
+    with plain_figures():
+        return _draw_classes(evaluation)
+
+
+def _draw_classes(evaluation: Evaluation) -> bytes:
     from matplotlib.figure import Figure
 
     rows = [
         [
-            c.name,
+            plot_text(c.name),
             *(_fmt(v) for v in (c.iou, c.precision, c.recall, c.f1)),
             f"{c.truth_pixels:,}",
             f"{c.predicted_pixels:,}",
@@ -217,20 +228,20 @@ def report_html(
     rows = "".join(
         f'<tr data-code="{c.code}"><td><span class="swatch" style="background:'
         f'{_hex(evaluation.class_map, c.code)}"></span></td><td class="name">'
-        f"{html.escape(c.name)}</td><td>{_fmt(c.iou)}</td><td>{_fmt(c.precision)}</td>"
+        f"{html_text(c.name)}</td><td>{_fmt(c.iou)}</td><td>{_fmt(c.precision)}</td>"
         f"<td>{_fmt(c.recall)}</td><td>{_fmt(c.f1)}</td><td>{c.truth_pixels:,}</td>"
         f"<td>{c.predicted_pixels:,}</td></tr>"
         for c in evaluation.classes
     )
     figures = "".join(
-        f'<figure class="panel"><img alt="{html.escape(caption)}" src="{_uri(png)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        f'<figure class="panel"><img alt="{html_text(caption)}" src="{_uri(png)}">'
+        f"<figcaption>{html_text(caption)}</figcaption></figure>"
         for caption, png in panels
     )
     truth = ", ".join(Path(t).name for t in evaluation.truth)
     return _REPORT.format(
-        title=html.escape(f"Evaluation of {Path(evaluation.prediction).name}"),
-        truth=html.escape(f"{truth} (remapped with {evaluation.truth_class_map})"),
+        title=html_text(f"Evaluation of {Path(evaluation.prediction).name}"),
+        truth=html_text(f"{truth} (remapped with {evaluation.truth_class_map})"),
         pixels=f"{evaluation.pixels:,}",
         accuracy=_fmt(evaluation.pixel_accuracy),
         miou=_fmt(evaluation.mean_iou),

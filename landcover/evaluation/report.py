@@ -3,7 +3,8 @@ the confusion-matrix plot; with the scenes' panels (`landcover.evaluation.panels
 classes.png, panel-NN.png per scene and report.html.
 
 Each file is replaced atomically once all are rendered; matplotlib is imported only when a
-plot is drawn.
+plot is drawn. Names (of the maps, the truth files and the classes) are text in every file:
+escaped for Markdown and HTML, and never mathtext in a plot (`landcover.markup`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from landcover.errors import EvaluationError
 from landcover.evaluation.scores import Evaluation
+from landcover.markup import markdown_text, plain_figures, plot_text
 from landcover.outputs import (
     check_can_create_in,
     refuse_existing,
@@ -131,12 +133,17 @@ def confusion_png(evaluation: Evaluation) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
+    with plain_figures():
+        return _draw_confusion(evaluation)
+
+
+def _draw_confusion(evaluation: Evaluation) -> bytes:
     from matplotlib.figure import Figure
 
     confusion = evaluation.confusion.astype(np.float64)
     rows = confusion.sum(axis=1, keepdims=True)
     share = np.divide(confusion, rows, out=np.zeros_like(confusion), where=rows > 0)
-    names = [c.name for c in evaluation.classes]
+    names = [plot_text(c.name) for c in evaluation.classes]
     k = len(names)
     fig = Figure(figsize=(2.0 + 1.1 * k, 1.6 + 1.0 * k), dpi=100)
     ax = fig.add_subplot()
@@ -168,11 +175,12 @@ def confusion_png(evaluation: Evaluation) -> bytes:
 
 
 def _markdown_report(evaluation: Evaluation) -> str:
+    truth = ", ".join(Path(t).name for t in evaluation.truth)
     header = [
-        f"# Evaluation of {Path(evaluation.prediction).name}",
+        f"# Evaluation of {markdown_text(Path(evaluation.prediction).name)}",
         "",
-        f"Truth: {', '.join(Path(t).name for t in evaluation.truth)} "
-        f"(remapped with `{evaluation.truth_class_map}`)  ",
+        f"Truth: {markdown_text(truth)} "
+        f"(remapped with {markdown_text(evaluation.truth_class_map)})  ",
         "",
     ]
     return "\n".join(header) + evaluation.to_markdown()

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from landcover.errors import EvaluationError
+from landcover.markup import markdown_text
 from tiling.classes import NODATA_CODE, ClassMap
 
 __all__ = ["ClassScore", "Evaluation", "confusion_matrix", "scores_from_confusion"]
@@ -89,7 +90,7 @@ class Evaluation:
         ]
         for c in self.classes:
             lines.append(
-                f"| {c.code} | {c.name} | {_fmt(c.iou)} | {_fmt(c.precision)} | "
+                f"| {c.code} | {markdown_text(c.name)} | {_fmt(c.iou)} | {_fmt(c.precision)} | "
                 f"{_fmt(c.recall)} | {_fmt(c.f1)} | {c.truth_pixels:,} | {c.predicted_pixels:,} |"
             )
         return "\n".join(lines) + "\n"

@@ -1,15 +1,19 @@
 """The scaling report as a document: headings, paragraphs, tables, images and bullets rendered
 to Markdown or to self-contained HTML (images embedded), and the number formats its tables and
-figures share.
+figures share. Every text (headings, paragraphs, cells, list items, image captions) is plain
+text in both renderings: escaped for HTML, and for Markdown (`landcover.markup`), so device,
+store and run names show as written and never as markup.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import math
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from landcover.markup import html_text, markdown_text
 
 __all__ = [
     "Block",
@@ -71,22 +75,37 @@ def render_markdown(blocks: Sequence[Block]) -> str:
     parts: list[str] = []
     for block in blocks:
         if isinstance(block, Heading):
-            parts.append(f"{'#' * block.level} {block.text}")
+            parts.append(f"{'#' * block.level} {markdown_text(block.text)}")
         elif isinstance(block, Paragraph):
-            parts.append(block.text)
+            parts.append(markdown_text(block.text, line_start=True))
         elif isinstance(block, Table):
             lines = [_md_row(block.headers), "|" + "---|" * len(block.headers)]
             lines += [_md_row(row) for row in block.rows]
             parts.append("\n".join(lines))
         elif isinstance(block, Image):
-            parts.append(f"![{block.alt}]({block.filename})")
+            parts.append(f"![{_alt(block.alt)}]({_link(block.filename)})")
         else:
-            parts.append("\n".join(f"- {item}" for item in block.items))
+            parts.append(
+                "\n".join(f"- {markdown_text(item, line_start=True)}" for item in block.items)
+            )
     return "\n\n".join(parts) + "\n"
 
 
 def _md_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "| " + " | ".join(markdown_text(c) for c in cells) + " |"
+
+
+def _alt(text: str) -> str:
+    """An image's text: as in a paragraph, and brackets as character references (a bracket
+    in an image's text would otherwise close it, or open a link, in some renderers)."""
+    escaped = markdown_text(text).replace("\\]", "]")
+    return escaped.replace("[", "&#91;").replace("]", "&#93;")
+
+
+def _link(filename: str) -> str:
+    """A file name as a Markdown link destination: percent-encoded, so that no character of
+    it ends the link."""
+    return urllib.parse.quote(filename)
 
 
 _HTML_STYLE = (
@@ -101,7 +120,7 @@ _HTML_STYLE = (
 def render_html(blocks: Sequence[Block], images: Mapping[str, bytes]) -> str:
     """The blocks as one HTML page with no external references: `images` (file name → PNG
     bytes) are embedded as data URLs."""
-    esc = html.escape
+    esc = html_text
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><title>Scaling report</title>',

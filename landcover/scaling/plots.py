@@ -3,7 +3,8 @@ speed-up, efficiency, load time) and the PROJECTED epoch time of the ring model.
 
 matplotlib's object API on the Agg canvas: no pyplot state, no display needed. Importing this
 module costs about a second (matplotlib), so `landcover.scaling.report` imports it only to
-write files.
+write files. Device, curve and network names are plain text in the figures, never mathtext
+(`landcover.markup`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, ScalarFormatter
 from numpy.typing import ArrayLike
 
+from landcover.markup import plain_figures, plot_text
 from landcover.scaling.curves import ScalingCurve, ScalingRow
 from landcover.scaling.document import format_seconds
 
@@ -27,11 +29,17 @@ def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
     and the power-law fit), speed-up, parallel efficiency and the one-time shard load.
     Oversubscribed runs are drawn hollow; incomplete runs are crosses on the time panels,
     off the lines, and have no speed-up."""
+    with plain_figures():
+        return _scaling_png(curves, device)
+
+
+def _scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
     fig = Figure(figsize=(12, 9), layout="constrained")
     ax_time, ax_speedup, ax_efficiency, ax_load = fig.subplots(2, 2).flat
     all_workers: set[int] = set()
     for i, curve in enumerate(curves):
         color = f"C{i % 10}"
+        name = plot_text(curve.label)
         finished = curve.finished_rows
         workers, epoch_s = _medians(finished, lambda r: r.run.epoch_time_s)
         all_workers.update(r.run.workers for r in curve.rows)
@@ -48,23 +56,19 @@ def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
         base_s = epoch_s[workers.index(base_n)]
         if len(workers) > 1:
             span = np.geomspace(min(workers), max(workers), 50)
-            ax_time.plot(
-                span, base_s * base_n / span, ":", color=color, label=f"{curve.label}: ideal"
-            )
+            ax_time.plot(span, base_s * base_n / span, ":", color=color, label=f"{name}: ideal")
             if curve.fit is not None:
                 fitted = [curve.fit.predict(n) for n in span]
-                label = f"{curve.label}: fit N^{curve.fit.exponent:.2f}"
+                label = f"{name}: fit N^{curve.fit.exponent:.2f}"
                 _model_line(ax_time, span, fitted, color, label)
-        ax_time.plot(
-            workers, epoch_s, "-", color=color, alpha=0.4, label=f"{curve.label}: measured"
-        )
+        ax_time.plot(workers, epoch_s, "-", color=color, alpha=0.4, label=f"{name}: measured")
         _, speedups = _medians(finished, lambda r: r.speedup)
-        ax_speedup.plot(workers, speedups, "o-", color=color, label=curve.label)
+        ax_speedup.plot(workers, speedups, "o-", color=color, label=name)
         ax_speedup.plot(workers, [n / base_n for n in workers], ":", color=color)
         _, efficiencies = _medians(finished, lambda r: r.efficiency)
-        ax_efficiency.plot(workers, efficiencies, "o-", color=color, label=curve.label)
+        ax_efficiency.plot(workers, efficiencies, "o-", color=color, label=name)
         _, loads = _medians(finished, lambda r: r.run.load_time_s)
-        ax_load.plot(workers, loads, "s-", color=color, label=curve.label)
+        ax_load.plot(workers, loads, "s-", color=color, label=name)
         incomplete = [r for r in curve.incomplete_rows if r not in finished]
         if incomplete:
             crosses = {"marker": "x", "color": color, "zorder": 3}
@@ -84,8 +88,8 @@ def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(
-        f"Measured scaling: {device}\n(hollow markers: oversubscribed runs; crosses: incomplete "
-        "runs, not fitted)"
+        f"Measured scaling: {plot_text(device)}\n(hollow markers: oversubscribed runs; "
+        "crosses: incomplete runs, not fitted)"
     )
     return _png(fig)
 
@@ -93,6 +97,13 @@ def scaling_png(curves: Sequence[ScalingCurve], device: str) -> bytes:
 def projection_png(curves: Sequence[ScalingCurve], device: str, project_to: Sequence[int]) -> bytes:
     """The ring model's PROJECTED epoch time of each curve of one device, over the measured
     points, out to the `project_to` worker counts (hollow diamonds, labelled)."""
+    with plain_figures():
+        return _projection_png(curves, device, project_to)
+
+
+def _projection_png(
+    curves: Sequence[ScalingCurve], device: str, project_to: Sequence[int]
+) -> bytes:
     fig = Figure(figsize=(10, 7), layout="constrained")
     ax = fig.subplots()
     all_workers: set[int] = set(project_to)
@@ -111,13 +122,15 @@ def projection_png(curves: Sequence[ScalingCurve], device: str, project_to: Sequ
             [t for _, t in measured],
             color=color,
             zorder=3,
-            label=f"{curve.label}: measured",
+            label=f"{plot_text(curve.label)}: measured",
         )
         low = min(p.workers for p in projection.points)
         top = max(p.workers for p in projection.points)
         span = sorted({round(n) for n in np.geomspace(low, top, 80)} | {low, top})
         projected = [projection.model.epoch_time_s(n) for n in span]
-        label = f"{curve.label}: PROJECTED over {projection.model.network.name}"
+        label = (
+            f"{plot_text(curve.label)}: PROJECTED over {plot_text(projection.model.network.name)}"
+        )
         _model_line(ax, span, projected, color, label)
         targets = [p for p in projection.points if p.measured_epoch_time_s is None]
         ax.scatter(
@@ -138,7 +151,7 @@ def projection_png(curves: Sequence[ScalingCurve], device: str, project_to: Sequ
             )
         all_workers.update(p.workers for p in projection.points)
     ax.set(xscale="log", yscale="log", xlabel="workers", ylabel="epoch time (s)")
-    ax.set_title(f"PROJECTED epoch time (ring all-reduce model): {device}")
+    ax.set_title(f"PROJECTED epoch time (ring all-reduce model): {plot_text(device)}")
     ax.text(
         0.5,
         0.5,

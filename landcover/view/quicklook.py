@@ -1,6 +1,7 @@
 """The quicklook of a land-cover map: a small PNG of the map in its class colours with a legend
 beside it, drawn from the map's overviews (or its tiles' overviews, for a mosaic) after the map
-is written. `landcover predict` puts it beside its output as `<out>.quicklook.png`."""
+is written. `landcover predict` puts it beside its output as `<out>.quicklook.png`. The map's
+and classes' names are plain text in it, never mathtext (`landcover.markup`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 
 import numpy as np
 
+from landcover.markup import plain_figures, plot_text
 from landcover.outputs import refuse_existing, write_bytes_atomic
 from landcover.view.display import DisplayGrid, class_rgba, locate, read_classes
 from landcover.view.mapfile import MapFile, open_map
@@ -49,6 +51,11 @@ def quicklook_png(map_file: MapFile, *, long_side_px: int = QUICKLOOK_PX) -> byt
     import matplotlib
 
     matplotlib.use("Agg")
+    with plain_figures():
+        return _draw(map_file, long_side_px)
+
+
+def _draw(map_file: MapFile, long_side_px: int) -> bytes:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -66,12 +73,13 @@ def quicklook_png(map_file: MapFile, *, long_side_px: int = QUICKLOOK_PX) -> byt
     ax.set_axis_off()
     fig.legend(
         handles=[
-            Patch(facecolor=_unit(c.color), edgecolor="#555555", label=c.name) for c in classes
+            Patch(facecolor=_unit(c.color), edgecolor="#555555", label=plot_text(c.name))
+            for c in classes
         ],
         loc="center right",
         frameon=False,
         fontsize=9,
-        title=map_file.name,
+        title=plot_text(map_file.name),
         title_fontsize=9,
     )
     buffer = io.BytesIO()

@@ -27,9 +27,9 @@ BLOCKS = (
 )
 
 
-def test_markdown_escapes_table_pipes_and_links_images() -> None:
+def test_markdown_escapes_html_and_table_pipes_and_links_images() -> None:
     assert render_markdown(BLOCKS) == (
-        "# Scaling <report>\n\na & b\n\n| mode | time |\n|---|---|\n| none \\| fp16 | 1.00 |"
+        "# Scaling &lt;report&gt;\n\na & b\n\n| mode | time |\n|---|---|\n| none \\| fp16 | 1.00 |"
         "\n\n![Measured](scaling-cpu.png)\n\n- one\n- two\n"
     )
 
