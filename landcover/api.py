@@ -20,6 +20,7 @@ CLI would print.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack
@@ -122,6 +123,7 @@ def predict(
     from landcover.prediction.tiled import predict_product
     from landcover.prediction.tileplan import TiledSetup, check_tile_size
 
+    _check_types({"tile_px": tile_px}, {"tile_px": "int | None"}, "predict")
     config = _config(
         PredictConfig,
         model=os.fspath(model),
@@ -152,7 +154,8 @@ def _strings(sources: Sources) -> tuple[str, ...]:
 
 
 def _config(kind: type[Any], **values: Any) -> Any:
-    """`kind(**values)`, with an unknown option named as a one-line error."""
+    """`kind(**values)`, with an unknown option, or a value of the wrong type, named as a
+    one-line error."""
     names = {f.name for f in dataclasses.fields(kind) if f.init}
     unknown = sorted(set(values) - names)
     if unknown:
@@ -160,7 +163,44 @@ def _config(kind: type[Any], **values: Any) -> Any:
             f"unknown option {unknown[0]!r} for {kind.__name__}; use one of: "
             + ", ".join(sorted(names))
         )
+    hints = {f.name: f.type for f in dataclasses.fields(kind) if isinstance(f.type, str)}
+    _check_types(values, hints, kind.__name__)
     return kind(**values)
+
+
+def _check_types(values: Mapping[str, Any], hints: Mapping[str, str], where: str) -> None:
+    """One line for an option whose value is not of its annotated type (`tile_px="256"`),
+    before it fails deep inside as a TypeError. Annotations this cannot read are not
+    checked: the config's own checks still apply."""
+    for name, value in values.items():
+        hint = hints.get(name)
+        if hint is None or _accepts(value, hint) is not False:
+            continue
+        raise LandcoverError(
+            f"{name}={value!r}: {where} takes {name} as {hint}, not a {type(value).__name__}"
+        )
+
+
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (numbers.Integral,),  # numpy's integers too
+    "float": (numbers.Real,),
+    "str": (str,),
+    "bool": (bool,),
+    "None": (type(None),),
+}
+
+
+def _accepts(value: Any, hint: str) -> bool | None:
+    """Whether `value` fits the annotation `hint` (an int is no bool, a bool no int); None
+    when the annotation is more than simple types joined by `|` (not judged)."""
+    answers = []
+    for part in (p.strip() for p in hint.split("|")):
+        kinds = _SCALARS.get(part)
+        if kinds is None:
+            return None
+        fits = isinstance(value, kinds) and (part == "bool" or not isinstance(value, bool))
+        answers.append(fits)
+    return any(answers)
 
 
 def _region(

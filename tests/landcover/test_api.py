@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from shapely.geometry import box
 
 import landcover
+from cluster.errors import ClusterError
 from landcover.cli import main
 from landcover.errors import LandcoverError, RegionError
 from tests.landcover.conftest import TINY_CHIP_PX
@@ -120,3 +122,37 @@ def test_the_typed_options_are_the_config_fields_a_call_does_not_name(
     fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
     keys = set(getattr(landcover.apioptions, options).__annotations__)
     assert keys == fields - by_name
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        (lambda out: landcover.predict("m.pt", "a.tif", out / "p", tile_px="256"),
+         "tile_px='256': predict takes tile_px as int | None, not a str"),
+        (lambda out: landcover.predict("m.pt", "a.tif", out / "p.tif", batch_size=2.5),
+         "batch_size=2.5: PredictConfig takes batch_size as int, not a float"),
+        (lambda out: landcover.tile("a.tif", out / "s.zarr", chip_size=True),
+         "chip_size=True: TileConfig takes chip_size as int, not a bool"),
+        (lambda out: landcover.train("s.zarr", out / "run", epochs="3"),
+         "epochs='3': TrainConfig takes epochs as int, not a str"),
+    ],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_one_line(call: Any, said: str, tmp_path: Path) -> None:
+    """Before: `tile_px="256"` ended in a TypeError ("'<' not supported between instances of
+    'str' and 'int'"), an internal error."""
+    with pytest.raises(LandcoverError) as raised:
+        call(tmp_path)
+    assert str(raised.value) == said
+
+
+def test_a_closed_client_is_one_line(tmp_path: Path) -> None:
+    import distributed
+
+    with (
+        distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        pass
+    with pytest.raises(ClusterError) as raised:
+        landcover.tile("a.tif", tmp_path / "s.zarr", cluster=client)
+    assert str(raised.value).startswith("the distributed.Client given is closed: pass an open")
