@@ -242,8 +242,12 @@ def _without(vrt: str, absent: tuple[str, ...]) -> str | None:
 
 
 def _raster_path(given: str) -> str:
-    target = Path(given)
-    if is_local(given) and target.is_dir():
+    """The raster to open for `given`: a local path (a file:// URL is one), a tiled product's
+    mosaic, or a URL as it is."""
+    if not is_local(given):
+        return given
+    target = local_path(given)
+    if target.is_dir():
         # The product's own name for it; its module imports torch, paid only here.
         from landcover.prediction.tilecatalog import MOSAIC
 
@@ -254,9 +258,9 @@ def _raster_path(given: str) -> str:
                 "directory of a tiled product (`landcover predict --out DIR/`)"
             )
         return str(mosaic)
-    if is_local(given) and not target.exists():
+    if not target.exists():
         raise ViewError(f"{given}: no such map; give the path of a land-cover COG or VRT")
-    return given
+    return str(target)
 
 
 def _is_vrt(ds: Any) -> bool:

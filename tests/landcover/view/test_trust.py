@@ -336,3 +336,15 @@ def test_codes_outside_the_class_table_are_unknown_codes_not_mapped_classes(
     assert "128 pixel(s) hold codes outside the class table (9)" in caplog.text
     assert '<tr data-code="9"' in page.html and "unknown code 9" in page.html
     assert "hold codes outside the class table (9)" in page.html
+
+
+def test_file_urls_name_maps_and_products(
+    product: tuple[Path, list[Path], list[npt.NDArray[np.uint8]]], tmp_path: Path
+) -> None:
+    folder, tiles, _ = product
+    page = tmp_path / "page.html"
+    maps = [tiles[0].as_uri(), f"{folder.as_uri()}/"]
+    result = CliRunner().invoke(main, ["view", *maps, "--out", str(page)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {page}: 2 map(s)")
+    assert [open_map(m).name for m in maps] == ["tile_0_0.tif", "product"]
