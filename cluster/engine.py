@@ -147,8 +147,9 @@ class LaunchOptions:
     timeout_s: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
-    # False: the local engine removes a job's temporary log folder (a job without an output
-    # dir) unless a worker crashed, for a caller that streams the output (`--nproc`).
+    # A job's temporary log folder (a job without a local output dir) is removed when it
+    # succeeds. False: also when its workers refused their input (their one line says it all),
+    # for a caller that streams the output (`--nproc`); a crash always keeps it.
     keep_logs: bool = True
 
 

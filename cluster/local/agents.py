@@ -129,7 +129,7 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
             + f"; logs: {plan.log_path(node)}"
         )
     logger.info("local job %s finished in %.1f s", plan.rdzv_id, wall_time_s)
-    if drop_logs:  # the caller streamed every line
+    if plan.temporary_logs:  # a success leaves nothing in $TMPDIR (a failure keeps them)
         shutil.rmtree(log_dir, ignore_errors=True)
     out = plan.job.output_dir
     return LaunchResult(
@@ -137,7 +137,7 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
         job_id=plan.rdzv_id,
         status="succeeded",
         run_dir=None if out is None or not is_local(out) else out,
-        log_location=None if drop_logs else str(log_dir),
+        log_location=None if plan.temporary_logs else str(log_dir),
         wall_time_s=wall_time_s,
     )
 

@@ -18,9 +18,9 @@ when that is a URL or there is none). Workers that fail leave their one-line err
 (`cluster.failures`). If any agent fails, the others are stopped and `LaunchError` gives the
 first failing rank's own error line and LOG_DIR, or, when no worker left one (a killed worker),
 the failing node's log.
-With `LaunchOptions.keep_logs=False` (a caller that streams the output: `--nproc`), a
-temporary LOG_DIR is removed once the job succeeds or its workers refused their input (that
-error is its own line, without LOG_DIR); a crash keeps it.
+A temporary LOG_DIR is removed once the job succeeds; with `LaunchOptions.keep_logs=False`
+(a caller that streams the output: `--nproc`) also when its workers refused their input (that
+error is its own line, without LOG_DIR); a crash keeps it, named in the error.
 
 The job's secret environment (the storage options) reaches the agents, and through them the
 workers, only in their process environment: never in an argument, a log line or a file.

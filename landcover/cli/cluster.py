@@ -283,7 +283,9 @@ def _launch_and_report(
     else:
         click.echo(
             f"done: {result.engine} job {result.job_id} in {result.wall_time_s:.1f} s; "
-            f"{result_text(result)}; logs {result.log_location}{where}"
+            f"{result_text(result)}"
+            + (f"; logs {result.log_location}" if result.log_location else "")
+            + where
         )
 
 

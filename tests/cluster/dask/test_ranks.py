@@ -1,8 +1,10 @@
 """Ranks on Dask workers: a rank whose worker dies is the cause the launch reports, in one
-line naming the rank and its worker, not the collective error it left the other ranks."""
+line naming the rank and its worker, not the collective error it left the other ranks; a
+refused input is the rank's own line; temporary logs stay only after a crash."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,8 +13,8 @@ import distributed
 import pytest
 
 from cluster.clusterjson import parse_cluster_spec
-from cluster.dask.engine import plan_dask, run_ranks
-from cluster.engine import Job
+from cluster.dask.engine import DaskEngine, plan_dask, run_ranks
+from cluster.engine import Job, LaunchOptions
 from cluster.errors import LaunchError
 
 
@@ -45,3 +47,28 @@ def test_a_killed_ranks_worker_is_the_one_line_cause(client: Any, tmp_path: Path
     assert message.startswith("dask job failed: rank 1 (worker tcp://"), message
     assert ") died: killed by signal 9 (logs: " in message, message
     assert "\n" not in message and "gloo" not in message
+
+
+@pytest.mark.parametrize("outcome", ["succeeds", "refuses", "crashes"])
+def test_a_jobs_temporary_logs_stay_only_where_a_crash_needs_them(
+    client: Any, outcome: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job without a local output logs to a landcover-dask-* folder of the temporary
+    directory: gone once it succeeds (before: left behind), gone when its ranks refused their
+    input (the error is that one line, as one process prints it), kept and named for a crash."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    spec = parse_cluster_spec({"engine": "dask", "targetNodeCount": 1, "processesPerNode": 2})
+    plan = plan_dask(spec, Job("tests.cluster.dask.outcome_rank", (outcome,)), client=client)
+    assert plan.temporary_logs and Path(plan.log_dir).parent == tmp_path
+    if outcome == "succeeds":
+        result = DaskEngine().launch(plan, LaunchOptions())
+        assert result.log_location is None
+    else:
+        with pytest.raises(LaunchError) as failed:
+            DaskEngine().launch(plan, LaunchOptions())
+        said = {
+            "refuses": "no image files match 'x/*.tif'",
+            "crashes": f"dask job failed: internal error: KeyError: 'x' (logs: {plan.log_dir})",
+        }
+        assert str(failed.value) == said[outcome]
+    assert Path(plan.log_dir).exists() == (outcome == "crashes")
