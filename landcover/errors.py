@@ -67,3 +67,7 @@ class ExportError(LandcoverError):
 
 class ViewError(LandcoverError):
     """A map or imagery that `landcover view` (or a picture of a map) cannot show."""
+
+
+class ChangeError(LandcoverError):
+    """Two maps that cannot be compared for change (class tables, CRS, grids)."""

@@ -55,11 +55,13 @@ def view_command(
 ) -> None:
     """Write a page showing MAP(s) (land-cover COGs, VRT mosaics or tiled product
     directories) over their imagery: class colours, a legend with each class's area,
-    opacity, zoom and pan."""
+    opacity, zoom and pan. The output directory of `landcover change` shows its change map
+    over the two maps it compares."""
     from landcover.view import ViewConfig, build_page, open_map, serve_page
     from tiling.sources import expand_inputs
 
     page_path = Path(out)
+    maps, change_title = _with_change_maps(maps)
     require_distinct([("--out", out)], inputs=[("map", m) for m in maps])
     check_output_file(page_path, option="--out", overwrite=overwrite, example="map.html")
     opened = tuple(open_map(m) for m in maps)
@@ -69,7 +71,7 @@ def view_command(
             maps=opened,
             imagery=None if images is None else tuple(images),
             detail_px=detail_px,
-            title=title,
+            title=title or change_title,
         )
     )
     write_text_atomic(page_path, page.html, overwrite=overwrite)
@@ -80,3 +82,20 @@ def view_command(
     )
     if serve:
         serve_page(page_path, ready=lambda url: click.echo(f"serving {url} (Ctrl-C stops)"))
+
+
+def _with_change_maps(maps: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """The maps with each `landcover change` output directory replaced by its change map and
+    the two maps it compares (a layer each), and a title for a page of one change."""
+    from landcover.change.transitions import CHANGE_MAP, read_change_record
+
+    expanded: list[str] = []
+    title = None
+    for given in maps:
+        record = read_change_record(given) if Path(given).is_dir() else None
+        if record is None:
+            expanded.append(given)
+            continue
+        expanded += [str(Path(given) / CHANGE_MAP), record.before, record.after]
+        title = f"Change from {Path(record.before).name} to {Path(record.after).name}"
+    return tuple(expanded), title if len(maps) == 1 else None

@@ -35,6 +35,7 @@ __all__ = [
     "draw_sample",
     "open_maps",
     "pixel_area_m2",
+    "require_whole",
 ]
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class SamplePoints:
 def open_maps(paths: Sequence[str]) -> list[MapFile]:
     """The maps at `paths`, refused in one line when they cannot be one population: class
     tables, CRSs or pixel sizes that differ, or maps that overlap (a pixel counted twice)."""
-    maps = [open_map(p) for p in paths]
+    maps = [require_whole(open_map(p)) for p in paths]
     first = maps[0]
     for other in maps[1:]:
         if other.class_map.class_names != first.class_map.class_names:
@@ -127,6 +128,18 @@ def open_maps(paths: Sequence[str]) -> list[MapFile]:
                     "twice; give maps that tile the region (or a tiled product)"
                 )
     return maps
+
+
+def require_whole(m: MapFile) -> MapFile:
+    """`m`, refused when tiles of its product are missing: its class areas (the strata, the
+    change) would leave them out unsaid."""
+    if m.missing:
+        names = ", ".join(m.missing[:3]) + (" ..." if len(m.missing) > 3 else "")
+        raise EvaluationError(
+            f"{m.given}: {len(m.missing)} tile(s) of the product are missing ({names}); "
+            "restore them (or predict them again) so that every pixel of the map counts"
+        )
+    return m
 
 
 def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:

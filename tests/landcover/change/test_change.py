@@ -1,0 +1,199 @@
+"""`landcover change`: the transition matrix of two synthetic years with a known edit is
+exact, the change COG holds the from-to codes with a colour table and names, a tiled product
+works as input, `landcover view DIR` shows the change over both maps, and maps that cannot be
+compared are refused in one line each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from click.testing import CliRunner
+
+from landcover.change import Transitions, change_class_map, transitions_png
+from landcover.cli.app import main
+from tests.landcover.change.years import (
+    IMPERVIOUS,
+    TREE,
+    map_from_labels,
+    retag,
+    second_year,
+    true_transitions,
+)
+from tests.landcover.view.maps import FIVE, RES_M, X0, class_blocks, write_map, write_mosaic
+from tiling.classes import ClassInfo, ClassMap
+from tiling.synth import SynthResult
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def years(
+    tiny_scenes: SynthResult, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    folder = tmp_path_factory.mktemp("years")
+    first, before = map_from_labels(tiny_scenes.label_paths[0], folder / "2018.tif")
+    second, after = second_year(before, folder / "2020.tif", first, slice(100, 300), slice(50, 350))
+    return first, second, before, after
+
+
+def test_the_transitions_of_two_years_are_exact(
+    years: tuple[Path, Path, np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    first, second, before, after = years
+    out = tmp_path / "change"
+    code, text = run("change", str(first), str(second), "--out", str(out))
+    assert code == 0, text
+    doc = json.loads((out / "change.json").read_text())
+    expected = true_transitions(before, after)
+    assert doc["transitions"]["pixels"] == expected.tolist()
+    lost = int(expected[TREE - 1, IMPERVIOUS - 1])
+    assert lost > 0 and expected.sum() - np.trace(expected) == lost  # the one edit, no other
+    with rasterio.open(first) as ds:
+        pixel_km2 = abs(ds.transform.a * ds.transform.e) / 1e6
+    tree = next(c for c in doc["classes"] if c["code"] == TREE)
+    assert tree["loss_km2"] == pytest.approx(lost * pixel_km2)
+    assert tree["net_km2"] == pytest.approx(-lost * pixel_km2)
+    impervious = next(c for c in doc["classes"] if c["code"] == IMPERVIOUS)
+    assert impervious["gain_km2"] == pytest.approx(lost * pixel_km2)
+    with rasterio.open(out / "change.tif") as ds:
+        codes = ds.read(1)
+        assert ds.colormap(1)[(TREE - 1) * 4 + IMPERVIOUS][:3] == FIVE.classes[IMPERVIOUS].color
+        table = ClassMap.from_json(json.loads(ds.tags()["LANDCOVER_CLASS_MAP"]))
+    assert table.class_names[(TREE - 1) * 4 + IMPERVIOUS] == "tree canopy→barren / impervious"
+    both = (before > 0) & (after > 0)
+    assert np.array_equal(codes[both], ((before - 1) * 4 + after)[both])
+    assert not codes[~both].any()
+    assert "| tree canopy |" in (out / "change.md").read_text()
+    assert (out / "change.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "change.json", "change.md", "change.png", "change.tif",
+    ]  # fmt: skip
+
+
+def test_a_tiled_product_in_gives_the_change_of_the_one_cog(tmp_path: Path) -> None:
+    codes = class_blocks(200, 260, seed=2)
+    later = codes.copy()
+    later[20:120, 30:90] = 3
+    cog_before = write_map(tmp_path / "before.tif", codes)
+    cog_after = write_map(tmp_path / "after.tif", later)
+    product = tmp_path / "product"
+    product.mkdir()
+    tiles = [
+        write_map(product / "E0.tif", codes[:, :130]),
+        write_map(product / "E1.tif", codes[:, 130:], x0=X0 + 130 * RES_M),
+    ]
+    write_mosaic(product, tiles, 130, 200)
+    assert run("change", str(cog_before), str(cog_after), "--out", str(tmp_path / "a"))[0] == 0
+    assert run("change", str(product), str(cog_after), "--out", str(tmp_path / "b"))[0] == 0
+    a = json.loads((tmp_path / "a" / "change.json").read_text())
+    b = json.loads((tmp_path / "b" / "change.json").read_text())
+    assert a["transitions"] == b["transitions"]
+    (product / "E1.tif").rename(product / "gone.tif")
+    code, text = run("change", str(product), str(cog_after), "--out", str(tmp_path / "d"))
+    assert code == 2 and "1 tile(s) of the product are missing (" in text, text
+    code, text = run("sample", str(product), "--out", str(tmp_path / "s.csv"), "--size", "300")
+    assert code == 2 and "1 tile(s) of the product are missing (" in text, text
+    (product / "gone.tif").rename(product / "E1.tif")
+    page = tmp_path / "page.html"
+    code, text = run("view", str(tmp_path / "b"), "--out", str(page))
+    assert code == 0, text
+    assert "3 map(s)" in text
+    html = page.read_text()
+    assert "Change from product to after.tif" in html and "tree canopy→low vegetation" in html
+
+
+def test_resample_warps_after_onto_the_grid_of_before(tmp_path: Path) -> None:
+    codes = class_blocks(120, 160, seed=5)
+    before = write_map(tmp_path / "before.tif", codes)
+    # the same map, one pixel to the east of the grid, as a map half the resolution
+    shifted = write_map(tmp_path / "after.tif", codes, x0=X0 + RES_M)
+    code, text = run("change", str(before), str(shifted), "--out", str(tmp_path / "c"))
+    assert code == 2 and "is not on the grid of" in text and "--resample" in text
+    code, text = run("change", str(before), str(shifted), "--out", str(tmp_path / "c"),
+                     "--resample")  # fmt: skip
+    assert code == 0, text
+    doc = json.loads((tmp_path / "c" / "change.json").read_text())
+    assert doc["resampled"] is True
+    expected = codes.copy()
+    expected[:, 1:] = codes[:, :-1]  # after, read on before's grid
+    expected[:, 0] = 0
+    after = np.where(codes > 0, expected, 0).astype(np.uint8)
+    assert doc["transitions"]["pixels"] == _counts(codes, after).tolist()
+
+
+def _counts(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    both = (before > 0) & (after > 0)
+    flat = (before[both].astype(np.int64) - 1) * 4 + (after[both].astype(np.int64) - 1)
+    return np.bincount(flat, minlength=16).reshape(4, 4)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("class-table", "change needs maps of one class table"),
+        ("crs", "is in EPSG:32617 and"),
+        ("size", "is not on the grid of"),
+        ("exists", "--overwrite"),
+        ("out-is-file", "exists and is not a directory"),
+    ],
+)
+def test_maps_that_cannot_be_compared_are_refused_in_one_line(
+    tmp_path: Path, bad: str, message: str
+) -> None:
+    codes = class_blocks(60, 80, seed=1)
+    before = write_map(tmp_path / "before.tif", codes)
+    after = write_map(tmp_path / "after.tif", codes)
+    out = tmp_path / "out"
+    if bad == "class-table":
+        other = ClassMap(
+            "other",
+            (*FIVE.classes[:4], ClassInfo(4, "quarry", (1, 2, 3))),
+            {k: k for k in range(5)},
+        )
+        after = retag(write_map(tmp_path / "other.tif", codes), other)
+    elif bad == "crs":
+        after = write_map(tmp_path / "other.tif", codes, crs="EPSG:32617")
+    elif bad == "size":
+        after = write_map(tmp_path / "other.tif", codes[:, :70])
+    elif bad == "exists":
+        out.mkdir()
+        (out / "change.md").write_text("earlier")
+    elif bad == "out-is-file":
+        out.write_text("a file")
+    code, text = run("change", str(before), str(after), "--out", str(out))
+    assert code == 2 and message in text and text.count("\n") == 1, text
+    if bad == "exists":
+        assert sorted(p.name for p in out.iterdir()) == ["change.md"]
+    elif bad != "out-is-file":
+        assert not out.exists() or not any(out.iterdir())
+
+
+def test_class_names_with_dollars_are_plain_text_in_the_plot() -> None:
+    """A `$...$` in a name would be parsed as mathtext (and `\\undefined` fail the draw)."""
+    table = ClassMap(
+        "dollars",
+        (ClassInfo(0, "nodata", (0, 0, 0)), ClassInfo(1, r"cost $\undefined$", (9, 9, 9)),
+         ClassInfo(2, "b", (200, 9, 9))),
+        {0: 0, 1: 1, 2: 2},
+    )  # fmt: skip
+    t = Transitions("a", "b", table, np.array([[5, 1], [0, 3]]), 1e-6)
+    assert transitions_png(t)[:4] == b"\x89PNG"
+    assert change_class_map(table).class_names[2] == r"cost $\undefined$→b"
+
+
+def test_the_change_record_round_trips_and_a_newer_one_is_refused() -> None:
+    from landcover.errors import ChangeError
+
+    t = Transitions("a.tif", "b.tif", FIVE, np.arange(16).reshape(4, 4), 1e-6)
+    back = Transitions.from_json(json.loads(json.dumps(t.to_json())))
+    assert np.array_equal(back.pixels, t.pixels) and back.class_map == FIVE
+    newer = {**t.to_json(), "version": 99}
+    with pytest.raises(ChangeError, match="upgrade landcover"):
+        Transitions.from_json(newer)
