@@ -5,7 +5,6 @@ from the user's files (paths, class names) is HTML-escaped.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from landcover.errors import EvaluationError
 from landcover.evaluation.areaestimate import Z_95, AreaEstimate
 from landcover.evaluation.samplecompare import SampleEvaluation
+from landcover.markup import html_text, markdown_text
 from landcover.outputs import check_can_create_in, refuse_existing, write_files_atomic
 from tiling.shared.atomic import text_writer
 
@@ -127,13 +127,10 @@ def _matrix_rows(e: AreaEstimate) -> tuple[list[str], list[list[str]]]:
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
     return [
-        "| " + " | ".join(cell(h) for h in header) + " |",
+        "| " + " | ".join(markdown_text(h) for h in header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows),
+        *("| " + " | ".join(markdown_text(v) for v in row) + " |" for row in rows),
     ]
 
 
@@ -143,10 +140,11 @@ def area_markdown(evaluation: SampleEvaluation) -> str:
     e = evaluation.estimate
     source = evaluation.reference_raster or evaluation.reference
     lines = [
-        f"# Area and accuracy of {Path(evaluation.prediction).name}",
+        f"# Area and accuracy of {markdown_text(Path(evaluation.prediction).name)}",
         "",
         f"Stratified sample: {int(e.counts.sum()):,} points of "
-        f"{Path(evaluation.reference).name}, references from {Path(source).name} "
+        f"{markdown_text(Path(evaluation.reference).name)}, references from "
+        f"{markdown_text(Path(source).name)} "
         "(estimators of Olofsson et al. 2014; 95 % CI = estimate ± 1.96 SE).  ",
         f"Map: {e.total_area:,.4f} km² in {e.total_pixels:,} pixels.  ",
         f"Overall accuracy: {_num(e.overall_accuracy)} (SE {_num(e.overall_accuracy_se)})",
@@ -166,9 +164,9 @@ def area_markdown(evaluation: SampleEvaluation) -> str:
 
 
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    head = "".join(f"<th>{html_text(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows
+        "<tr>" + "".join(f"<td>{html_text(v)}</td>" for v in row) + "</tr>" for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -189,11 +187,11 @@ def area_report_html(evaluation: SampleEvaluation) -> str:
     header, rows = _matrix_rows(e)
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
+        f"<title>{html_text(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{html_text(title)}</h1>",
         f"<p>Stratified sample of {int(e.counts.sum()):,} points "
-        f"({html.escape(Path(evaluation.reference).name)}), references from "
-        f"{html.escape(Path(source).name)}; estimators of Olofsson et al. (2014), "
+        f"({html_text(Path(evaluation.reference).name)}), references from "
+        f"{html_text(Path(source).name)}; estimators of Olofsson et al. (2014), "
         "95 % CI = estimate ± 1.96 SE.</p>",
         f"<p>Overall accuracy {_num(e.overall_accuracy)} (SE {_num(e.overall_accuracy_se)}); "
         f"map area {e.total_area:,.4f} km².</p>",

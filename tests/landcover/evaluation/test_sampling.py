@@ -195,7 +195,9 @@ def _table(name: str) -> ClassMap:
     return ClassMap("custom", classes, {k: k for k in range(5)})
 
 
-def test_class_names_are_escaped_in_the_page(codes: np.ndarray, tmp_path: Path) -> None:
+def test_class_names_are_escaped_in_the_page_and_the_markdown(
+    codes: np.ndarray, tmp_path: Path
+) -> None:
     hostile = "<img src=x onerror=alert(1)>$x$"
     path = retag(write_map(tmp_path / "m.tif", codes), _table(hostile))
     sample = tmp_path / "s.csv"
@@ -208,6 +210,8 @@ def test_class_names_are_escaped_in_the_page(codes: np.ndarray, tmp_path: Path) 
     assert code == 0, out
     page = (tmp_path / "r" / "report.html").read_text()
     assert hostile not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    markdown = (tmp_path / "r" / "metrics.md").read_text()
+    assert hostile not in markdown and "&lt;img src=x onerror=alert(1)&gt;\\$x\\$" in markdown
 
 
 @pytest.mark.parametrize(
