@@ -23,6 +23,7 @@ NOTEBOOKS = (
     "02_train_and_scale.ipynb",
     "03_predict_region.ipynb",
     "04_dask.ipynb",
+    "05_area_and_change.ipynb",
 )
 KERNEL = "python3"
 CELL_TIMEOUT_S = 300
@@ -31,6 +32,7 @@ FIGURE_CELLS = {
     "01_tile_naip.ipynb": {"mosaic", "zoom", "balance", "chips", "split", "real-show"},
     "02_train_and_scale.ipynb": {"curves", "report-figures"},
     "03_predict_region.ipynb": {"compare", "confidence", "confusion"},
+    "05_area_and_change.ipynb": {"estimate-plot", "change-plot"},
 }
 
 
@@ -161,3 +163,13 @@ def test_dask_notebook_runs_every_stage_on_the_cluster(work: Path) -> None:
     assert stdout(notebook, "train").count("ran in Dask worker tcp://") == 2
     assert "same pixels as one process: True" in stdout(notebook, "predict")
     assert (work / "04-dask" / "run" / "model.pt").is_file()
+
+
+@pytest.mark.slow  # ~15 s: synth one scene, sample, estimate, change
+def test_area_and_change_notebook_estimates_and_finds_the_known_change(work: Path) -> None:
+    notebook = execute("05_area_and_change.ipynb", cwd=NOTEBOOK_DIR)
+
+    assert_figures(notebook, "05_area_and_change.ipynb")
+    assert "transition matrix exact: True" in stdout(notebook, "change")
+    assert stdout(notebook, "estimate").count("covered: ") == 4
+    assert (work / "05-area-and-change" / "change" / "change.tif").is_file()
