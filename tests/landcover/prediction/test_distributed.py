@@ -37,11 +37,7 @@ from landcover.prediction.region import parse_region
 from landcover.prediction.runner import PredictResult, predict_region
 from tests.azurite import Azurite
 from tests.landcover.prediction.inputs import UTM18, read, write_model
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "random.pt", seed=7)
+from tests.support.prediction import config_for
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +73,6 @@ def run_ranks(config: PredictConfig, world_size: int) -> list[PredictResult]:
             for rank in range(world_size)
         ]
         return [f.result(timeout=300) for f in futures]
-
-
-def config_for(model: Path, scene: Path, out: Path, **options: Any) -> PredictConfig:
-    return PredictConfig(str(model), (str(scene),), str(out), device="cpu", **options)
 
 
 def outputs_bytes(*paths: Path | str | None) -> list[bytes]:

@@ -41,17 +41,6 @@ from tiling.classes import identity_class_map
 NOT_A_MODEL = "is not a landcover model file (model.pt from `landcover train`)"
 
 
-@pytest.fixture(scope="module")
-def constant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "constant.pt", constant_class=3)
-
-
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """75 x 90 px at 1 m in UTM 18N (not a multiple of the 32 px chip)."""
-    return write_image(tmp_path_factory.mktemp("scene") / "scene.tif", pixels(75, 90, seed=1))
-
-
 # -- bad input -----------------------------------------------------------------------------------
 
 

@@ -46,16 +46,6 @@ from tests.landcover.prediction.inputs import (
 from tiling.reader import RasterReader
 
 
-@pytest.fixture(scope="module")
-def constant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "constant.pt", constant_class=3)
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "random.pt", seed=7)
-
-
 def test_predicted_raster_has_the_planned_grid(
     scene: Path, constant_model: Path, tmp_path: Path
 ) -> None:

@@ -35,15 +35,12 @@ from landcover.prediction.runner import predict_region
 from landcover.prediction.tiled import TiledResult, predict_product, predict_tiles
 from landcover.prediction.tileplan import TiledSetup
 from tests.azurite import Azurite
-from tests.landcover.prediction.inputs import UTM18, write_model
+from tests.landcover.prediction.inputs import UTM18
+from tests.support.prediction import config_for
+from tests.support.stageruns import tile_pixels
 from tiling.stacdoc import check_item
 
 TILE_PX = 64
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "random.pt", seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +63,6 @@ def triangle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def config_for(model: Path, scene: Path, out: Path | str, **options: Any) -> PredictConfig:
-    return PredictConfig(str(model), (str(scene),), str(out), device="cpu", **options)
-
-
 @pytest.fixture(scope="module")
 def product(
     scene: Path, random_model: Path, triangle: Path, tmp_path_factory: pytest.TempPathFactory
@@ -83,14 +76,6 @@ def product(
     tiled = dataclasses.replace(one, out=f"{folder / 'tiles'}/", block_px=40, batch_size=3)
     result = predict_product(TiledSetup(tiled, TILE_PX))
     return folder / "one.tif", folder / "tiles", tiled, result
-
-
-def tile_pixels(folder: Path) -> dict[str, bytes]:
-    pixels = {}
-    for tif in sorted(folder.glob("E*_N*.tif")):
-        with rasterio.open(tif) as ds:
-            pixels[tif.name] = ds.read().tobytes()
-    return pixels
 
 
 def read_all(path: Path) -> tuple[npt.NDArray[Any], dict[str, Any]]:

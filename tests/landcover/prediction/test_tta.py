@@ -26,11 +26,6 @@ def constant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(tmp_path_factory.mktemp("models") / "constant.pt", constant_class=2)
 
 
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "random.pt", seed=7)
-
-
 def _d4_mean_by_hand(model: Any, x: torch.Tensor) -> torch.Tensor:
     """The mean over the 8 symmetries written with rot90 and transpose, not with the package's
     dihedral encoding: 4 rotations of x and 4 of its transpose, each pass turned back."""
