@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from landcover.markup import markdown_text, plain_figures
 from landcover.outputs import write_atomic, write_text_atomic
 
 __all__ = [
@@ -68,7 +69,8 @@ def write_results(out_dir: Path, rows: Sequence[TrialRow]) -> tuple[Path, Path]:
     best = best_row(rows)
     best_line = f"best: trial {best.number} ({best.run_dir})" if best else "best: none yet"
     write_text_atomic(table_path, f"{format_trials_table(rows)}\n\n{best_line}\n")
-    write_atomic(plot_path, lambda tmp: _plot(rows, Path(tmp)))
+    with plain_figures():  # a matplotlibrc's text.usetex would need LaTeX
+        write_atomic(plot_path, lambda tmp: _plot(rows, Path(tmp)))
     return table_path, plot_path
 
 
@@ -118,7 +120,8 @@ def _plot(rows: Sequence[TrialRow], path: Path) -> None:
 
 
 def _row(cells: tuple[str, ...]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    """A table row; parameter values and paths are text, never Markdown (`landcover.markup`)."""
+    return "| " + " | ".join(c if set(c) <= {"-"} else markdown_text(c) for c in cells) + " |"
 
 
 def _value_text(value: Any) -> str:

@@ -1,12 +1,13 @@
 """User strings are data, never markup, in every document the project writes (issue 41).
 
 One test per writer of HTML, Markdown or matplotlib figures: `view`'s page, `evaluate`'s
-report.html, metrics.md, printed table and pictures, the scaling report's pages and figures, and
-`predict`'s quicklook. Each gets hostile file, directory, class, device, run and title names and
-must show them as written: the HTML parsed has no element, attribute or script from a name, the
-JSON in the view page has no `<` (so neither `</script>` nor `<!--`), the Markdown rendered
-(Python-Markdown, as MkDocs renders it) has no link, image, HTML or broken table row from a name,
-and no figure text is mathtext, TeX, or a legend entry hidden by a leading `_`.
+report.html, metrics.md, printed table and pictures, the scaling report's pages and figures,
+`predict`'s quicklook and `tune`'s trials.md and trials.png. Each gets hostile file, directory,
+class, device, run, parameter and title names and must show them as written: the HTML parsed
+has no element, attribute or script from a name, the JSON in the view page has no `<` (so
+neither `</script>` nor `<!--`), the Markdown rendered (Python-Markdown, as MkDocs renders it)
+has no link, image, HTML or broken table row from a name, and no figure text is mathtext, TeX,
+or a legend entry hidden by a leading `_`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from landcover.cli.app import main
 from landcover.markup import markdown_text, plot_text, script_json
 from landcover.scaling.report import write_scaling_report
 from landcover.scaling.runs import load_runs
+from landcover.tuning.results import TrialRow, write_results
 from landcover.view import open_map, quicklook_png
 from tests.landcover.evaluation.maps import write as write_raster
 from tests.landcover.scaling.runfiles import write_run
@@ -278,11 +280,19 @@ def quicklook(tmp_path: Path, name: str, texts: list[Any]) -> None:
     check_figures(texts, [lc.name, f"{name} 1"])
 
 
+def tune_table(tmp_path: Path, name: str, texts: list[Any]) -> None:
+    """trials.md of a search over a parameter whose value is `name`."""
+    row = TrialRow(0, {"model": name, "lr": 0.01}, 0.5, 3, "complete", "trial-000")
+    table, _ = write_results(tmp_path, [row])
+    check_markdown(table.read_text(encoding="utf-8"), [f"model={name}"])
+
+
 WRITERS: dict[str, Callable[[Path, str, list[Any]], None]] = {
     "view page": view_page,
     "evaluate report": evaluate_report,
     "scaling report": scaling_report,
     "predict quicklook": quicklook,
+    "tune table": tune_table,
 }
 
 
