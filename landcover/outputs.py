@@ -102,7 +102,9 @@ def require_distinct(
     outputs: Sequence[tuple[str, str | None]], *, inputs: Sequence[tuple[str, str]] = ()
 ) -> None:
     """Raise `OutputError` when two of `outputs` ((option, path); None: not asked for) name
-    one file, or an output names one of `inputs` ((what, path)): one would replace the other.
+    one file, or an output names one of `inputs` ((what, path)): one would replace the other;
+    nor may an output directory (a tiled product's) hold an input: its tiles would be read
+    back as inputs on a rerun.
     Local paths are compared resolved (`./a.tif`, `a.tif`, a symlink to it and a hard link of
     it are one file), URLs as written. Cheap: call it before any work."""
     named = [(option, path) for option, path in outputs if path]
@@ -118,6 +120,12 @@ def require_distinct(
                 raise OutputError(
                     f"{option} {path} is the {what} {source}: writing it would replace the "
                     "input; choose another output name"
+                )
+            if _holds(path, source):
+                raise OutputError(
+                    f"{option} {path} holds the {what} {source}: a rerun would read the "
+                    f"outputs written there back as inputs; keep the inputs outside {option}, "
+                    f"or choose another {option}"
                 )
 
 
@@ -212,6 +220,22 @@ def _probe(label: str, directory: Path) -> None:
         ) from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _holds(directory: str, path: str) -> bool:
+    """Whether the output `directory` (a trailing slash, or an existing local directory)
+    holds `path`, at any depth."""
+    from tiling.shared.urls import is_local, local_path
+
+    if not (is_local(directory) and is_local(path)):
+        return directory.endswith("/") and path.startswith(directory)
+    folder = local_path(directory)
+    if not (directory.endswith("/") or folder.is_dir()):
+        return False
+    try:
+        return local_path(path).resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep)
 
 
 def _same_file(a: str, b: str) -> bool:

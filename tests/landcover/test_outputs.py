@@ -172,6 +172,28 @@ def test_outputs_that_are_one_file_however_spelled_are_refused(tmp_path: Path) -
     require_distinct([("--out", "az://c/a.tif"), ("--probabilities", "az://c/b.tif")])
 
 
+@pytest.mark.parametrize("spelled", ["{d}/", "{d}", "./{d}/"])
+def test_an_output_directory_that_holds_an_input_is_refused(
+    spelled: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: a tiled product in the directory of its images was made, then its rerun
+    read its own tiles as images ("expected 4 bands")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "scene.tif").write_bytes(b"x")
+    out = spelled.format(d="g")
+    with pytest.raises(OutputError) as refused:
+        require_distinct([("--out", out)], inputs=[("image", "g/scene.tif")])
+    assert str(refused.value) == (
+        f"--out {out} holds the image g/scene.tif: a rerun would read the outputs written there "
+        "back as inputs; keep the inputs outside --out, or choose another --out"
+    )
+    with pytest.raises(OutputError, match=r"holds the image az://c/p/a\.tif"):
+        require_distinct([("--out", "az://c/p/")], inputs=[("image", "az://c/p/a.tif")])
+    require_distinct([("--out", "gx/")], inputs=[("image", "g/scene.tif")])
+    require_distinct([("--out", "g/lc.tif")], inputs=[("image", "g/scene.tif")])  # a file
+
+
 def test_an_output_file_is_checked_before_the_work(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match=rf"^--out {tmp_path} is a directory; give a file"):
         check_output_file(tmp_path, option="--out", overwrite=True, example="lc.tif")
