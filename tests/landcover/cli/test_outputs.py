@@ -28,7 +28,7 @@ import pytest
 from click.testing import Result
 
 from landcover.scaling import sweep
-from tests.landcover.evaluation.maps import TRUTH_RAW, write, write_prediction
+from tests.landcover.evaluation.maps import PRED, TRUTH_RAW, X0, Y0, write, write_prediction
 from tests.landcover.prediction.inputs import pixels, write_image, write_model
 from tests.landcover.scaling.runfiles import write_run
 from tests.landcover.tuning.stand_in_worker import replace_trainer
@@ -129,6 +129,32 @@ def _evaluate(i: Inputs, out: Path, spare: Path) -> Args:
     return ["evaluate", str(i.prediction), "--truth", str(i.truth), "--out", str(target)], target
 
 
+def _sample(i: Inputs, out: Path, spare: Path, *, suffix: str = ".csv") -> Args:
+    target = out / f"sample{suffix}"
+    return ["sample", str(i.prediction), "--out", str(target), "--size", "19"], target
+
+
+def _labelled_sample(i: Inputs) -> Path:
+    """Every labelled pixel of the prediction as a point, its reference its own class."""
+    path = i.root / "labelled.csv"
+    rows = ["x,y,reference"]
+    for r, row in enumerate(PRED):
+        rows += [f"{X0 + c + 0.5},{Y0 - r - 0.5},{code}" for c, code in enumerate(row) if code]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _evaluate_reference(i: Inputs, out: Path, spare: Path) -> Args:
+    target = out / "area"
+    args = ["evaluate", str(i.prediction), "--reference", str(_labelled_sample(i))]
+    return [*args, "--out", str(target)], target
+
+
+def _change(i: Inputs, out: Path, spare: Path) -> Args:
+    target = out / "change"
+    return ["change", str(i.prediction), str(i.prediction), "--out", str(target)], target
+
+
 def _report_scaling(i: Inputs, out: Path, spare: Path) -> Args:
     target = out / "report"
     return ["report", "scaling", str(i.runs), "--out", str(target)], target
@@ -161,6 +187,10 @@ WRITERS: dict[str, Writer] = {
     "predict --probabilities": _predict_probabilities,
     "predict --stac-item": _predict_stac_item,
     "evaluate": _evaluate,
+    "evaluate --reference": _evaluate_reference,
+    "sample .csv": _sample,
+    "sample .gpkg": lambda i, out, spare: _sample(i, out, spare, suffix=".gpkg"),
+    "change": _change,
     "report scaling": _report_scaling,
     "scale": _scale,
     "cluster plan": _cluster_plan,
@@ -273,6 +303,10 @@ NAMED_OUTPUTS: dict[str, tuple[Writer, str]] = {
     "predict --probabilities": (_predict_probabilities, ""),
     "predict --stac-item": (_predict_stac_item, ""),
     "evaluate": (_evaluate, "metrics.json"),
+    "evaluate --reference": (_evaluate_reference, "report.html"),
+    "sample .csv": (_sample, ""),
+    "sample .gpkg": (lambda i, out, spare: _sample(i, out, spare, suffix=".gpkg"), ""),
+    "change": (_change, "change.tif"),
     "report scaling": (_report_scaling, "report.md"),
     "cluster plan": (_cluster_plan, "plan.txt"),
 }
