@@ -18,6 +18,7 @@ import pytest
 from cluster.local.netns import network_unavailable_reason
 from tests.azurite import azurite  # noqa: F401  (the session fixture, registered once, here)
 from tests.browser import chromium  # noqa: F401  (the session fixture, registered once, here)
+from tests.landcover.cli.readers import Scene, write_scene
 from tests.support.paths import REAL_NAIP_DIR, REPO_ROOT  # noqa: F401  (tests import them from here)
 from tests.support.slurm_testbed import SlurmTestbed, slurm_testbed_unavailable_reason
 
@@ -72,6 +73,14 @@ def real_naip_dir() -> Path:
 @pytest.fixture(scope="session")
 def real_naip_paths(real_naip_dir: Path) -> list[Path]:
     return sorted(real_naip_dir.glob("*.tif"))
+
+
+@pytest.fixture(scope="module")
+def reader_scene(tmp_path_factory: pytest.TempPathFactory) -> Scene:
+    """An image with its truth, a model file and a prediction: the inputs of every command
+    that reads inputs (tests/landcover/cli/readers.py). Once per module, so the links and
+    copies a module makes beside it are its own."""
+    return write_scene(tmp_path_factory.mktemp("reader-scene"))
 
 
 @pytest.fixture(scope="session")

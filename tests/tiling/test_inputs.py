@@ -16,15 +16,9 @@ from tests.landcover.cli.readers import (
     http_files,
     inputs_read,
     run,
-    write_scene,
 )
 from tests.tiling.stacfiles import raster_item, write_item_collection
 from tiling.inputs import input_identity, resolve_inputs
-
-
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Scene:
-    return write_scene(tmp_path_factory.mktemp("two-names"))
 
 
 def relative(path: Path) -> str:
@@ -65,10 +59,10 @@ LOCAL_NAMES: dict[str, Callable[[Path], tuple[str, str]]] = {
 @pytest.mark.parametrize("command", READERS)
 @pytest.mark.parametrize("names", LOCAL_NAMES)
 def test_one_file_under_two_names_is_read_once(
-    scene: Scene, tmp_path: Path, command: str, names: str, caplog: pytest.LogCaptureFixture
+    reader_scene: Scene, tmp_path: Path, command: str, names: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    first, second = LOCAL_NAMES[names](scene.raster(command))
-    result = run(scene.args(command, [first, second], tmp_path))
+    first, second = LOCAL_NAMES[names](reader_scene.raster(command))
+    result = run(reader_scene.args(command, [first, second], tmp_path))
     assert inputs_read(command, result) == 1
     (note,) = [r.getMessage() for r in caplog.records if r.name == "tiling.inputs"]
     assert note.endswith("; reading it once")
@@ -86,12 +80,12 @@ URL_NAMES: dict[str, Callable[[str], tuple[str, str]]] = {
 @pytest.mark.parametrize("command", READERS)
 @pytest.mark.parametrize("names", URL_NAMES)
 def test_one_url_under_two_names_is_read_once(
-    scene: Scene, tmp_path: Path, command: str, names: str, caplog: pytest.LogCaptureFixture
+    reader_scene: Scene, tmp_path: Path, command: str, names: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    raster = scene.raster(command)
+    raster = reader_scene.raster(command)
     with http_files(raster.parent) as base:
         first, second = URL_NAMES[names](f"{base}/{raster.name}")
-        result = run(scene.args(command, [first, second], tmp_path))
+        result = run(reader_scene.args(command, [first, second], tmp_path))
     assert inputs_read(command, result) == 1
     (note,) = [r.getMessage() for r in caplog.records if r.name == "tiling.inputs"]
     assert second in note and note.endswith("; reading it once")
@@ -111,16 +105,18 @@ def test_identity_is_the_file_or_the_normalised_url(tmp_path: Path) -> None:
     assert input_identity("az://c/a.tif") == input_identity("abfs://c/a.tif")
 
 
-def test_a_stac_item_of_a_file_given_as_a_path_keeps_the_path(scene: Scene) -> None:
+def test_a_stac_item_of_a_file_given_as_a_path_keeps_the_path(reader_scene: Scene) -> None:
     """The item still describes the raster (predict's --stac-item cites it), under the name
     the raster is read by."""
-    resolved = resolve_inputs([relative(scene.image), stac_document(scene.image)])
-    assert resolved.paths == (relative(scene.image),)
-    assert [(s.item_id, s.href) for s in resolved.stac_items] == [("scene", relative(scene.image))]
+    resolved = resolve_inputs([relative(reader_scene.image), stac_document(reader_scene.image)])
+    assert resolved.paths == (relative(reader_scene.image),)
+    assert [(s.item_id, s.href) for s in resolved.stac_items] == [
+        ("scene", relative(reader_scene.image))
+    ]
 
 
-def test_every_name_is_read_when_the_files_differ(scene: Scene, tmp_path: Path) -> None:
+def test_every_name_is_read_when_the_files_differ(reader_scene: Scene, tmp_path: Path) -> None:
     copy = tmp_path / "copy.tif"
-    copy.write_bytes(scene.image.read_bytes())
-    result = run(scene.args("predict", [str(scene.image), str(copy)], tmp_path))
+    copy.write_bytes(reader_scene.image.read_bytes())
+    result = run(reader_scene.args("predict", [str(reader_scene.image), str(copy)], tmp_path))
     assert inputs_read("predict", result) == 2

@@ -13,19 +13,14 @@ from typing import Any
 
 import pytest
 
-from tests.landcover.cli.readers import READERS, Scene, one_error_line, run, write_scene
+from tests.landcover.cli.readers import READERS, Scene, one_error_line, run
 from tests.tiling.stacfiles import paged, raster_item, stac_api
 
 Doc = Any  # a JSON document (dict), or text that is not JSON
 
 
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Scene:
-    return write_scene(tmp_path_factory.mktemp("stac-scene"))
-
-
-def item_dict(scene: Scene, command: str, item_id: str = "scene") -> dict[str, Any]:
-    return raster_item(scene.raster(command), item_id=item_id, year=2021).to_dict()
+def item_dict(reader_scene: Scene, command: str, item_id: str = "scene") -> dict[str, Any]:
+    return raster_item(reader_scene.raster(command), item_id=item_id, year=2021).to_dict()
 
 
 def collection(*features: Any) -> dict[str, Any]:
@@ -100,11 +95,11 @@ IMAGE_ONLY = {"3 bands"}
     [(c, case) for case in MALFORMED for c in READERS if c != "evaluate" or case not in IMAGE_ONLY],
 )
 def test_a_malformed_document_is_one_line_naming_it_and_the_field(
-    scene: Scene, tmp_path: Path, command: str, case: str
+    reader_scene: Scene, tmp_path: Path, command: str, case: str
 ) -> None:
     make, expected = MALFORMED[case]
-    doc = write_document(tmp_path / "items.json", make(item_dict(scene, command)))
-    line = one_error_line(run(scene.args(command, [str(doc)], tmp_path / "out")))
+    doc = write_document(tmp_path / "items.json", make(item_dict(reader_scene, command)))
+    line = one_error_line(run(reader_scene.args(command, [str(doc)], tmp_path / "out")))
     assert str(doc) in line
     assert expected.format(doc=doc) in line
     assert not (tmp_path / "out").exists()
@@ -120,7 +115,7 @@ def test_a_malformed_document_is_one_line_naming_it_and_the_field(
     ],
 )
 def test_a_catalog_names_the_child_at_fault(
-    scene: Scene, tmp_path: Path, command: str, child: Doc, expected: str
+    reader_scene: Scene, tmp_path: Path, command: str, child: Doc, expected: str
 ) -> None:
     child_path = tmp_path / "child.json"
     if child is not None:
@@ -128,7 +123,7 @@ def test_a_catalog_names_the_child_at_fault(
     doc = write_document(
         tmp_path / "catalog.json", catalog(links=[{"rel": "item", "href": "child.json"}])({})
     )
-    line = one_error_line(run(scene.args(command, [str(doc)], tmp_path / "out")))
+    line = one_error_line(run(reader_scene.args(command, [str(doc)], tmp_path / "out")))
     assert expected.format(child=child_path) in line
     assert f"(reached from {doc})" in line or child is None
 
@@ -148,42 +143,44 @@ BAD_PAGES: dict[str, tuple[Any, str]] = {
 SEARCHERS = ("tile", "predict")  # evaluate's truth takes no --stac-api
 
 
-def search_args(scene: Scene, command: str, url: str, out: Path, *extra: str) -> list[str]:
+def search_args(reader_scene: Scene, command: str, url: str, out: Path, *extra: str) -> list[str]:
     area = ["--bbox", "-75.1,36,-74.9,36.2"]
     if command == "predict":  # predict's --bbox is its region, in --region-crs
         area += ["--region-crs", "EPSG:4326"]
-    return scene.args(command, [], out, "--stac-api", url, "--collection", "naip", *area, *extra)
+    return reader_scene.args(
+        command, [], out, "--stac-api", url, "--collection", "naip", *area, *extra
+    )
 
 
 @pytest.mark.parametrize("command", SEARCHERS)
 @pytest.mark.parametrize("case", BAD_PAGES)
 def test_a_malformed_api_answer_is_one_line_naming_the_page_and_the_field(
-    scene: Scene, tmp_path: Path, command: str, case: str
+    reader_scene: Scene, tmp_path: Path, command: str, case: str
 ) -> None:
     page, expected = BAD_PAGES[case]
     with stac_api([], pages=[page]) as (url, _):
-        line = one_error_line(run(search_args(scene, command, url, tmp_path / "out")))
+        line = one_error_line(run(search_args(reader_scene, command, url, tmp_path / "out")))
     assert f"--stac-api {url}" in line and expected.format(url=url) in line
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command", SEARCHERS)
 def test_a_search_logs_each_page_stops_where_a_page_repeats_and_at_max_items(
-    scene: Scene, tmp_path: Path, command: str, caplog: pytest.LogCaptureFixture
+    reader_scene: Scene, tmp_path: Path, command: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="tiling.stacsearch")
-    features = [item_dict(scene, command, f"scene-{n}") for n in range(3)]
+    features = [item_dict(reader_scene, command, f"scene-{n}") for n in range(3)]
     looping = paged(features, 1)
     looping[2]["links"] = [{"rel": "next", "href": "{root}/search?page=1"}]  # back to page 2
     with stac_api([], pages=looping) as (url, _):
-        result = run(search_args(scene, command, url, tmp_path / "out"))
+        result = run(search_args(reader_scene, command, url, tmp_path / "out"))
         assert result.exit_code == 0, result.output
         pages = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
         assert pages == [f"STAC search {url}: page {n}, {n} items" for n in (1, 2, 3)]
         (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert warning.startswith(f"--stac-api {url} page 3 links to a next page already read")
 
-        line = one_error_line(run(search_args(scene, command, url, tmp_path / "o2",
+        line = one_error_line(run(search_args(reader_scene, command, url, tmp_path / "o2",
                                               "--max-items", "2")))  # fmt: skip
     assert line.endswith("matched more than --max-items 2 items; narrow --bbox or --datetime, "
                          "or raise --max-items")  # fmt: skip
@@ -191,7 +188,11 @@ def test_a_search_logs_each_page_stops_where_a_page_repeats_and_at_max_items(
 
 
 @pytest.mark.parametrize("command", SEARCHERS)
-def test_max_items_without_a_search_is_refused(scene: Scene, tmp_path: Path, command: str) -> None:
-    args = scene.args(command, [str(scene.image)], tmp_path / "out", "--max-items", "5")
+def test_max_items_without_a_search_is_refused(
+    reader_scene: Scene, tmp_path: Path, command: str
+) -> None:
+    args = reader_scene.args(
+        command, [str(reader_scene.image)], tmp_path / "out", "--max-items", "5"
+    )
     line = one_error_line(run(args))
     assert line == "error: --max-items applies only to a STAC API search; add --stac-api URL"

@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.landcover.cli.readers import READERS, Scene, http_files, one_error_line, run, write_scene
+from tests.landcover.cli.readers import READERS, Scene, http_files, one_error_line, run
 from tiling.errors import SourceNotFoundError, StorageAccessError
 from tiling.shared.urls import remote_failure
-
-
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Scene:
-    return write_scene(tmp_path_factory.mktemp("urls"))
 
 
 def closed_port() -> int:
@@ -29,11 +24,11 @@ def closed_port() -> int:
 @pytest.mark.parametrize("command", READERS)
 @pytest.mark.parametrize("name", ["missing.tif", "missing.json"])
 def test_a_missing_url_is_not_found_http_404(
-    scene: Scene, tmp_path: Path, command: str, name: str
+    reader_scene: Scene, tmp_path: Path, command: str, name: str
 ) -> None:
-    with http_files(scene.image.parent) as base:
+    with http_files(reader_scene.image.parent) as base:
         url = f"{base}/{name}"
-        line = one_error_line(run(scene.args(command, [url], tmp_path / "out")))
+        line = one_error_line(run(reader_scene.args(command, [url], tmp_path / "out")))
     assert line.startswith(f"error: {url}: not found (HTTP 404); check the URL")
     assert not list(tmp_path.rglob("*.*"))  # no store, map or report begun
 
@@ -41,33 +36,33 @@ def test_a_missing_url_is_not_found_http_404(
 @pytest.mark.parametrize("command", READERS)
 @pytest.mark.parametrize("name", ["scene.tif", "items.json"])
 def test_a_host_that_does_not_answer_is_cannot_connect(
-    scene: Scene, tmp_path: Path, command: str, name: str
+    reader_scene: Scene, tmp_path: Path, command: str, name: str
 ) -> None:
     port = closed_port()
     url = f"http://127.0.0.1:{port}/{name}"
-    line = one_error_line(run(scene.args(command, [url], tmp_path / "out")))
+    line = one_error_line(run(reader_scene.args(command, [url], tmp_path / "out")))
     assert line == (
         f"error: {url}: cannot connect to 127.0.0.1:{port} (Connection refused); check the URL "
         "and the network"
     )
 
 
-def test_evaluate_says_so_of_its_prediction_too(scene: Scene) -> None:
-    with http_files(scene.prediction.parent) as base:
+def test_evaluate_says_so_of_its_prediction_too(reader_scene: Scene) -> None:
+    with http_files(reader_scene.prediction.parent) as base:
         url = f"{base}/missing-map.tif"
-        line = one_error_line(run(["evaluate", url, "--truth", str(scene.truth)]))
+        line = one_error_line(run(["evaluate", url, "--truth", str(reader_scene.truth)]))
     assert line == f"error: {url}: not found (HTTP 404); check the URL"
 
 
 @pytest.mark.parametrize("command", ["tile", "predict"])
 def test_a_stac_api_that_does_not_answer_is_cannot_connect(
-    scene: Scene, tmp_path: Path, command: str
+    reader_scene: Scene, tmp_path: Path, command: str
 ) -> None:
     url = f"http://127.0.0.1:{closed_port()}/"
     area = ["--bbox", "-75.1,36,-74.9,36.2"] + (
         ["--region-crs", "EPSG:4326"] * (command == "predict")
     )
-    args = scene.args(
+    args = reader_scene.args(
         command, [], tmp_path / "out", "--stac-api", url, "--collection", "naip", *area
     )
     line = one_error_line(run(args))
