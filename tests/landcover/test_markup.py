@@ -60,6 +60,13 @@ HOSTILE = (
 SIZE = 64
 
 
+VIEW_ELEMENTS = {
+    *("html", "head", "meta", "title", "style", "body", "div", "aside", "h1", "h2", "p"),
+    *("label", "input", "span", "section", "table", "thead", "tbody", "tfoot", "tr", "th"),
+    *("td", "script"),
+}
+
+
 def file_name(name: str) -> str:
     """`name` as a file name: all of it but the slash a file name cannot hold."""
     return name.replace("/", "-")
@@ -195,9 +202,7 @@ def view_page(tmp_path: Path, name: str, texts: list[Any]) -> None:
         main, ["view", str(cog), str(product), "--out", str(page), "--title", name]
     )
     assert result.exit_code == 0, result.output
-    allowed = {"html", "head", "meta", "title", "style", "body", "div", "aside", "h1", "h2", "p",
-               "label", "input", "span", "section", "table", "thead", "tbody", "tfoot", "tr",
-               "th", "td", "script"}  # fmt: skip
+    allowed = VIEW_ELEMENTS
     parsed = parse_html(page.read_text(encoding="utf-8"), allowed=allowed)
     assert len(parsed.scripts) == 3  # the data, Leaflet, the page's own
     (attrs, payload), *_ = parsed.scripts
@@ -287,7 +292,32 @@ def tune_table(tmp_path: Path, name: str, texts: list[Any]) -> None:
     check_markdown(table.read_text(encoding="utf-8"), [f"model={name}"])
 
 
+def change_report(tmp_path: Path, name: str, texts: list[Any]) -> None:
+    """`landcover change` between two maps named after `name` whose classes are named after
+    it (change.md, change.png, the printed table), then `landcover view` of the change."""
+    before_codes = class_blocks(SIZE, SIZE, seed=4)
+    after_codes = np.where(before_codes == 1, 2, before_codes).astype(np.uint8)
+    classes = hostile_classes(name)
+    before = write_map(tmp_path / f"{file_name(name)} a.tif", before_codes, class_map=classes)
+    after = write_map(tmp_path / f"{file_name(name)} b.tif", after_codes, class_map=classes)
+    out = tmp_path / "change"
+    result = CliRunner().invoke(main, ["change", str(before), str(after), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    pair = f"{name} 1→{name} 2"
+    check_markdown((out / "change.md").read_text(encoding="utf-8"), [before.name, f"{name} 1"])
+    check_markdown(result.stdout, [f"{name} 1"])
+    check_figures(texts, [f"{name} 1"])
+    page = tmp_path / "change.html"
+    result = CliRunner().invoke(main, ["view", str(out), "--out", str(page)])
+    assert result.exit_code == 0, result.output
+    parsed = parse_html(page.read_text(encoding="utf-8"), allowed=VIEW_ELEMENTS)
+    assert len(parsed.scripts) == 3
+    assert "<" not in parsed.scripts[0][1]
+    assert pair in "".join(parsed.text)
+
+
 WRITERS: dict[str, Callable[[Path, str, list[Any]], None]] = {
+    "change report": change_report,
     "view page": view_page,
     "evaluate report": evaluate_report,
     "scaling report": scaling_report,
