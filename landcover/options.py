@@ -50,6 +50,12 @@ class JsonObject(click.ParamType):  # type: ignore[type-arg]
 STORAGE_OPTIONS_ENV = "LANDCOVER_STORAGE_OPTIONS"
 
 
+# ctx.meta key: True when this command line's storage options came from STORAGE_OPTIONS_ENV
+# (the CLI's error mapping then names the variable: a user who did not type --storage-options
+# would not look for them there)
+STORAGE_OPTIONS_FROM_ENV = "landcover.storage_options_from_env"
+
+
 def storage_options_option(f: F) -> F:
     """`--storage-options JSON` (or $LANDCOVER_STORAGE_OPTIONS): passed to fsspec/adlfs for
     every URL the command opens."""
@@ -60,9 +66,17 @@ def storage_options_option(f: F) -> F:
         show_default=True,
         envvar=STORAGE_OPTIONS_ENV,
         show_envvar=True,
+        callback=_remember_storage_source,
         help='fsspec/adlfs options as JSON, e.g. \'{"account_name": "..."}\'. '
         "az:// also reads AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_ACCOUNT_NAME.",
     )(f)
+
+
+def _remember_storage_source(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if param.name is not None:
+        source = ctx.get_parameter_source(param.name)
+        ctx.meta[STORAGE_OPTIONS_FROM_ENV] = source is click.core.ParameterSource.ENVIRONMENT
+    return value
 
 
 def storage_options_env(storage_options: Mapping[str, Any]) -> dict[str, str]:

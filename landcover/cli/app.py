@@ -184,7 +184,7 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except USER_ERRORS as exc:
             _leave_rank_error(ctx, str(exc), bad_input=True)
-            raise UserFacingError(str(exc), exit_code=2) from exc
+            raise UserFacingError(_storage_source_named(ctx, str(exc)), exit_code=2) from exc
         except KeyboardInterrupt:
             raise UserFacingError("interrupted", exit_code=130) from None
         except Terminated:
@@ -202,7 +202,7 @@ class LazyGroup(click.Group):
             refusal = storage_refusal(exc)
             if refusal is not None:
                 _leave_rank_error(ctx, refusal, bad_input=True)
-                raise UserFacingError(refusal, exit_code=2) from exc
+                raise UserFacingError(_storage_source_named(ctx, refusal), exit_code=2) from exc
             _leave_rank_error(ctx, f"internal error: {type(exc).__name__}: {exc}")
             if ctx.obj and ctx.obj.get("verbose", 0) > 0:
                 raise
@@ -242,6 +242,23 @@ def storage_refusal(exc: BaseException) -> str | None:
         if any(t in text for t in _READ_ONLY_TEXTS):
             return f"the output is on a read-only file system ({said}); choose another output"
     return None
+
+
+def _storage_source_named(ctx: click.Context, message: str) -> str:
+    """`message`, saying where --storage-options came from when it names them and they came
+    from $LANDCOVER_STORAGE_OPTIONS rather than the command line. Not in a rank: its
+    launcher passes the user's options to it in that variable, and says it for the job."""
+    from landcover.options import STORAGE_OPTIONS_ENV, STORAGE_OPTIONS_FROM_ENV
+
+    first = (message.splitlines() or [""])[0]
+    if "--storage-options" not in first or RANK_KEY in ctx.meta:
+        return message
+    if not ctx.meta.get(STORAGE_OPTIONS_FROM_ENV):
+        return message
+    return (
+        f"{first} (--storage-options came from ${STORAGE_OPTIONS_ENV} in the environment: "
+        "fix or unset it there)"
+    )
 
 
 def _leave_rank_error(ctx: click.Context, message: str, *, bad_input: bool = False) -> None:

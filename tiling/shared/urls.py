@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tiling.errors import SourceNotFoundError, StorageAccessError, TilingError
+from tiling.shared.atomic import WRITE_FAILURE_ERRNOS
 
 if TYPE_CHECKING:
     import fsspec
@@ -135,17 +136,20 @@ def check_reachable(url: str, storage_options: Mapping[str, Any] | None) -> None
 
 @contextmanager
 def storage_errors(url: str) -> Iterator[None]:
-    """Turn storage-layer failures (network, auth, bad options) into `StorageAccessError`."""
+    """Turn storage-layer failures (network, auth, bad options) into `StorageAccessError`.
+    A local file system's refusal (full, read-only, no permission) is no storage error: it
+    is raised as an OSError of its errno naming the file, for the one line of a write that
+    failed (not "check the URL and --storage-options")."""
     try:
         yield
     except (TilingError, FileNotFoundError, FileExistsError):
         raise
-    except (OSError, TypeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageAccessError(
-            f"{url}: storage error ({type(exc).__name__}: {first}); "
-            "check the URL and --storage-options"
-        ) from exc
+    except OSError as exc:
+        if exc.errno in WRITE_FAILURE_ERRNOS and is_local(url):
+            raise OSError(exc.errno, exc.strerror, exc.filename or url) from exc
+        raise _storage_error(url, exc) from exc
+    except (TypeError, ValueError) as exc:
+        raise _storage_error(url, exc) from exc
     except Exception as exc:
         # azure.core.exceptions.* and aiohttp errors do not subclass OSError.
         module = type(exc).__module__
@@ -156,6 +160,13 @@ def storage_errors(url: str) -> Iterator[None]:
                 "check the URL, the account and --storage-options"
             ) from exc
         raise
+
+
+def _storage_error(url: str, exc: BaseException) -> StorageAccessError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return StorageAccessError(
+        f"{url}: storage error ({type(exc).__name__}: {first}); check the URL and --storage-options"
+    )
 
 
 # Exception classes, by name, that mean the host did not answer: aiohttp's (fsspec's HTTP),
