@@ -2,12 +2,13 @@
 al. 2014, section 5.1): how many points each class gets (`allocate`) and where they fall
 (`draw_sample`).
 
-The map (one COG, a VRT or a tiled product's `mosaic.vrt`, or several maps of one class table
-that do not overlap) is read twice in blocks of `SAMPLE_BLOCK_PX`, so memory does not grow
-with its size: the first pass counts each class's pixels per block; then each class's sample
-is drawn as distinct pixel ranks among that class's pixels (numpy's `Generator.choice`
-without replacement) and every rank is found in the block that holds it on the second pass.
-The block size is fixed, so the same maps and seed give the same points on any machine.
+The map (one COG, a VRT, a tiled product's `mosaic.vrt` or the change map of a `landcover
+change` directory; or several maps of one class table that do not overlap) is read twice in
+blocks of `SAMPLE_BLOCK_PX`, so memory does not grow with its size: the first pass counts each
+class's pixels per block; then each class's sample is drawn as distinct pixel ranks among that
+class's pixels (numpy's `Generator.choice` without replacement) and every rank is found in the
+block that holds it on the second pass. The block size is fixed, so the same maps and seed
+give the same points on any machine.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +26,7 @@ from rasterio.windows import Window
 from landcover.errors import EvaluationError
 from landcover.view.mapfile import MapFile, open_map
 from tiling.classes import NODATA_CODE, ClassMap
+from tiling.shared.urls import is_local
 
 __all__ = [
     "DEFAULT_MIN_PER_CLASS",
@@ -99,7 +102,7 @@ class SamplePoints:
 def open_maps(paths: Sequence[str]) -> list[MapFile]:
     """The maps at `paths`, refused in one line when they cannot be one population: class
     tables, CRSs or pixel sizes that differ, or maps that overlap (a pixel counted twice)."""
-    maps = [require_whole(open_map(p)) for p in paths]
+    maps = [require_whole(open_map(_change_map_of(p))) for p in paths]
     first = maps[0]
     for other in maps[1:]:
         if other.class_map.class_names != first.class_map.class_names:
@@ -128,6 +131,16 @@ def open_maps(paths: Sequence[str]) -> list[MapFile]:
                     "twice; give maps that tile the region (or a tiled product)"
                 )
     return maps
+
+
+def _change_map_of(given: str) -> str:
+    """The change map of a `landcover change` output directory, else `given` as it is."""
+    from landcover.change.transitions import CHANGE_MAP, CHANGE_RECORD
+
+    folder = Path(given)
+    if is_local(given) and folder.is_dir() and (folder / CHANGE_RECORD).is_file():
+        return str(folder / CHANGE_MAP)
+    return given
 
 
 def require_whole(m: MapFile) -> MapFile:

@@ -69,9 +69,17 @@ def test_the_transitions_of_two_years_are_exact(
     assert table.class_names[(TREE - 1) * 4 + IMPERVIOUS] == "tree canopy→barren / impervious"
     both = (before > 0) & (after > 0)
     assert np.array_equal(codes[both], ((before - 1) * 4 + after)[both])
+    lost_code = (TREE - 1) * 4 + IMPERVIOUS
+    kept_codes = [(c - 1) * 4 + c for c in range(1, 5) if expected[c - 1, c - 1]]
     assert not codes[~both].any()
     assert "| tree canopy |" in (out / "change.md").read_text()
     assert (out / "change.png").read_bytes()[:4] == b"\x89PNG"
+    # the change directory is a map that sample and evaluate --reference take
+    sample = tmp_path / "sample.csv"
+    code, text = run("sample", str(out), "--out", str(sample), "--per-class", f"{lost_code}=20",
+                     *(arg for c in kept_codes for arg in ("--per-class", f"{c}=5")))  # fmt: skip
+    assert code == 0, text
+    assert "tree canopy→barren / impervious 20" in text
     assert sorted(p.name for p in out.iterdir()) == [
         "change.json", "change.md", "change.png", "change.tif",
     ]  # fmt: skip
