@@ -282,3 +282,25 @@ def test_evaluate_takes_truth_or_a_sample(cog: Path, tmp_path: Path) -> None:
     assert code == 2 and "a sample is a GeoPackage (.gpkg) or a CSV (.csv) file" in out
     with rasterio.open(cog) as ds:
         assert ds.count == 1
+
+
+def test_a_geopackage_labelled_in_place_is_scored(
+    cog: Path, codes: np.ndarray, tmp_path: Path
+) -> None:
+    """The GeoPackage as QGIS leaves it: the reference column filled, nothing else changed."""
+    import pyogrio.raw
+
+    sample = tmp_path / "s.gpkg"
+    assert run("sample", str(cog), "--out", str(sample), "--size", "300")[0] == 0
+    meta, _, geometry, data = pyogrio.raw.read(sample)
+    fields = list(meta["fields"])
+    xs, ys = data[fields.index("x")], data[fields.index("y")]
+    cols, rows = ((xs - X0) / RES_M).astype(int), ((Y0 - ys) / RES_M).astype(int)
+    data[fields.index("reference")] = np.array([str(c) for c in codes[rows, cols]], dtype=object)
+    labelled = tmp_path / "labelled.gpkg"
+    pyogrio.raw.write(labelled, geometry, data, fields=fields, crs=meta["crs"], driver="GPKG",
+                      geometry_type="Point")  # fmt: skip
+    code, out = run("evaluate", str(cog), "--reference", str(labelled), "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["overall_accuracy"] == 1.0 and doc["sample_size"] == 300
