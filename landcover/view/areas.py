@@ -140,12 +140,19 @@ def class_areas(map_file: MapFile) -> list[ClassArea]:
 
 def cell_areas(map_file: MapFile) -> CellAreas:
     """The area in m² on the ellipsoid of the pixels of `map_file`, per cell (see the module
-    docstring)."""
+    docstring). A CRS with no ellipsoid (an engineering CRS) gives the nominal pixel size, with
+    a warning."""
     crs = pyproj.CRS.from_user_input(map_file.crs.to_wkt())
     t = map_file.transform
+    unit_m = crs.axis_info[0].unit_conversion_factor if crs.axis_info else 1.0
+    if crs.geodetic_crs is None:
+        logger.warning(
+            "%s: its CRS has no ellipsoid; areas are the pixels' nominal size", map_file.given
+        )
+        flat = np.full((1, 1), abs(t.a * t.e) * unit_m * unit_m)
+        return CellAreas(max(map_file.height, 1), max(map_file.width, 1), flat)
     if crs.is_geographic:
         return CellAreas(1, max(map_file.width, 1), _geographic_rows(crs, map_file)[:, None])
-    unit_m = crs.axis_info[0].unit_conversion_factor if crs.axis_info else 1.0
     pixel_m = abs(t.a) * unit_m
     side = max(1, min(MAX_CELL_PX, int(CELL_GROUND_M // max(pixel_m, 1e-9))))
     side = max(side, math.ceil(math.sqrt(map_file.width * map_file.height / MAX_CELLS)))
@@ -155,12 +162,13 @@ def cell_areas(map_file: MapFile) -> CellAreas:
     x = t.c + t.a * cols.astype(np.float64)
     y = t.f + t.e * rows.astype(np.float64)
     xx, yy = np.meshgrid(x, y)
-    centre_lon, _ = pyproj.Transformer.from_crs(crs, crs.geodetic_crs, always_xy=True).transform(
+    lon, _ = pyproj.Transformer.from_crs(crs, crs.geodetic_crs, always_xy=True).transform(
         float(x.mean()), float(y.mean())
     )
+    centre_lon = float(lon) if math.isfinite(float(lon)) else 0.0
     equal_area = ProjectedCRS(
         conversion=LambertCylindricalEqualAreaConversion(
-            latitude_first_parallel=0.0, longitude_natural_origin=float(centre_lon)
+            latitude_first_parallel=0.0, longitude_natural_origin=centre_lon
         ),
         geodetic_crs=crs.geodetic_crs,
     )

@@ -260,6 +260,19 @@ def test_class_areas_are_the_pixels_areas_on_the_ellipsoid(
         assert a.share == pytest.approx(expected[a.code] / mapped, rel=2e-5)
 
 
+def test_a_crs_without_an_ellipsoid_gets_nominal_areas_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    codes = class_blocks(40, 48, seed=6)
+    local = 'LOCAL_CS["site grid",UNIT["metre",1]]'
+    lc = write_map(tmp_path / "lc.tif", codes, crs=local)
+    with caplog.at_level(logging.WARNING):
+        areas = class_areas(open_map(str(lc)))
+    counts = np.bincount(codes.ravel(), minlength=FIVE.num_classes)
+    assert [a.area_km2 for a in areas] == pytest.approx(counts[1:] * RES_M**2 / 1e6)
+    assert "its CRS has no ellipsoid; areas are the pixels' nominal size" in caplog.text
+
+
 # --- what is missing is said -----------------------------------------------------------------
 
 
