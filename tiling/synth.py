@@ -138,10 +138,12 @@ def scene_folders(out_dir: Path) -> tuple[Path, Path]:
 
 
 def _validate(config: SynthConfig) -> tuple[CRS, CRS | None]:
+    # the options of `landcover synth` (--scenes, --size, --seed) are named as its flags; the
+    # others exist in Python only and are named as fields
     if config.scenes < 1:
-        raise TilingError(f"scenes={config.scenes}: need at least 1 scene")
+        raise TilingError(f"--scenes {config.scenes}: need at least 1 scene")
     if not 64 <= config.size_px <= 16384:
-        raise TilingError(f"size_px={config.size_px}: choose a scene size of 64..16384 pixels")
+        raise TilingError(f"--size {config.size_px}: choose a scene size of 64..16384 pixels")
     if not (math.isfinite(config.resolution_m) and 0.25 <= config.resolution_m <= 5):
         raise TilingError(
             f"resolution_m={config.resolution_m}: NAIP is 0.6 to 2 m; choose 0.25..5 m"
@@ -149,11 +151,11 @@ def _validate(config: SynthConfig) -> tuple[CRS, CRS | None]:
     area_km2 = config.scenes * (config.size_px * config.resolution_m / 1000) ** 2
     if area_km2 > _MAX_AREA_KM2:
         raise TilingError(
-            f"scenes={config.scenes} x size_px={config.size_px} at {config.resolution_m} m cover "
+            f"--scenes {config.scenes} x --size {config.size_px} at {config.resolution_m} m cover "
             f"{area_km2:.0f} km2; keep it under {_MAX_AREA_KM2} km2 with fewer or smaller scenes"
         )
     if config.seed < 0:
-        raise TilingError(f"seed={config.seed}: the seed must be a non-negative integer")
+        raise TilingError(f"--seed {config.seed}: the seed must be a non-negative integer")
     if not (26901 <= config.epsg <= 26923 or 32601 <= config.epsg <= 32660):
         raise TilingError(
             f"epsg={config.epsg}: NAIP is in UTM; use a northern UTM zone such as 26918 "

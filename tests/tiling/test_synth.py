@@ -262,10 +262,10 @@ def test_resolution_060_is_named_and_gridded(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"scenes": 0}, "scenes=0: need at least 1 scene"),
-        ({"size_px": 63}, "size_px=63: choose a scene size of 64..16384 pixels"),
+        ({"scenes": 0}, "--scenes 0: need at least 1 scene"),
+        ({"size_px": 63}, "--size 63: choose a scene size of 64..16384 pixels"),
         ({"resolution_m": 0.0}, "resolution_m=0.0: NAIP is 0.6 to 2 m"),
-        ({"seed": -1}, "seed=-1: the seed must be a non-negative integer"),
+        ({"seed": -1}, "--seed -1: the seed must be a non-negative integer"),
         ({"epsg": 4326}, "epsg=4326: NAIP is in UTM; use a northern UTM zone such as 26918"),
         ({"label_epsg": 4326}, "label_epsg=4326: labels need a projected CRS in metres"),
         ({"label_epsg": 999999}, "label_epsg=999999: not a known EPSG code"),

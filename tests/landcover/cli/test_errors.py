@@ -1,10 +1,13 @@
-"""The one error mapping (`landcover.cli.app`): storage options that came from
-$LANDCOVER_STORAGE_OPTIONS are named as such when they are the cause (issue 41), since a user
-who never typed --storage-options would not look for them in the environment."""
+"""The one error line (`landcover.cli.app`, issue 41): storage options that came from
+$LANDCOVER_STORAGE_OPTIONS are named as such when they are the cause, since a user who never
+typed --storage-options would not look for them in the environment; and a library check
+reached from the command line names the command's flag, not a Python field."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from tests.support.stageruns import run
 
@@ -24,3 +27,18 @@ def test_storage_options_from_the_environment_are_named(images: Path, tmp_path: 
         f"{typed_line} (--storage-options came from $LANDCOVER_STORAGE_OPTIONS in the "
         "environment: fix or unset it there)"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--size", "10"], "error: --size 10: choose a scene size of 64..16384 pixels"),
+        (["--seed", "-1"], "error: --seed -1: the seed must be a non-negative integer"),
+    ],
+)
+def test_synth_names_its_flags_not_python_fields(
+    tmp_path: Path, args: list[str], line: str
+) -> None:
+    """Before: `landcover synth --size 10` said "size_px=10"."""
+    result = run("synth", str(tmp_path / "out"), *args)
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == line
