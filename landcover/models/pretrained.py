@@ -8,39 +8,44 @@ heads predict 21 VOC classes, which would be thrown away anyway), and MobileNetV
 to `in_channels`: the RGB filters are kept as they are and each extra band (NIR) gets the mean
 of the RGB filters, so a pretrained network sees NIR as "another brightness" at the start.
 
-Weights come from torchvision's URLs through the torch hub cache (`$TORCH_HOME/hub/checkpoints`).
-Without network and without a seeded cache, building a pretrained model raises `TrainingError`;
-it never falls back to a random init.
+Weights are torchvision's ImageNet files, read from the torch hub cache
+(`$TORCH_HOME/hub/checkpoints`) only: nothing here downloads (torch.hub's downloader is never
+called). Without the file in the cache, building a pretrained model raises `TrainingError`
+naming the file and where to place it; it never falls back to a random init.
 
 `pretrained=PATH` reads the encoder's weights from a file instead (`read_weights_file`: a state
-dict saved with `torch.save` or as safetensors, or a landcover `model.pt`, whose `encoder.*`
+dict saved with `torch.save` or as safetensors, or a landcover `model.pt`, whose encoder's
 tensors are taken). smp models (`landcover.models.smp_models`) adapt the stem the way smp does
 and read `imagenet` from the Hugging Face cache only (`hf_cached_file`), never the network.
+Weights of another encoder are refused (`check_encoder_fit`: a tensor the encoder lacks, one it
+has that they miss, one of another shape), never loaded in part.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from landcover.errors import TrainingError
-from landcover.models.weightsource import IMAGENET, check_pretrained_value
+from landcover.models.weightsource import IMAGENET, WEIGHT_FILE_SUFFIXES, check_pretrained_value
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ENCODER_FIX",
     "PRETRAINED_CHOICES",
+    "EncoderWeights",
+    "check_encoder_fit",
     "check_pretrained",
-    "download_weights",
     "encoder_tensors",
     "hf_cached_file",
+    "imagenet_weights",
     "load_encoder_state",
     "pretrained_state",
     "read_weights_file",
@@ -49,6 +54,20 @@ __all__ = [
 ]
 
 PRETRAINED_CHOICES = (IMAGENET,)
+# What to do about weights that are not the encoder's: every such refusal ends with it.
+ENCODER_FIX = "give the weights of this encoder (--pretrained PATH), or leave out --pretrained"
+# First key parts of ImageNet classification heads: torchvision/timm `fc`, `head`,
+# `classifier`, EfficientNet's `_fc`, pretrainedmodels' `last_linear`.
+_CLASSIFIER_HEADS = frozenset({"fc", "_fc", "classifier", "head", "last_linear"})
+_BATCHES_TRACKED = "num_batches_tracked"
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderWeights:
+    """Pretrained tensors and the file they came from (named by every refusal)."""
+
+    tensors: dict[str, torch.Tensor]
+    source: str
 
 
 def widen_stem_weight(rgb_weight: torch.Tensor, in_channels: int) -> torch.Tensor:
@@ -84,86 +103,124 @@ def replace_conv_in_channels(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
     )
 
 
-def download_weights(weights_name: str, model_name: str) -> dict[str, torch.Tensor]:
-    """ImageNet weights (`weights_name` of torchvision.models, e.g. "ResNet18_Weights") from
-    the torch hub cache, downloading them if needed."""
+def imagenet_weights(weights_name: str, model_name: str) -> EncoderWeights:
+    """torchvision's ImageNet weights (`weights_name` of torchvision.models, e.g.
+    "ResNet18_Weights") from the torch hub cache, `$TORCH_HOME/hub/checkpoints`. Never
+    downloaded: the file is looked up in the cache and nothing of torch.hub's downloader runs;
+    TrainingError naming the file, its URL and where to place it when it is not there."""
     import torchvision.models as tvm
 
     url = str(getattr(tvm, weights_name).IMAGENET1K_V1.url)
     file_name = os.path.basename(url)
     cache_dir = os.path.join(torch.hub.get_dir(), "checkpoints")
     cached = os.path.join(cache_dir, file_name)
-    if os.path.exists(cached):
+    if os.path.isfile(cached):
         # torch.hub loads a cached file without checking it: a copy cut short or overwritten
-        # fails here, and would otherwise read as a download problem.
-        return _load_cached_weights(cached, model_name)
-    try:
-        # torch.hub writes "Downloading ..." to stdout; library code never prints.
-        with contextlib.redirect_stdout(io.StringIO()) as captured:
-            state = torch.hub.load_state_dict_from_url(
-                url, progress=False, map_location="cpu", weights_only=True
-            )
-        if captured.getvalue().strip():
-            logger.info("%s", captured.getvalue().strip())
-    except (OSError, RuntimeError, ValueError, EOFError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise TrainingError(
-            f"{model_name}: could not download ImageNet weights {url} ({reason}); without "
-            f"network, pre-seed the cache: copy {file_name} into {cache_dir} (set TORCH_HOME "
-            "to choose the cache directory), or use pretrained=None"
-        ) from None
-    return _checked_state(state, cached, model_name)
+        # fails here, in one line naming the file.
+        return EncoderWeights(_load_cached_weights(cached, model_name), cached)
+    found = " (a directory is there)" if os.path.isdir(cached) else ""
+    raise TrainingError(
+        f"{model_name}: ImageNet weights are not in the torch hub cache{found} and landcover "
+        f"never downloads them; place {file_name} (from {url}) at {cached} (TORCH_HOME sets "
+        "the cache), or pass --pretrained PATH of an encoder state dict"
+    )
 
 
 def _load_cached_weights(path: str, model_name: str) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, KeyError…
-        reason = (str(exc).strip().split(". ")[0] or type(exc).__name__).splitlines()[0]
         raise TrainingError(
             f"{model_name}: the cached ImageNet weights {path} are truncated or corrupt "
-            f"({reason}); delete that file to download them again (or copy a good "
-            f"{os.path.basename(path)} there)"
+            f"({_first_reason(exc)}); replace that file by a good copy of "
+            f"{os.path.basename(path)}"
         ) from None
-    return _checked_state(state, path, model_name)
-
-
-def _checked_state(state: Any, path: str, model_name: str) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise TrainingError(
             f"{model_name}: the cached ImageNet weights {path} are not a state dict of "
-            f"tensors; delete that file to download them again"
+            f"tensors; replace that file by a good copy of {os.path.basename(path)}"
         )
     return dict(state)
 
 
+def _first_reason(exc: Exception) -> str:
+    """The first sentence of an exception's message, on one line."""
+    return (str(exc).strip().split(". ")[0] or type(exc).__name__).splitlines()[0]
+
+
 def load_encoder_state(
     module: nn.Module,
-    state: dict[str, torch.Tensor],
+    weights: EncoderWeights,
     *,
     stem_key: str,
     in_channels: int,
     model_name: str,
 ) -> None:
-    """Load `state` into `module` (strict except for keys the module does not have)."""
-    state = dict(state)
+    """Load `weights` into the encoder `module`: every tensor it has, of its shapes, and none
+    it lacks (an ImageNet classifier head aside, `check_encoder_fit`); a 3-band stem is widened
+    to `in_channels` (`widen_stem_weight`), a stem of `in_channels` bands loads as it is."""
+    state = dict(weights.tensors)
     if stem_key not in state:
         raise TrainingError(
-            f"{model_name}: pretrained weights have no {stem_key}; the cached weight file is "
-            "not the expected one"
+            f"{model_name}: the pretrained weights {weights.source} have no {stem_key}: they "
+            f"are not this encoder's; {ENCODER_FIX}"
         )
-    state[stem_key] = widen_stem_weight(state[stem_key], in_channels)
+    stem = state[stem_key]
+    if stem.ndim == 4 and stem.shape[1] == 3:
+        state[stem_key] = widen_stem_weight(stem, in_channels)
+    elif stem.ndim != 4 or stem.shape[1] != in_channels:
+        raise TrainingError(
+            f"{model_name}: the pretrained stem {stem_key} of {weights.source} has shape "
+            f"{tuple(stem.shape)}; expected 3 or {in_channels} input bands; {ENCODER_FIX}"
+        )
     own = module.state_dict()
-    unused = sorted(k for k in state if k not in own)
-    state = {k: v for k, v in state.items() if k in own}
-    missing = sorted(k for k in own if k not in state)
+    loaded = check_encoder_fit(own, state, model_name=model_name, source=weights.source)
+    module.load_state_dict(loaded, strict=False)  # missing: only BatchNorm's step counts
+    logger.debug("%s: loaded %d pretrained tensors", model_name, len(loaded))
+
+
+def check_encoder_fit(
+    own: Mapping[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    *,
+    model_name: str,
+    source: str,
+    skip_shapes: Collection[str] = (),
+) -> dict[str, torch.Tensor]:
+    """The tensors of `state` that the encoder whose state dict is `own` loads; TrainingError
+    (one line naming the file, the first odd tensor and the fix) when `state` holds a tensor
+    the encoder lacks (another encoder's: resnet34 weights hold layer1.2, which resnet18
+    lacks), lacks one it has, or holds one of another shape. An ImageNet classifier head
+    (`fc`, `classifier`, `head`, ...) is no encoder tensor and is left out, and BatchNorm's
+    step counts (`num_batches_tracked`, absent from older files) may be missing. The shapes
+    of `skip_shapes` (a stem widened by the caller's rule) are not compared."""
+    extra = sorted(k for k in state if k not in own and not _is_classifier_head(k))
+    if extra:
+        raise TrainingError(
+            f"{model_name}: the pretrained weights {source} hold {len(extra)} tensors that the "
+            f"encoder does not have (first: {extra[0]}): they are another encoder's; "
+            f"{ENCODER_FIX}"
+        )
+    missing = sorted(k for k in own if k not in state and not k.endswith(_BATCHES_TRACKED))
     if missing:
         raise TrainingError(
-            f"{model_name}: pretrained weights miss {len(missing)} encoder tensors "
-            f"(first: {missing[0]}); the cached weight file is not the expected one"
+            f"{model_name}: the pretrained weights {source} miss {len(missing)} of the "
+            f"encoder's {len(own)} tensors (first: {missing[0]}); {ENCODER_FIX}"
         )
-    module.load_state_dict(state, strict=True)
-    logger.debug("%s: loaded %d pretrained tensors, ignored %s", model_name, len(state), unused)
+    for key, tensor in state.items():
+        if key in own and key not in skip_shapes and tensor.shape != own[key].shape:
+            raise TrainingError(
+                f"{model_name}: the pretrained tensor {key} of {source} has shape "
+                f"{tuple(tensor.shape)}, the encoder's has {tuple(own[key].shape)}: they are "
+                f"another encoder's weights; {ENCODER_FIX}"
+            )
+    return {k: v for k, v in state.items() if k in own}
+
+
+def _is_classifier_head(key: str) -> bool:
+    """Whether `key` is a tensor of an ImageNet classification head (of a torchvision, smp
+    or timm network: `fc.weight`, `_fc.bias`, `classifier.1.weight`, `model.head.weight`)."""
+    return key.removeprefix("model.").split(".")[0] in _CLASSIFIER_HEADS
 
 
 def check_pretrained(name: str, pretrained: str | None, *, supported: bool) -> bool:
@@ -172,24 +229,31 @@ def check_pretrained(name: str, pretrained: str | None, *, supported: bool) -> b
         return False
     check_pretrained_value(pretrained)
     if not supported:
-        raise TrainingError(f"{name} has no pretrained weights; use pretrained=None")
+        raise TrainingError(f"{name} has no pretrained weights; leave out --pretrained")
     return True
 
 
 def pretrained_state(
-    pretrained: str, model_name: str, imagenet: Callable[[], dict[str, torch.Tensor]]
-) -> dict[str, torch.Tensor]:
+    pretrained: str, model_name: str, imagenet: Callable[[], EncoderWeights]
+) -> EncoderWeights:
     """The weights `pretrained` names: `imagenet()` for "imagenet", else the file's."""
-    return imagenet() if pretrained == IMAGENET else read_weights_file(pretrained, model_name)
+    if pretrained == IMAGENET:
+        return imagenet()
+    return EncoderWeights(read_weights_file(pretrained, model_name), pretrained)
 
 
 def read_weights_file(path: str, model_name: str) -> dict[str, torch.Tensor]:
     """The tensors of a weights file: safetensors by suffix, else `torch.load(weights_only=True)`
     of a state dict, or of a dict holding one under `state_dict` (a landcover `model.pt`)."""
+    if os.path.isdir(path):
+        raise TrainingError(
+            f"{model_name}: --pretrained {path} is a directory; give the weights file in it "
+            f"(an encoder state dict: {', '.join(WEIGHT_FILE_SUFFIXES)})"
+        )
     if not os.path.isfile(path):
         raise TrainingError(
             f"{model_name}: pretrained weights file {path} not found; give the path of an "
-            "encoder state dict (.pth, .safetensors)"
+            f"encoder state dict ({', '.join(WEIGHT_FILE_SUFFIXES)})"
         )
     try:
         if path.lower().endswith(".safetensors"):
@@ -199,10 +263,9 @@ def read_weights_file(path: str, model_name: str) -> dict[str, torch.Tensor]:
         else:
             payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch/safetensors raise RuntimeError, UnpicklingError, EOFError…
-        reason = (str(exc).strip().split(". ")[0] or type(exc).__name__).splitlines()[0]
         raise TrainingError(
-            f"{model_name}: cannot read pretrained weights {path} ({reason}); give a state dict "
-            "saved with torch.save or safetensors"
+            f"{model_name}: cannot read pretrained weights {path} ({_first_reason(exc)}); give "
+            "a state dict saved with torch.save or safetensors"
         ) from None
     if isinstance(payload, dict) and isinstance(payload.get("state_dict"), dict):
         payload = payload["state_dict"]
@@ -211,18 +274,24 @@ def read_weights_file(path: str, model_name: str) -> dict[str, torch.Tensor]:
     ):
         raise TrainingError(
             f"{model_name}: pretrained weights {path} are not a state dict of tensors; give "
-            "an encoder state dict (.pth, .safetensors)"
+            f"an encoder state dict ({', '.join(WEIGHT_FILE_SUFFIXES)})"
         )
     return dict(payload)
 
 
-def encoder_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The encoder's tensors of a state dict: those under `encoder.` (a whole segmentation
-    model's) without that prefix, else all of them (an encoder's own)."""
-    prefix = "encoder."
-    if any(k.startswith(prefix) for k in state):
-        return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-    return dict(state)
+def encoder_tensors(weights: EncoderWeights, *prefixes: str) -> EncoderWeights:
+    """The encoder's tensors of `weights`: those under the first of `prefixes` (default
+    `encoder.`) that any key has (a whole segmentation model's state dict, as in a landcover
+    model.pt), without that prefix; else all of them (an encoder's own)."""
+    for prefix in prefixes or ("encoder.",):
+        if any(k.startswith(prefix) for k in weights.tensors):
+            tensors = {
+                k.removeprefix(prefix): v
+                for k, v in weights.tensors.items()
+                if k.startswith(prefix)
+            }
+            return EncoderWeights(tensors, weights.source)
+    return weights
 
 
 def hf_cached_file(repo_id: str, filename: str, revision: str, model_name: str) -> str:

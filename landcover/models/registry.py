@@ -56,18 +56,29 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def _choose_one() -> str:
+    return (
+        f"choose one of: {', '.join(available())}, or {SMP_PREFIX}ARCH:ENCODER "
+        "(`landcover models` lists them)"
+    )
+
+
 def check_model_name(name: str) -> ModelBuilder:
     """The builder of model `name` (a registered name or `smp:ARCH:ENCODER`);
-    UnknownModelError listing `available()` if none."""
+    UnknownModelError listing `available()` if none. The one place a model name is parsed: a
+    name with spaces around it is refused, not stripped, since it is stored as given (run.json,
+    model.pt's `architecture`) and must name the model as every later reader parses it."""
+    if name != name.strip():
+        raise UnknownModelError(
+            f"unknown model {name!r}: a model name has no spaces around it, write "
+            f"{name.strip()!r}; {_choose_one()}"
+        )
     if is_smp_name(name):
         parse_smp_name(name)
         return partial(build_smp_model, name)
     builder = _REGISTRY.get(name)
     if builder is None:
-        raise UnknownModelError(
-            f"unknown model {name!r}; choose one of: {', '.join(available())}, or "
-            f"{SMP_PREFIX}ARCH:ENCODER (`landcover models` lists them)"
-        )
+        raise UnknownModelError(f"unknown model {name!r}; {_choose_one()}")
     return builder
 
 

@@ -13,8 +13,10 @@ import torch
 from torch import nn
 
 from landcover.models.pretrained import (
+    EncoderWeights,
     check_pretrained,
-    download_weights,
+    encoder_tensors,
+    imagenet_weights,
     load_encoder_state,
     pretrained_state,
     replace_conv_in_channels,
@@ -25,6 +27,9 @@ __all__ = [
     "build_lraspp_mobilenet_v3_large",
     "build_resnet50_segmentation",
 ]
+
+# Where a landcover model.pt of these models holds the backbone's tensors.
+_BACKBONE_PREFIX = "net.backbone."
 
 
 class TorchvisionSegmentation(nn.Module):
@@ -55,10 +60,14 @@ def build_resnet50_segmentation(
     if use_weights:
         assert pretrained is not None
         state = pretrained_state(
-            pretrained, name, lambda: download_weights("ResNet50_Weights", name)
+            pretrained, name, lambda: imagenet_weights("ResNet50_Weights", name)
         )
         load_encoder_state(
-            backbone, state, stem_key="conv1.weight", in_channels=in_channels, model_name=name
+            backbone,
+            encoder_tensors(state, _BACKBONE_PREFIX),  # a landcover model.pt of this model
+            stem_key="conv1.weight",
+            in_channels=in_channels,
+            model_name=name,
         )
     return TorchvisionSegmentation(net)
 
@@ -80,12 +89,11 @@ def build_lraspp_mobilenet_v3_large(
     if use_weights:
         assert pretrained is not None
         state = pretrained_state(
-            pretrained, name, lambda: download_weights("MobileNet_V3_Large_Weights", name)
+            pretrained, name, lambda: imagenet_weights("MobileNet_V3_Large_Weights", name)
         )
-        # The backbone is mobilenet.features: drop the "features." prefix and the classifier.
-        features = {
-            k.removeprefix("features."): v for k, v in state.items() if k.startswith("features.")
-        }
+        # The backbone is mobilenet.features (ImageNet: drop the "features." prefix and the
+        # classifier), or a landcover model.pt's backbone.
+        features: EncoderWeights = encoder_tensors(state, _BACKBONE_PREFIX, "features.")
         load_encoder_state(
             net.backbone, features, stem_key="0.0.weight", in_channels=in_channels, model_name=name
         )

@@ -33,10 +33,13 @@ from torch import nn
 
 from landcover.errors import TrainingError, UnknownModelError
 from landcover.models.pretrained import (
+    ENCODER_FIX,
+    EncoderWeights,
+    check_encoder_fit,
     check_pretrained,
-    download_weights,
     encoder_tensors,
     hf_cached_file,
+    imagenet_weights,
     load_encoder_state,
     pretrained_state,
     read_weights_file,
@@ -151,7 +154,7 @@ def _build(
     in_channels: int,
     num_classes: int,
     model_name: str,
-    encoder_state: dict[str, torch.Tensor] | None = None,
+    encoder_state: EncoderWeights | None = None,
 ) -> nn.Module:
     """smp's `spec` with random weights, or `encoder_state` in its encoder."""
     import segmentation_models_pytorch as smp
@@ -190,11 +193,11 @@ def build_smp_model(
         if pretrained == IMAGENET:
             state = _smp_imagenet_state(spec.encoder, name)
         else:
-            state = encoder_tensors(read_weights_file(pretrained, name))
+            state = encoder_tensors(EncoderWeights(read_weights_file(pretrained, name), pretrained))
     return _build(spec, in_channels, num_classes, name, state)
 
 
-def _smp_imagenet_state(encoder: str, model_name: str) -> dict[str, torch.Tensor]:
+def _smp_imagenet_state(encoder: str, model_name: str) -> EncoderWeights:
     """smp's ImageNet weights of `encoder` from the Hugging Face cache (never downloaded)."""
     import segmentation_models_pytorch as smp
 
@@ -213,47 +216,41 @@ def _smp_imagenet_state(encoder: str, model_name: str) -> dict[str, torch.Tensor
     path = hf_cached_file(
         settings["repo_id"], "model.safetensors", settings["revision"], model_name
     )
-    return read_weights_file(path, model_name)
+    return EncoderWeights(read_weights_file(path, model_name), path)
 
 
 def _load_smp_encoder(
-    encoder: nn.Module, state: dict[str, torch.Tensor], in_channels: int, model_name: str
+    encoder: nn.Module, weights: EncoderWeights, in_channels: int, model_name: str
 ) -> None:
-    """Load `state` into an smp encoder built for `in_channels` bands: a 3-band stem is widened
-    by smp's `patch_first_conv`, a stem with `in_channels` bands loads as it is."""
+    """Load `weights` into an smp encoder built for `in_channels` bands: all of its tensors and
+    no other encoder's (`check_encoder_fit`); a 3-band stem is widened by smp's
+    `patch_first_conv`, a stem with `in_channels` bands loads as it is."""
     from segmentation_models_pytorch.encoders._utils import patch_first_conv
 
+    state = weights.tensors
     own = encoder.state_dict()
     if own and all(k.startswith("model.") for k in own):  # a tu- encoder holds timm's model
         state = {k if k.startswith("model.") else f"model.{k}": v for k, v in state.items()}
     stem_name, stem = next((n, m) for n, m in encoder.named_modules() if isinstance(m, nn.Conv2d))
     stem_key = f"{stem_name}.weight"
-    missing = sorted(k for k in own if k not in state)
-    if missing:
-        raise TrainingError(
-            f"{model_name}: the pretrained weights miss {len(missing)} of the encoder's "
-            f"{len(own)} tensors (first: {missing[0]}); give the state dict of this encoder"
-        )
-    loaded = {k: state[k] for k in own}
+    loaded = check_encoder_fit(
+        own, state, model_name=model_name, source=weights.source, skip_shapes=(stem_key,)
+    )
     stem_bands = int(loaded[stem_key].shape[1]) if loaded[stem_key].ndim == 4 else -1
     if stem_bands == 3 and in_channels != 3:
         rgb = nn.Conv2d(3, stem.out_channels, stem.kernel_size, bias=False)  # type: ignore[arg-type]
         rgb.weight = nn.Parameter(loaded[stem_key].clone())
         patch_first_conv(rgb, new_in_channels=in_channels, pretrained=True)
         loaded[stem_key] = rgb.weight.detach()
-    elif stem_bands != in_channels:
+    if tuple(loaded[stem_key].shape) != tuple(own[stem_key].shape):
         raise TrainingError(
-            f"{model_name}: the pretrained stem {stem_key} has shape "
-            f"{tuple(loaded[stem_key].shape)}; expected 3 or {in_channels} input bands"
+            f"{model_name}: the pretrained stem {stem_key} of {weights.source} has shape "
+            f"{tuple(state[stem_key].shape)}; expected 3 or {in_channels} input bands; "
+            f"{ENCODER_FIX}"
         )
-    try:
-        encoder.load_state_dict(loaded)  # strict by default; mit encoders take no `strict`
-    except RuntimeError as exc:  # shapes of another encoder (resnet34 weights for resnet18)
-        first = next((s.strip() for s in str(exc).splitlines()[1:] if s.strip()), str(exc))
-        raise TrainingError(
-            f"{model_name}: the pretrained weights do not fit the encoder ({first[:200]}); "
-            "give the state dict of this encoder"
-        ) from None
+    # strict: BatchNorm step counts an older file lacks are the only keys it may miss
+    missing = {k: v for k, v in own.items() if k not in loaded}
+    encoder.load_state_dict({**missing, **loaded})  # mit encoders take no `strict`
     logger.debug("%s: loaded %d encoder tensors", model_name, len(loaded))
 
 
@@ -268,7 +265,7 @@ def build_unet_resnet(
     if use_weights:
         assert pretrained is not None
         state = pretrained_state(
-            pretrained, name, lambda: download_weights(f"ResNet{depth}_Weights", name)
+            pretrained, name, lambda: imagenet_weights(f"ResNet{depth}_Weights", name)
         )
         encoder: Any = model.encoder
         load_encoder_state(

@@ -21,11 +21,19 @@ def is_weights_path(value: str) -> bool:
 
 
 def check_pretrained_value(value: str | None) -> None:
-    """Refuse a `--pretrained` value that is neither `imagenet`, a weights file path nor None;
-    whether the file exists is checked where the model is built (on the worker's machine)."""
-    if value is None or value == IMAGENET or is_weights_path(value):
+    """Refuse a `--pretrained` value that is neither `imagenet`, a weights file path nor None
+    (left out), and a directory; whether the file exists is checked where the model is built
+    (on the worker's machine)."""
+    if value is None or value == IMAGENET:
+        return
+    if os.path.isdir(value):
+        raise TrainingError(
+            f"--pretrained {value} is a directory; give the weights file in it (an encoder "
+            f"state dict: {', '.join(WEIGHT_FILE_SUFFIXES)})"
+        )
+    if is_weights_path(value):
         return
     raise TrainingError(
-        f"pretrained={value!r} is not known; use one of [{IMAGENET!r}], the path of an encoder "
-        f"weights file ({', '.join(WEIGHT_FILE_SUFFIXES)}), or None"
+        f"--pretrained {value!r} is not known; give {IMAGENET} or the path of an encoder "
+        f"weights file ({', '.join(WEIGHT_FILE_SUFFIXES)}), or leave out --pretrained"
     )

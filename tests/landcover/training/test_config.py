@@ -156,8 +156,8 @@ def test_bad_values_of_the_api_name_the_option() -> None:
         TrainConfig("s", "r", optimizer="adam")  # type: ignore[arg-type]
     with pytest.raises(
         TrainingError,
-        match=r"^pretrained='x' is not known; use one of \['imagenet'\], the path of an encoder "
-        r"weights file \(\.pth, .*\), or None$",
+        match=r"^--pretrained 'x' is not known; give imagenet or the path of an encoder "
+        r"weights file \(\.pth, .*\), or leave out --pretrained$",
     ):
         TrainConfig("s", "r", pretrained="x")
     assert TrainConfig("s", "r", pretrained="weights/encoder.pth").pretrained == (

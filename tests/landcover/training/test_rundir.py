@@ -18,8 +18,8 @@ from landcover.cli.train import worker_command
 from landcover.errors import TrainingError
 from landcover.training import TrainConfig, train
 from landcover.training.checkpoint import read_checkpoint, save_checkpoint
+from landcover.training.records import RUN_KEYS
 from landcover.training.rundir import (
-    RUN_KEYS,
     append_metrics,
     check_run_dir,
     jsonable,
