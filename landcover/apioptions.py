@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from landcover.comm.spec import CompressionSpec
-    from landcover.prediction.choices import Runtime, TtaMode
+    from landcover.prediction.choices import Backend, Precision, TtaMode
     from landcover.training.config import ClassWeights, Device, Loss, LrScaling, Optimizer
 
 __all__ = ["PredictOptions", "TileOptions", "TrainOptions"]
@@ -84,7 +84,8 @@ class PredictOptions(TypedDict, total=False):
     overlap_px: int | None
     batch_size: int
     device: str
-    runtime: Runtime
+    backend: Backend
+    precision: Precision
     tta: TtaMode
     probabilities: str | None
     overwrite: bool

@@ -60,7 +60,8 @@ logger = logging.getLogger(__name__)
 @config_option(OPTIONS["overlap_px"])
 @config_option(OPTIONS["batch_size"])
 @config_option(OPTIONS["device"], default="auto")  # the library's default is cpu
-@config_option(OPTIONS["runtime"])
+@config_option(OPTIONS["backend"])
+@config_option(OPTIONS["precision"])
 @config_option(OPTIONS["tta"], is_flag=False, flag_value="d4")
 @config_option(OPTIONS["probabilities"], callback=output_url_callback(remote=True))
 @click.option(
@@ -139,7 +140,8 @@ def predict_command(
         # A run writing them now is refused before the ranks start (rank 0 takes the lock);
         # an output that cannot be written at all is left to the ranks' own check.
         outputs = (out, given.probabilities)
-        with contextlib.suppress(OSError), exclusive_outputs(outputs, "predict"):
+        lock = exclusive_outputs(outputs, "predict", inside=tiled)  # a product holds its own
+        with contextlib.suppress(OSError), lock:
             pass
         launch_local_ranks(ctx, "predict", nproc)  # rank 0 writes the STAC item too
         return

@@ -4,7 +4,10 @@ Both formats carry the same `ModelMeta` as the model file (architecture, class t
 names/mean/std, chip size, resolution, training summary) as the JSON of `meta_to_json`:
 ONNX in the model's `metadata_props` under the key `landcover`, TorchScript as the extra file
 `landcover.json` (`torch.jit.load(..., _extra_files=...)`), so `landcover predict` reads an
-exported file as it reads `model.pt`.
+exported file as it reads `model.pt`. An ONNX file also records the SHA-256 of the model
+file's bytes it was exported from (`model_digest`, key `landcover_model_sha256`): the
+prediction's cache of exported models (`landcover.prediction.backends.onnxcache`) trusts a
+cached file only for the model file of that digest.
 
 The graph takes `pixels` (batch, bands, height, width) float32, normalised as
 `landcover.data.normalise` does, and returns `logits` (batch, classes, height, width).
@@ -26,6 +29,7 @@ users) is a trace of the same wrapper.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -58,7 +62,9 @@ __all__ = [
     "export_model",
     "load_torchscript",
     "meta_from_onnx_props",
+    "model_digest",
     "model_kind",
+    "onnx_model_digest",
     "require_onnx",
     "supported_opsets",
 ]
@@ -67,6 +73,7 @@ ExportFormat = Literal["onnx", "torchscript"]
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 DEFAULT_OPSET = 18  # the dynamo exporter's own operators start here
 ONNX_METADATA_KEY = "landcover"
+ONNX_DIGEST_KEY = "landcover_model_sha256"  # of the model file's bytes it was exported from
 TORCHSCRIPT_EXTRA_FILE = "landcover.json"
 INPUT_NAME = "pixels"
 OUTPUT_NAME = "logits"
@@ -202,11 +209,15 @@ def export(config: ExportConfig) -> ExportResult:
     if format == "onnx":
         for module in ("onnx", "onnxscript"):
             require_onnx(module)
+    # Before the model loads: a file replaced meanwhile gives a digest that its cache entry
+    # does not match (`landcover.prediction.backends.onnxcache` checks), never a wrong match.
+    digest = model_digest(model_url, storage_options=storage_options) if format == "onnx" else ""
     model, meta = load_model_file(model_url, storage_options=storage_options)
     graph = _exportable(model)
     # Batch 2: torch.export specialises a dimension whose example size is 0 or 1.
     example = torch.zeros(2, meta.in_channels, meta.chip_size, meta.chip_size)
     meta_json = json.dumps(meta_to_json(meta))
+    props = {ONNX_METADATA_KEY: meta_json, ONNX_DIGEST_KEY: digest}
     if format == "torchscript":
         buffer = io.BytesIO()  # saved from memory, its archive is not named after a temp file
         with _quiet_jit():
@@ -218,7 +229,7 @@ def export(config: ExportConfig) -> ExportResult:
     try:
         write_atomic(
             out,
-            lambda tmp: actual.append(_write_onnx(graph, example, tmp, opset, meta_json)),
+            lambda tmp: actual.append(_write_onnx(graph, example, tmp, opset, props)),
             overwrite=overwrite,
         )
     except LandcoverError:
@@ -239,9 +250,9 @@ def _exportable(model: nn.Module) -> nn.Module:
 
 
 def _write_onnx(
-    graph: nn.Module, example: torch.Tensor, path: str, opset: int, meta_json: str
+    graph: nn.Module, example: torch.Tensor, path: str, opset: int, props: Mapping[str, str]
 ) -> int:
-    """Export `graph` to `path`, add the metadata; returns the file's opset, which is
+    """Export `graph` to `path`, add the metadata `props`; returns the file's opset, which is
     `opset` (`ExportError` when the version converter could not convert the graph)."""
     onnx = require_onnx("onnx")
     multiple = int(getattr(graph, "multiple", 1))
@@ -264,7 +275,7 @@ def _write_onnx(
             verbose=False,
         )
     proto = onnx.load(path)
-    onnx.helper.set_model_props(proto, {ONNX_METADATA_KEY: meta_json})
+    onnx.helper.set_model_props(proto, dict(props))
     onnx.save(proto, path)
     written = next(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     if written != opset:  # the converters log their failure and keep the exporter's opset
@@ -300,6 +311,29 @@ def _quiet_jit() -> Iterator[None]:
         finally:
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
+
+
+def model_digest(url: str, *, storage_options: Mapping[str, Any] | None = None) -> str:
+    """The SHA-256 (hex) of a model file's bytes, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    try:
+        with fsspec.open(url, "rb", **dict(storage_options or {})) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except FileNotFoundError:
+        raise ModelFileError(f"{url}: model file not found") from None
+    except IsADirectoryError:
+        raise ModelFileError(
+            f"{url} is not a landcover model file (model.pt from `landcover train`); it is a "
+            "directory"
+        ) from None
+    return digest.hexdigest()
+
+
+def onnx_model_digest(props: Mapping[str, str]) -> str | None:
+    """The digest of the model file an ONNX file was exported from, from its
+    `metadata_props` (None for a file exported before digests were recorded)."""
+    return props.get(ONNX_DIGEST_KEY) or None
 
 
 def model_kind(url: str, *, storage_options: Mapping[str, Any] | None = None) -> ModelKind:

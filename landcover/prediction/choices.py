@@ -1,4 +1,4 @@
-"""The choices and defaults of `predict`'s options (--runtime, --tta, --max-pixels, the
+"""The choices and defaults of `predict`'s options (--backend, --precision, --tta, --max-pixels, the
 --resolution factors), free of torch and GDAL so that the CLI's options and the library's
 checks read the same values without `landcover predict --help` (or the `--nproc` parent)
 importing them."""
@@ -9,19 +9,36 @@ from collections.abc import Mapping
 from typing import Literal, get_args
 
 __all__ = [
+    "AUTO_ONNX_MIN_WINDOW_PIXELS",
+    "BACKENDS",
     "DEFAULT_MAX_PIXELS",
+    "PRECISIONS",
     "RESOLUTION_LIMIT_FACTOR",
     "RESOLUTION_WARN_FACTOR",
-    "RUNTIMES",
     "TTA_MODES",
     "TTA_OPS",
-    "Runtime",
+    "Backend",
+    "Precision",
     "TtaMode",
 ]
 
-# what runs the model: auto picks onnxruntime for *.onnx (landcover.prediction.runtime)
-Runtime = Literal["auto", "torch", "onnxruntime"]
-RUNTIMES: tuple[str, ...] = get_args(Runtime)
+# What runs the model (landcover.prediction.runtime): auto picks onnxruntime for a large
+# enough prediction on the CPU where it is installed (bench_predict.py measures it against
+# torch), torch elsewhere; *.onnx files always run with onnxruntime.
+Backend = Literal["auto", "torch", "onnxruntime"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+# The numbers the model computes in (landcover.prediction.runtime): auto is fp32 until a
+# benchmark shows a reduced precision agrees with it (bench_predict.py).
+Precision = Literal["auto", "fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+# `--backend auto` exports a model.pt to ONNX only for a prediction whose windows hold at least
+# this many pixels (about 61 windows of 256 px): the export takes seconds to a minute once,
+# and onnxruntime's lead over torch eager repays it from a few million window pixels on
+# (bench_predict.py --only backends prints both). Smaller predictions (a test scene, a quick
+# look) run torch.
+AUTO_ONNX_MIN_WINDOW_PIXELS = 4_000_000
 
 # `landcover.data.augment.dihedral` ops averaged by each TTA mode (landcover.prediction.tta):
 # the identity; the flip subgroup (identity, left-right, up-down, both); the whole group

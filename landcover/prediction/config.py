@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 from landcover.cliconfig import OptionSpec, option_specs
 from landcover.errors import PredictionError
 from landcover.prediction.choices import (
+    AUTO_ONNX_MIN_WINDOW_PIXELS,
     DEFAULT_MAX_PIXELS,
     RESOLUTION_LIMIT_FACTOR,
     RESOLUTION_WARN_FACTOR,
-    Runtime,
+    Backend,
+    Precision,
     TtaMode,
 )
 from tiling.shared.flags import flag, option
@@ -67,11 +69,23 @@ class PredictConfig:
     batch_size: int = option("--batch-size", 16, "Windows per batch.")
     device: str = option("--device", "cpu", "auto, cpu, cuda, cuda:N.")
     # what runs the model (landcover.prediction.runtime); checked where it loads
-    runtime: Runtime = option(
-        "--runtime",
+    backend: Backend = option(
+        "--backend",
         "auto",
-        "What runs MODEL: torch (model.pt, TorchScript) or onnxruntime (an ONNX file from "
-        "`landcover export`); auto picks onnxruntime for *.onnx.",
+        "What runs MODEL: torch (model.pt, TorchScript) or onnxruntime (an ONNX file, or a "
+        "model.pt exported once to ONNX and cached by its digest). auto: onnxruntime for "
+        "*.onnx; for a model.pt on the CPU, onnxruntime where it is installed and the "
+        f"windows hold at least {AUTO_ONNX_MIN_WINDOW_PIXELS / 1e6:g} million pixels (the "
+        "one-time export pays off), else torch. "
+        "The output's LANDCOVER_BACKEND tag says what ran.",
+        deprecated=("--runtime",),
+    )
+    precision: Precision = option(
+        "--precision",
+        "auto",
+        "Numbers the model computes in: fp32, or bf16 (torch autocast, on CPUs with AVX-512 "
+        "BF16 or AMX and on CUDA GPUs with bf16; refused elsewhere); auto is fp32. The "
+        "output's LANDCOVER_PRECISION tag says what ran.",
     )
     # landcover.prediction.tta; checked before the model loads
     tta: TtaMode = option(

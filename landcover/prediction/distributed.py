@@ -50,7 +50,8 @@ RERUN_PREDICTS_AGAIN = (
     "overlap_px",
     "batch_size",
     "device",  # its type
-    "runtime",
+    "backend",  # what ran (`auto` resolved: landcover.prediction.runtime.with_inference)
+    "precision",
     "tta",
     "probabilities",  # whether a part has them
     "block_px",
@@ -80,7 +81,9 @@ class RunOptions(Protocol):
     @property
     def batch_size(self) -> int: ...
     @property
-    def runtime(self) -> str: ...
+    def backend(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
     @property
     def tta(self) -> str: ...
     @property
@@ -121,7 +124,8 @@ class RankRun:
             "window": [self.layout.size, self.layout.overlap],
             "block_px": options.block_px,
             "batch_size": options.batch_size,
-            "runtime": options.runtime,
+            "backend": options.backend,
+            "precision": options.precision,
             "tta": options.tta,
             "device": self.device_type,
             "zero_is_nodata": options.zero_is_nodata,

@@ -68,7 +68,12 @@ from landcover.prediction.outgrid import GridPlan, OutputGrid, plan_output_grid
 from landcover.prediction.pipeline import run_pipeline
 from landcover.prediction.ranks import RankShare, whole_grid
 from landcover.prediction.region import parse_crs
-from landcover.prediction.runtime import WindowModel, load_window_model
+from landcover.prediction.runtime import (
+    BackendModel,
+    for_prediction,
+    load_window_model,
+    with_inference,
+)
 from landcover.prediction.setup import (
     GDAL_CACHE_BYTES,
     FreedMemory,
@@ -185,7 +190,8 @@ def _predict_and_write(
 ) -> tuple[OutputGrid, GridPlan, _Tally]:
     model, meta = load_window_model(
         config.model,
-        runtime=config.runtime,
+        backend=config.backend,
+        precision=config.precision,
         device=device,
         storage_options=config.storage_options,
     )
@@ -222,6 +228,9 @@ def _predict_and_write(
             f"region covers no pixel centre of the images at {grid.resolution:g} "
             "units/px after masking; give a larger region or a finer --resolution"
         )
+    # `auto` decided from the whole grid, alike on every rank; parts record what runs
+    model = for_prediction(model, layout.num_windows * layout.size**2)
+    config = with_inference(config, model)
     if world_size > 1:
         run = RankRun(
             config,
@@ -259,7 +268,7 @@ class _Tally:
 
 
 def _predict_into(
-    model: WindowModel,
+    model: BackendModel,
     meta: ModelMeta,
     plan: GridPlan,
     layout: WindowLayout,
@@ -291,6 +300,7 @@ def _predict_into(
         stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache))
         dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(target)))
         describe_class_raster(dst, meta, sources=[s.path for s in plan.sources])
+        dst.update_tags(**model.inference.tags())  # what ran: backend, precision, provider
         prob = None
         if tiles_prob is not None:
             profile = probability_profile(target, meta)

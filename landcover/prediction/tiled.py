@@ -306,6 +306,7 @@ def _predict_into(
         rasterio.open(tiled, "w", **class_profile(target)) as dst,
     ):
         describe_class_raster(dst, meta, sources=product.reads[tile.name])
+        dst.update_tags(**product.model.inference.tags())  # what ran: backend, precision
         predictor = BlockPredictor(
             windows, meta.num_classes, device=product.device, probabilities=False
         )

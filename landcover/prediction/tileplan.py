@@ -5,7 +5,7 @@ key; and the checks of a tiled `--out`, made before any work."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,7 +24,12 @@ from landcover.prediction.outfiles import (
 )
 from landcover.prediction.outgrid import GridPlan, plan_output_grid
 from landcover.prediction.region import parse_crs
-from landcover.prediction.runtime import WindowModel, load_window_model
+from landcover.prediction.runtime import (
+    BackendModel,
+    for_prediction,
+    load_window_model,
+    with_inference,
+)
 from landcover.prediction.setup import (
     FreedMemory,
     check_model,
@@ -57,7 +62,7 @@ class Product:
     """A product's plan: the model, the grid, its tiles with work, and each tile's key."""
 
     setup: TiledSetup
-    model: WindowModel
+    model: BackendModel
     meta: ModelMeta
     device: torch.device
     plan: GridPlan
@@ -108,7 +113,11 @@ def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
     device = torch_device(config.device, error=PredictionError)
     FreedMemory().reuse()
     model, meta = load_window_model(
-        config.model, runtime=config.runtime, device=device, storage_options=config.storage_options
+        config.model,
+        backend=config.backend,
+        precision=config.precision,
+        device=device,
+        storage_options=config.storage_options,
     )
     check_model(config.model, meta)
     overlap = window_overlap(config.overlap_px, meta.chip_size)
@@ -132,6 +141,10 @@ def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
             f"region covers no pixel centre of the images at {grid.resolution:g} "
             "units/px after masking; give a larger region or a finer --resolution"
         )
+    # `auto` decided from the whole grid, alike on every rank and task; keys record what runs
+    model = for_prediction(model, layout.num_windows * layout.size**2)
+    setup = replace(setup, config=with_inference(config, model))
+    config = setup.config
     lattice = map_tiles(grid, setup.tile_px)
     costs = tile_costs(plan, lattice)
     tiles = tuple(t for t, c in zip(lattice, costs, strict=True) if c > 0)

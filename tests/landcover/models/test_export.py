@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from landcover import cli
 from landcover.errors import ExportError, ModelFileError, PredictionError
-from landcover.models.export import load_torchscript, model_kind, require_onnx
+from landcover.models.export import load_torchscript, model_digest, model_kind, require_onnx
 from landcover.models.modelfile import (
     load_model_file,
     meta_to_json,
@@ -70,6 +70,7 @@ def test_onnx_file_carries_the_metadata_and_runs_at_two_sizes(models: dict[str, 
     props = {p.key: p.value for p in proto.metadata_props}
     meta, _ = read_model_file(models["pt"])
     assert json.loads(props["landcover"]) == meta_to_json(meta)
+    assert props["landcover_model_sha256"] == model_digest(str(models["pt"]))  # its source
     assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [18]
     session = ort.InferenceSession(str(models["onnx"]), providers=["CPUExecutionProvider"])
     (graph_input,) = session.get_inputs()
@@ -149,17 +150,10 @@ def test_export_into_a_directory_is_one_line_even_with_overwrite(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt"]
 
 
-def test_runtime_that_cannot_run_the_file_is_refused(models: dict[str, Path]) -> None:
-    device = "cpu"
-    with pytest.raises(PredictionError, match="export it first: landcover export"):
+def test_backend_that_cannot_run_the_file_is_refused(models: dict[str, Path]) -> None:
+    with pytest.raises(PredictionError, match="is an ONNX file; use --backend onnxruntime"):
         predict_region(
-            PredictConfig(
-                str(models["pt"]), ("x.tif",), "o.tif", device=device, runtime="onnxruntime"
-            )
-        )
-    with pytest.raises(PredictionError, match="is an ONNX file; use --runtime onnxruntime"):
-        predict_region(
-            PredictConfig(str(models["onnx"]), ("x.tif",), "o.tif", device=device, runtime="torch")
+            PredictConfig(str(models["onnx"]), ("x.tif",), "o.tif", device="cpu", backend="torch")
         )
 
 

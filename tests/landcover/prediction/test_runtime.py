@@ -81,16 +81,16 @@ def test_metadata_that_is_not_json_is_called_corrupt_and_located(kind: str, tmp_
 def test_onnxruntime_on_a_torchscript_file_advises_commands_that_work(tmp_path: Path) -> None:
     path = write_torchscript(tmp_path / "model.ts")
     with pytest.raises(PredictionError) as caught:
-        load_window_model(str(path), runtime="onnxruntime", device=CPU)
+        load_window_model(str(path), backend="onnxruntime", device=CPU)
     message = str(caught.value)
     assert message == (
-        f"--runtime onnxruntime runs ONNX files, not {path} (a TorchScript file); run it with "
-        "--runtime torch, or export the model.pt of its training run (RUN_DIR/model.pt from "
-        "`landcover train`) with `landcover export RUN_DIR/model.pt --format onnx --out "
-        "model.onnx`"
+        f"--backend onnxruntime runs ONNX files and model files, not {path} (a TorchScript "
+        "file); run it with --backend torch, or export the model.pt of its training run "
+        "(RUN_DIR/model.pt from `landcover train`) with `landcover export RUN_DIR/model.pt "
+        "--format onnx --out model.onnx`"
     )
     assert f"landcover export {path}" not in message  # export takes model.pt files only
-    _, meta = load_window_model(str(path), runtime="torch", device=CPU)  # the advice works
+    _, meta = load_window_model(str(path), backend="torch", device=CPU)  # the advice works
     assert meta == META
 
 
