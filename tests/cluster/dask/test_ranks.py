@@ -4,15 +4,19 @@ refused input is the rank's own line; temporary logs stay only after a crash."""
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 import distributed
 import pytest
 
 from cluster.clusterjson import parse_cluster_spec
+from cluster.dask.client import TaskRunner
 from cluster.dask.engine import DaskEngine, plan_dask, run_ranks
 from cluster.engine import Job, LaunchOptions
 from cluster.errors import LaunchError
@@ -72,3 +76,26 @@ def test_a_jobs_temporary_logs_stay_only_where_a_crash_needs_them(
         }
         assert str(failed.value) == said[outcome]
     assert Path(plan.log_dir).exists() == (outcome == "crashes")
+
+
+def die(unit: str) -> None:
+    """A unit that kills the worker process running it, every time."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_unit_that_kills_every_worker_it_runs_on_is_one_line() -> None:
+    """Before: distributed's KilledWorker ("Attempted to run task ... on 1 different workers,
+    ... https://distributed.dask.org/...") as an internal error."""
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+        pytest.raises(LaunchError) as failed,
+    ):
+        TaskRunner(client, show_progress=False)(die, ["a.tif"], what="sources")
+    message = str(failed.value)
+    assert message.startswith("sources: task 1 of 1 (sources-"), message
+    assert "killed each of the 1 workers that ran it, the last tcp://" in message
+    assert "\n" not in message
