@@ -32,13 +32,20 @@ __all__ = ["exclusive_outputs", "exclusive_writer", "lock_path_for"]
 LOCK_SUFFIX = ".lock"
 
 
-def lock_path_for(output: str) -> Path:
+INSIDE_LOCK = ".landcover.lock"
+
+
+def lock_path_for(output: str, *, inside: bool = False) -> Path:
     """The lock file of output `output` (a file or a directory): `<output>.lock` beside a local
-    one; for a URL, a file named by the URL's hash in this machine's temporary directory."""
+    one, or with `inside` (a directory output whose parent may be read-only, e.g. a tiled
+    product) the hidden `<output>/.landcover.lock`; for a URL, a file named by the URL's hash
+    in this machine's temporary directory."""
     from tiling.shared.urls import is_local, local_path  # imports zarr: only when a lock is taken
 
     if is_local(output):
         local = local_path(output).absolute()
+        if inside:
+            return local / INSIDE_LOCK
         return local.with_name(local.name + LOCK_SUFFIX)
     digest = hashlib.sha256(output.rstrip("/").encode()).hexdigest()[:24]
     return Path(tempfile.gettempdir()) / "landcover-locks" / f"{digest}{LOCK_SUFFIX}"
@@ -59,6 +66,7 @@ def exclusive_writer(
     lock file when the block ends (a file that must not stay beside the output); a run that
     opened it just before is then told apart by its inode and tries again on the new file.
     """
+    made = not lock_path.parent.exists()
     lock_path.parent.mkdir(parents=True, exist_ok=True)  # as writing the output would
     fd = _acquire(lock_path, busy, error)
     try:
@@ -69,19 +77,26 @@ def exclusive_writer(
         if remove:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock_path)  # still locked: no other process holds this file now
+            if made:  # a directory made for the lock and left empty by a failed run
+                with contextlib.suppress(OSError):
+                    lock_path.parent.rmdir()
         os.close(fd)
 
 
 @contextlib.contextmanager
-def exclusive_outputs(outputs: Iterable[str | None], command: str) -> Iterator[None]:
+def exclusive_outputs(
+    outputs: Iterable[str | None], command: str, *, inside: bool = False
+) -> Iterator[None]:
     """Hold the lock of each of `outputs` (None: an output not asked for) for the block; a
     busy one raises `OutputBusyError`: "another COMMAND is writing OUT (pid P); ...". Taking
-    and leaving it at once checks, before any work, that no run is writing them now."""
+    and leaving it at once checks, before any work, that no run is writing them now.
+    `inside`: the outputs are directories that hold their own lock (`lock_path_for`)."""
     with contextlib.ExitStack() as stack:
         for output in outputs:
             if output is not None:
                 busy = f"another {command} is writing {output}"
-                stack.enter_context(exclusive_writer(lock_path_for(output), busy))
+                lock = lock_path_for(output, inside=inside)
+                stack.enter_context(exclusive_writer(lock, busy))
         yield
 
 

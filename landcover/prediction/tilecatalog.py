@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,11 +33,12 @@ from pystac.layout import CustomLayoutStrategy
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outgrid import TAG_SOURCES, OutputGrid
 from landcover.prediction.stacitem import ASSET_KEY, COG_MEDIA_TYPE
-from landcover.prediction.tilerecords import ProductDir, TileRecord
+from landcover.prediction.tilerecords import TAG_PRODUCT, ProductDir, TileRecord
 from tiling.shared.urls import is_local
 
 COLLECTION = "collection.json"
 MOSAIC = "mosaic.vrt"
+QUICKLOOK = "quicklook.png"  # written by `landcover predict` (landcover.view.quicklook)
 # Metrics of the model's training run copied into the collection (ModelMeta.training).
 MODEL_METRICS = ("val_miou", "val_accuracy", "per_class_iou", "epoch")
 
@@ -52,8 +52,12 @@ def write_catalog(
     sources: Sequence[str],
 ) -> None:
     """Write every tile's item, `mosaic.vrt` and, last, `collection.json` into the product;
-    `sources`: the images the tiles were predicted from (the mosaic's sources tag)."""
-    with tempfile.TemporaryDirectory(prefix="landcover-catalog-") as scratch:
+    `sources`: the images the tiles were predicted from (the mosaic's sources tag).
+
+    They are made in the product's scratch directory, on the product's own file system, and
+    renamed into place (uploaded, on blob storage): never staged in the system's temporary
+    directory, which may be another file system."""
+    with product_dir.scratch() as scratch:
         collection = product_collection(product_dir, records, meta, model)
         collection.normalize_hrefs(scratch, strategy=_ITEMS_BESIDE_TILES)
         collection.save(pystac.CatalogType.SELF_CONTAINED)
@@ -132,6 +136,12 @@ def mosaic_vrt(
         if item.get("key") == TAG_SOURCES:  # the first tile's: the mosaic's are all tiles'
             item.text = json.dumps([_absolute(p) for p in sources])
     for band in root.iter("VRTRasterBand"):
+        for metadata in band.findall("Metadata"):  # the first tile's product key: a tile's
+            for entry in metadata.findall("MDI"):
+                if entry.get("key") == TAG_PRODUCT:
+                    metadata.remove(entry)
+            if not len(metadata):
+                band.remove(metadata)
         tile_sources = [e for e in band if e.tag in ("SimpleSource", "ComplexSource")]
         for source in tile_sources:
             band.remove(source)

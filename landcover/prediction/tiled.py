@@ -9,8 +9,10 @@ whichever block, tile or rank computes it (`landcover.prediction.windows`), so t
 the tiles equals the one COG of the same region pixel for pixel. A tile is committed by its
 record (`landcover.prediction.tilerecords`) after its COG; a tile whose record has this run's
 key and whose COG has the recorded size is kept, so a rerun redoes only the tiles missing or
-made from other inputs. A tile file this run did not make (no record, or another key) is
-replaced only with --overwrite.
+half-made. The directory belongs to one product (`landcover.prediction.tileowner`): another
+product's files, or a user's, are replaced only with --overwrite, which leaves nothing of the
+old product; a tile COG carries its product's key in its tags, so one put in place by a run
+that died before its record is predicted again without --overwrite.
 
 `predict_product` is the stage: every rank of a job takes its tiles (balanced by area,
 `maptiles.assign_tiles`) and writes them itself; rank 0 then waits for every tile's record and
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 import threading
 import time
 import uuid
@@ -34,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import rasterio
+import rasterio.errors
 from pystac.extensions.file import FileExtension
 
 from landcover.errors import OutputExistsError, PredictionError
@@ -62,12 +66,13 @@ from landcover.prediction.setup import (
 )
 from landcover.prediction.stacitem import ASSET_KEY, cog_item
 from landcover.prediction.tilecatalog import write_catalog
+from landcover.prediction.tileowner import check_ownership, claim, product_key
 from landcover.prediction.tileplan import (
     Product,
     TiledSetup,
     plan_product,
 )
-from landcover.prediction.tilerecords import RECORDS_DIR, ProductDir, TileRecord
+from landcover.prediction.tilerecords import RECORDS_DIR, TAG_PRODUCT, ProductDir, TileRecord
 from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import WindowRunner
 from tiling.reader import RasterReader
@@ -114,15 +119,18 @@ def predict_product(
         )
     if run_units is not None and world_size != 1:
         raise PredictionError(f"tiles as tasks run from one process, not {world_size} ranks")
-    lock = exclusive_outputs((config.out,), "predict") if rank == 0 else nullcontext()
+    lock = exclusive_outputs((config.out,), "predict", inside=True) if rank == 0 else nullcontext()
     with warnings_to_log(), lock:
         product = plan_product(setup, quiet=rank != 0)
         product_dir = ProductDir(config.out, config.storage_options)
+        key = _check_owner(product, product_dir)
+        if rank == 0:  # before any tile of this rank; the other ranks' are recognised
+            claim(product_dir, key, product.keys)
         owned = assign_tiles(product.costs, world_size)[rank]
         mine = [product.tiles[i] for i in owned]
         todo = _tiles_to_predict(product, product_dir, mine)
         if run_units is None:
-            predicted = len(_predict(product, product_dir, todo))
+            predicted = len(_predict(product, product_dir, todo, key))
         else:
             cost = dict(zip((t.name for t in product.tiles), product.costs, strict=True))
             names = sorted((t.name for t in todo), key=lambda n: -cost[n])
@@ -198,15 +206,49 @@ def _predict_named(product: Product, names: Sequence[str]) -> None:
             f"its tiles are {', '.join(list(by_name)[:3])}..."
         )
     tiles = [by_name[n] for n in dict.fromkeys(names)]
-    _predict(product, product_dir, _tiles_to_predict(product, product_dir, tiles))
+    key = _check_owner(product, product_dir)
+    _predict(product, product_dir, _tiles_to_predict(product, product_dir, tiles), key)
+
+
+def _check_owner(product: Product, product_dir: ProductDir) -> str:
+    """The product's key; refuses a directory that holds another product's files, or a
+    user's, unless --overwrite (`landcover.prediction.tileowner`)."""
+    key = product_key(product.keys)
+    check_ownership(
+        product_dir,
+        key,
+        product.keys,
+        overwrite=product.setup.config.overwrite,
+        tile_owner=partial(_tile_product, product_dir),
+    )
+    return key
+
+
+def _tile_product(product_dir: ProductDir, name: str) -> str | None:
+    """The product key in the tags of the tile file `name`; None when it has none (a file
+    that is not a landcover tile, or not a raster)."""
+    with ExitStack() as stack:
+        if product_dir.local:
+            path = product_dir.path(name)
+        else:  # a rare case (a tile without its record): one download
+            into = stack.enter_context(tempfile.TemporaryDirectory(prefix="landcover-tile-"))
+            path = product_dir.fetch(name, into)
+        try:
+            with warnings_to_log(), rasterio.open(path) as ds:
+                key = ds.tags(1).get(TAG_PRODUCT)
+        except (rasterio.errors.RasterioIOError, IndexError):
+            return None
+    return None if key is None else str(key)
 
 
 def _tiles_to_predict(
     product: Product, product_dir: ProductDir, tiles: Sequence[MapTile]
 ) -> list[MapTile]:
     """Those of `tiles` without a committed COG of this run's key; raises
-    `OutputExistsError` for tile files this run did not make, unless --overwrite. Only the
-    caller's own tiles: another rank may be writing the others now."""
+    `OutputExistsError` for a file at a tile's name that is not a landcover tile (no product
+    key in its tags: a user's), unless --overwrite. A landcover tile without its committed
+    record (a run died between the two, or it belongs to the product this one replaces) is
+    predicted again. Only the caller's own tiles: another rank may be writing the others."""
     present = product_dir.names()
     todo: list[MapTile] = []
     foreign: list[str] = []
@@ -215,16 +257,16 @@ def _tiles_to_predict(
         if product_dir.committed(record, product.keys[tile.name]):
             continue
         todo.append(tile)
-        if f"{tile.name}.tif" in present and (
-            record is None or record.key != product.keys[tile.name]
-        ):
-            foreign.append(tile.name)
-    if foreign and not product.setup.config.overwrite:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        name = f"{tile.name}.tif"
+        overwrite = product.setup.config.overwrite
+        if name in present and not overwrite and _tile_product(product_dir, name) is None:
+            foreign.append(name)
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
         raise OutputExistsError(
-            f"{product_dir.url}{foreign[0]}.tif{more} exist from another run (other model, "
-            "images, region or options); pass --overwrite to predict them again, or choose "
-            "another --out"
+            f"{product_dir.url}{foreign[0]}{more} is not a tile of this product (it holds no "
+            "landcover product key: a file of your own?); move it away, pass --overwrite to "
+            "replace it, or choose another --out"
         )
     kept = len(tiles) - len(todo)
     if kept:
@@ -233,8 +275,9 @@ def _tiles_to_predict(
 
 
 def _predict(
-    product: Product, product_dir: ProductDir, tiles: Sequence[MapTile]
+    product: Product, product_dir: ProductDir, tiles: Sequence[MapTile], key: str
 ) -> list[TileRecord]:
+    """Predict and commit `tiles`, each tagged with the product's `key`."""
     records = []
     with ExitStack() as stack:
         stack.enter_context(
@@ -244,19 +287,24 @@ def _predict(
         reader = RasterReader(storage_options=product.setup.config.storage_options)
         stack.callback(reader.close)
         for tile in tiles:
-            records.append(_predict_tile(product, product_dir, reader, tile, scratch))
+            records.append(_predict_tile(product, product_dir, reader, tile, scratch, key))
     return records
 
 
 def _predict_tile(
-    product: Product, product_dir: ProductDir, reader: RasterReader, tile: MapTile, scratch: str
+    product: Product,
+    product_dir: ProductDir,
+    reader: RasterReader,
+    tile: MapTile,
+    scratch: str,
+    key: str,
 ) -> TileRecord:
     """Predict one tile into a COG, put it in place and commit its record."""
     token = uuid.uuid4().hex[:8]
     tiled = str(Path(scratch) / f".{tile.name}.{token}.tiles.part.tif")
     cog = str(Path(scratch) / f".{tile.name}.{token}.cog.part.tif")
     try:
-        windows, class_pixels = _predict_into(product, reader, tile, tiled)
+        windows, class_pixels = _predict_into(product, reader, tile, tiled, key)
         to_cog(tiled, cog, resampling="MODE")
         item = cog_item(cog)
         item.id = tile.name
@@ -285,7 +333,7 @@ def _predict_tile(
 
 
 def _predict_into(
-    product: Product, reader: RasterReader, tile: MapTile, tiled: str
+    product: Product, reader: RasterReader, tile: MapTile, tiled: str, key: str
 ) -> tuple[int, npt.NDArray[np.int64]]:
     """Predict `tile`'s blocks into the tiled GeoTIFF `tiled` of the tile's grid, as a
     one-COG run predicts its blocks (reading, inference and writing overlap)."""
@@ -307,6 +355,7 @@ def _predict_into(
     ):
         describe_class_raster(dst, meta, sources=product.reads[tile.name])
         dst.update_tags(**product.model.inference.tags())  # what ran: backend, precision
+        dst.update_tags(1, **{TAG_PRODUCT: key})  # known as the product's, record or not
         predictor = BlockPredictor(
             windows, meta.num_classes, device=product.device, probabilities=False
         )

@@ -26,6 +26,7 @@ from tiling.staged.record import check_format, files_intact, publish_record, rea
 TILE_FORMAT = "landcover-map-tile"
 TILE_VERSION = 1
 RECORDS_DIR = "records"
+TAG_PRODUCT = "LANDCOVER_PRODUCT"  # band 1 tag of each tile COG: the key of its product
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,15 +7,26 @@ written under a temporary name, fsynced and renamed over the final name
 upload commits). Readers ask again each time (listings are not cached): another process may
 have published since. The filesystem is made on first use, in the process using it, so a
 folder can be handed to another process (a task scheduler's worker) before it is used.
+
+Files are made in a scratch directory before they are published (`StagedFolder.scratch`):
+for a local folder a hidden `.scratch-<token>/` inside it, so that the rename that publishes
+a file never crosses file systems (the system's temporary directory is often tmpfs while the
+folder is on a data disk or NFS: a rename between them fails with EXDEV). Each scratch
+directory is held by an flock on its `.scratch-<token>.lock` for as long as it is used; the
+kernel releases that lock when its process ends however it ends, so the next writer in the
+folder removes the scratch directories a killed run left behind and never one in use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import mmap
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +37,8 @@ from tiling.shared.atomic import publish, replaced_when_done
 from tiling.shared.urls import filesystem, is_local, local_path, storage_errors
 
 STAGING_SUFFIX = ".parts"
+SCRATCH_PREFIX = ".scratch-"
+_LOCK_SUFFIX = ".lock"
 
 
 def staging_url(out: str) -> str:
@@ -64,13 +77,13 @@ class StagedFolder:
     def put_bytes(self, name: str, body: bytes | Iterable[bytes]) -> None:
         """Publish `body` (one bytes, or pieces written one after the other, without joining
         them into one copy on local disk) as file `name`."""
+        if self.local:  # a local file system's refusal (full disk) stays an OSError
+            pieces = [body] if isinstance(body, bytes) else body
+            target = Path(self.path(name))
+            with replaced_when_done(target) as tmp, tmp.open("wb") as file:
+                file.writelines(pieces)
+            return
         with storage_errors(self.url):
-            if self.local:
-                pieces = [body] if isinstance(body, bytes) else body
-                target = Path(self.path(name))
-                with replaced_when_done(target) as tmp, tmp.open("wb") as file:
-                    file.writelines(pieces)
-                return
             data = body if isinstance(body, bytes) else b"".join(body)
             fs, _ = self.filesystem()
             fs.pipe_file(self.path(name), data)
@@ -87,11 +100,19 @@ class StagedFolder:
 
     def put_file(self, local_file: str, name: str) -> None:
         """Publish the finished local file `local_file` as `name`: fsynced and renamed (it
-        must be in the folder's file system: `scratch()` gives a place), or one upload."""
+        should be in the folder's file system: `scratch()` gives a place; one elsewhere is
+        copied beside `name` first), or one upload."""
         if self.local:
             target = Path(self.path(name))
             target.parent.mkdir(parents=True, exist_ok=True)
-            publish(local_file, target)
+            try:
+                publish(local_file, target)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                with replaced_when_done(target) as beside:  # another file system: copy
+                    shutil.copyfile(local_file, beside)
+                os.unlink(local_file)
             return
         with storage_errors(self.url):
             fs, _ = self.filesystem()
@@ -99,14 +120,36 @@ class StagedFolder:
 
     @contextlib.contextmanager
     def scratch(self) -> Iterator[str]:
-        """A local directory to write files in before they are published: the folder itself
-        when local (a rename there is atomic), else a temporary directory, removed after."""
-        if self.local:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
-            yield self.root
+        """A local directory to write files in before they are published, removed after:
+        a hidden `.scratch-<token>/` in the folder when local (on its file system, so that
+        publishing is a rename; the scratch directories of killed runs are removed first),
+        else a temporary directory (the files are uploaded from there)."""
+        if not self.local:
+            with tempfile.TemporaryDirectory(prefix="landcover-part-") as scratch:
+                yield scratch
             return
-        with tempfile.TemporaryDirectory(prefix="landcover-part-") as scratch:
-            yield scratch
+        root = Path(self.root)
+        root.mkdir(parents=True, exist_ok=True)
+        self.clear_stale_scratch()
+        with _held_scratch(root) as scratch:
+            yield str(scratch)
+
+    def clear_stale_scratch(self) -> list[str]:
+        """Remove the scratch directories (and what is in them: half-written files) that no
+        live process holds: those of killed runs. Returns their names. Local folders only."""
+        if not self.local or not os.path.isdir(self.root):
+            return []
+        root = Path(self.root)
+        removed = []
+        names = {
+            entry.removesuffix(_LOCK_SUFFIX)
+            for entry in os.listdir(root)
+            if entry.startswith(SCRATCH_PREFIX)
+        }
+        for name in sorted(names):
+            if _remove_if_stale(root / name):
+                removed.append(name)
+        return removed
 
     @contextlib.contextmanager
     def read(self, name: str) -> Iterator[bytes | mmap.mmap | None]:
@@ -175,6 +218,16 @@ class StagedFolder:
             fs.get_file(self.path(name), target)
         return target
 
+    def delete(self, name: str) -> None:
+        """Delete file `name` (a file that is not there is fine)."""
+        if self.local:
+            Path(self.path(name)).unlink(missing_ok=True)
+            return
+        with storage_errors(self.url):
+            fs, _ = self.filesystem()
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(self.path(name))
+
     def remove(self) -> None:
         """Delete the folder and everything in it (once the commit no longer needs it)."""
         if self.local:
@@ -185,3 +238,59 @@ class StagedFolder:
             fs.invalidate_cache(self.root)
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(self.root, recursive=True)
+
+
+@contextlib.contextmanager
+def _held_scratch(root: Path) -> Iterator[Path]:
+    """A new scratch directory in `root`, its lock held for the block; removed after."""
+    while True:
+        token = uuid.uuid4().hex[:12]
+        directory = root / f"{SCRATCH_PREFIX}{token}"
+        lock = Path(f"{directory}{_LOCK_SUFFIX}")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # the lock first, then the directory
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a cleaner holds it for a moment: take another token
+            os.close(fd)
+            continue
+        if _same_file(fd, lock):
+            break
+        os.close(fd)  # a cleaner removed it between our open and our flock
+    try:
+        directory.mkdir()
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def _remove_if_stale(directory: Path) -> bool:
+    """Remove the scratch directory `directory` unless a live process holds its lock."""
+    lock = Path(f"{directory}{_LOCK_SUFFIX}")
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:  # the lock goes last: a directory without one is being removed
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # in use
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)

@@ -1,7 +1,7 @@
 """The tiled map product (landcover.prediction.tiled, maptiles, tilerecords, tilecatalog):
 its mosaic equals the one COG of the same region pixel for pixel; its STAC collection; ranks
 (as threads) write the tiles one process writes; a rerun redoes only the missing tiles and
-refuses tiles of other options without --overwrite; az:// outputs.
+refuses another product's directory without --overwrite; az:// outputs.
 
 The CLI (`--tile-size`, `--nproc 2`, `cluster launch`) is in tests/landcover/cli/test_tiled.py.
 """
@@ -164,7 +164,7 @@ def test_a_rerun_redoes_only_missing_tiles_and_refuses_tiles_of_other_options(
     assert [r.name for r in predict_tiles(TiledSetup(config, TILE_PX), [gone[:-4]])] == [gone[:-4]]
     assert {p.name: p.stat().st_mtime_ns for p in copy.glob("E*_N*.tif")} == after
     other = dataclasses.replace(config, overlap_px=4)
-    with pytest.raises(OutputExistsError, match=r"exist from another run .* pass --overwrite"):
+    with pytest.raises(OutputExistsError, match=r"holds another tiled product .* pass --overwrite"):
         predict_product(TiledSetup(other, TILE_PX))
     assert {p.name: p.stat().st_mtime_ns for p in copy.glob("E*_N*.tif")} == after
     # With --overwrite the tile is predicted again, under the new options' key.

@@ -3,10 +3,13 @@ the waits that tile and predict share."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,9 +46,11 @@ def test_files_are_published_whole_and_read_afresh(tmp_path: Path) -> None:
     assert folder.read_bytes("a") == b"hello" and folder.read_bytes("b") == b""
     assert folder.names() == {"a", "b", "sub"} and folder.names("sub") == {"c"}  # no temp left
     with folder.scratch() as scratch:
-        assert scratch == folder.root  # local: a rename within the folder is atomic
+        # local: a hidden directory in the folder, on its file system (a rename is atomic)
+        assert Path(scratch).parent == Path(folder.root) and Path(scratch).name.startswith(".")
         (Path(scratch) / ".d.tmp").write_bytes(b"data")
         folder.put_file(str(Path(scratch) / ".d.tmp"), "d")
+    assert not Path(scratch).exists() and not any(n.startswith(".") for n in folder.names())
     assert folder.size("d") == 4 and folder.fetch("d", "unused") == folder.path("d")
     folder.remove()
     assert not Path(folder.root).exists()
@@ -124,3 +129,41 @@ def test_waiting_for_records_lists_once_a_look_and_keeps_only_good_ones(
     writer.join()
     assert found == {0: "zero", 1: "one"}
     assert waited and all(pending == [1] for pending in waited)
+
+
+def test_a_file_from_another_file_system_is_copied_beside_then_renamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename across file systems fails with EXDEV: the file is copied beside its name
+    first, then renamed, and the source removed."""
+    folder = StagedFolder(str(tmp_path / "out"))
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(b"whole")
+    real_replace = os.replace
+
+    def across(src: Any, dst: Any) -> None:
+        if Path(os.fspath(src)) == elsewhere:
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), os.fspath(src))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", across)
+    folder.put_file(str(elsewhere), "sub/f")
+    assert folder.read_bytes("sub/f") == b"whole" and not elsewhere.exists()
+    assert folder.names("sub") == {"f"}
+
+
+def test_a_full_local_disk_stays_the_file_systems_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not "check the URL and --storage-options": a local folder has neither."""
+    folder = StagedFolder(str(tmp_path / "out"))
+
+    def full(src: Any, dst: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(src))
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError) as caught:
+        folder.put_bytes("records/a.json", b"{}")
+    assert caught.value.errno == errno.ENOSPC and "storage-options" not in str(caught.value)
+    assert caught.value.filename == folder.path("records/a.json")
+    assert folder.names("records") == set()
