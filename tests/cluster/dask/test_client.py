@@ -19,8 +19,10 @@ from rasterio._err import CPLE_AppDefinedError
 
 from cluster.clusterjson import parse_cluster_spec
 from cluster.dask.client import TaskRunner, check_open, dask_client
+from cluster.dask.engine import plan_dask
 from cluster.dask.remote import RemoteTaskError, TaskFailure, run_capturing
 from cluster.dask.section import DaskSpec
+from cluster.engine import Job
 from cluster.errors import ClusterSpecError, LaunchError
 from tiling.errors import SourceFormatError
 from tiling.shared.machine import local_cpu_count
@@ -162,3 +164,13 @@ def test_the_embedded_cluster_starts_no_dashboard() -> None:
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(client.dashboard_link, timeout=30)
     assert missing.value.code == 404
+
+
+def test_more_ranks_than_cores_on_the_embedded_cluster_are_refused_when_planned() -> None:
+    cores = local_cpu_count()
+    spec = parse_cluster_spec(
+        {"engine": "dask", "targetNodeCount": 250, "processesPerNode": 2 * cores}
+    )
+    job = Job("landcover.training", ("store", "--out", "run"), process_group=True)
+    with pytest.raises(ClusterSpecError, match=f"= {500 * cores} ranks, one worker each"):
+        plan_dask(spec, job)
