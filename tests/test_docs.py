@@ -68,6 +68,39 @@ def test_the_readme_is_a_short_guide_that_links_into_the_site() -> None:
         assert (REPO / link).is_file(), f"README links {link}, which does not exist"
 
 
+def test_the_tour_says_how_landcover_gets_on_the_path_before_its_first_command() -> None:
+    """`make demo` leaves `landcover` in .venv/bin, which a new shell does not search: the
+    README and the getting-started page (which includes the tour) say so before the first
+    command a reader types."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    tour = readme[readme.index("[start:tour]") :]
+    assert "source .venv/bin/activate" in tour[: tour.index(RUN_MARK)]
+    install = readme[readme.index("## Install") : readme.index("## A five-minute tour")]
+    assert "source .venv/bin/activate" in install and ".venv/bin/landcover" in install
+    started = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    assert "source .venv/bin/activate" in started and ".venv/bin/landcover" in started
+    assert '--8<-- "README.md:tour"' in started
+
+
+# What a user page may not carry: a path outside the repository, an issue number, or "this
+# machine" meaning the one the page was written on (the changelog records history and may).
+OUTSIDE = re.compile(r"\.\./shared|/work/|\b[Ii]ssue #?\d+|(?<![\w&])#\d+\b|\b[Tt]his machine\b")
+
+
+def test_user_pages_point_nowhere_outside_the_repository_and_name_no_issue() -> None:
+    pages = [p for p in markdown_files() if p.name != "changelog.md"]
+    assert REPO / "docs" / "CONTRACTS.md" in pages
+    found = [
+        f"{p.relative_to(REPO)}:{n}: {line.strip()}"
+        for p in pages
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert found == []
+    assert OUTSIDE.search("see issue 34") and OUTSIDE.search("`../shared/DESIGN.md`")
+    assert OUTSIDE.search("measured on this machine")
+
+
 def test_every_command_and_subcommand_is_in_the_cli_reference() -> None:
     page = render_cli_reference(main, prog_name="landcover")
     headings = set(re.findall(r"^## (.+)$", page, re.M))
