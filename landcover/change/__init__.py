@@ -12,6 +12,8 @@ from landcover._lazy import lazy_exports
 if TYPE_CHECKING:
     from landcover.change.changemap import (
         CHANGE_FILES,
+        CHANGE_REPORTS,
+        MOSAIC,
         ChangeConfig,
         check_change_target,
         check_grids,
@@ -32,6 +34,8 @@ __all__ = [
     "CHANGE_FILES",
     "CHANGE_MAP",
     "CHANGE_RECORD",
+    "CHANGE_REPORTS",
+    "MOSAIC",
     "ChangeConfig",
     "Transitions",
     "change_class_map",
@@ -48,6 +52,8 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CHANGE_FILES": "changemap",
+        "CHANGE_REPORTS": "changemap",
+        "MOSAIC": "changemap",
         "ChangeConfig": "changemap",
         "check_change_target": "changemap",
         "check_grids": "changemap",

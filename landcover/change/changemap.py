@@ -6,22 +6,28 @@ The maps are COGs, VRTs or tiled products (their `mosaic.vrt`). They must share 
 the pixel grid (transform and size), or the command refuses in one line; with `resample`, the
 after map is warped onto the before map's grid (nearest neighbour, a class is never blended)
 as it is read. The output directory receives change.tif, change.json (the `Transitions`
-record), change.md and change.png, all or none.
+record), change.md and change.png, all or none; when BEFORE is a tiled product the change map
+is tiled too: a change COG per tile (named as the tile) and mosaic.vrt over them.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import os
 import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import rasterio
+import rasterio.shutil
+import rasterio.windows
 from rasterio.enums import Resampling
 from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
@@ -48,6 +54,8 @@ from tiling.shared.urls import is_local
 
 __all__ = [
     "CHANGE_FILES",
+    "CHANGE_REPORTS",
+    "MOSAIC",
     "ChangeConfig",
     "check_change_target",
     "check_grids",
@@ -56,7 +64,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CHANGE_FILES = (CHANGE_MAP, CHANGE_RECORD, "change.md", "change.png")
+CHANGE_REPORTS = (CHANGE_RECORD, "change.md", "change.png")
+CHANGE_FILES = (CHANGE_MAP, *CHANGE_REPORTS)
+MOSAIC = "mosaic.vrt"  # the change map of a tiled product: a VRT over a change tile per tile
 BLOCK_PX = 1024
 M2_PER_KM2 = 1e6
 # Grids agree when origins and pixel sizes differ by less than this share of a pixel.
@@ -74,16 +84,18 @@ class ChangeConfig:
     overwrite: bool = False
 
 
-def check_change_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> list[Path]:
-    """The output paths in `out_dir`, refused before any work when `out_dir` is a file,
-    holds one of them without `overwrite`, or takes no new files."""
+def check_change_target(
+    out_dir: str | os.PathLike[str], *, overwrite: bool, names: Sequence[str] = CHANGE_REPORTS
+) -> list[Path]:
+    """The paths of the files `names` in `out_dir`, refused before any work when `out_dir` is
+    a file, holds one of them without `overwrite`, or takes no new files."""
     target = Path(out_dir)
     if target.exists() and not target.is_dir():
         raise ChangeError(
             f"--out {target}: exists and is not a directory; give a directory for "
             f"{', '.join(CHANGE_FILES)}"
         )
-    paths = [target / name for name in CHANGE_FILES]
+    paths = [target / name for name in names]
     refuse_existing(paths, overwrite=overwrite)
     check_can_create_in(target, option="--out")
     return paths
@@ -127,15 +139,42 @@ def _blocks(width: int, height: int) -> list[Window]:
     ]
 
 
-def _profile(m: MapFile) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One file of the change map: its name in the output directory and its window of
+    BEFORE's grid (the whole grid, or one tile of a tiled product)."""
+
+    name: str
+    window: Window
+
+
+def _pieces(before: MapFile) -> list[Piece]:
+    """A change file per tile of a tiled product (named as its tile), else one change.tif."""
+    if not before.path.lower().endswith(".vrt") or not before.parts:
+        return [Piece(CHANGE_MAP, Window(0, 0, before.width, before.height))]
+    t = before.transform
+    pieces = []
+    for part in before.parts:
+        with rasterio.open(part) as tile:
+            u = tile.transform
+            col = round((u.c - t.c) / t.a)
+            row = round((u.f - t.f) / t.e)
+            pieces.append(Piece(Path(part).name, Window(col, row, tile.width, tile.height)))
+    names = [p.name for p in pieces]
+    if len(set(names)) < len(names) or {MOSAIC, *CHANGE_FILES} & set(names):
+        return [Piece(f"change-{i:04d}.tif", p.window) for i, p in enumerate(pieces)]
+    return pieces
+
+
+def _profile(m: MapFile, window: Window) -> dict[str, Any]:
     return {
         "driver": "GTiff",
-        "width": m.width,
-        "height": m.height,
+        "width": int(window.width),
+        "height": int(window.height),
         "count": 1,
         "dtype": "uint8",
         "crs": m.crs,
-        "transform": m.transform,
+        "transform": rasterio.windows.transform(window, m.transform),
         "nodata": NODATA_CODE,
         "tiled": True,
         "blockxsize": 512,
@@ -146,84 +185,156 @@ def _profile(m: MapFile) -> dict[str, Any]:
     }
 
 
+class _ChangeWriter:
+    """Reads BEFORE and AFTER (warped onto BEFORE's grid when asked) block by block and
+    writes the change codes of one piece at a time, counting them."""
+
+    def __init__(self, before: MapFile, after: MapFile, *, warp: bool, work: str) -> None:
+        self.before, self.after, self.work = before, after, work
+        self.k = before.class_map.num_classes
+        self.table = change_class_map(before.class_map)
+        self.counts = np.zeros(256, dtype=np.int64)
+        self.old = rasterio.open(before.path)
+        self.new = rasterio.open(after.path)
+        self.source = (
+            WarpedVRT(
+                self.new,
+                crs=before.crs,
+                transform=before.transform,
+                width=before.width,
+                height=before.height,
+                resampling=Resampling.nearest,
+                nodata=NODATA_CODE,
+            )
+            if warp
+            else self.new
+        )
+
+    def close(self) -> None:
+        if self.source is not self.new:
+            self.source.close()
+        self.new.close()
+        self.old.close()
+
+    def write(self, piece: Piece) -> str:
+        """The COG of `piece` in the work directory; its path."""
+        tiled = os.path.join(self.work, f"{piece.name}.tiled.tif")
+        with rasterio.open(tiled, "w", **_profile(self.before, piece.window)) as dst:
+            # the colour table before the first block: GDAL cannot change it mid-write
+            dst.write_colormap(1, colormap(self.table))
+            dst.set_band_description(1, "land cover change (from-to)")
+            dst.update_tags(
+                **{
+                    TAG_CLASS_MAP: json.dumps(self.table.to_json(), separators=(",", ":")),
+                    TAG_CLASS_NAMES: json.dumps(self.table.class_names, ensure_ascii=False),
+                }
+            )
+            w = piece.window
+            for local in _blocks(int(w.width), int(w.height)):
+                window = Window(
+                    w.col_off + local.col_off, w.row_off + local.row_off, local.width, local.height
+                )
+                old = self.old.read(1, window=window)
+                new = self.source.read(1, window=window)
+                _check_codes(old, self.before, self.k)
+                _check_codes(new, self.after, self.k)
+                codes = change_codes(old, new, self.k)
+                self.counts += np.bincount(codes.ravel(), minlength=256)
+                dst.write(codes, 1, window=local)
+        cog = os.path.join(self.work, piece.name)
+        to_cog(tiled, cog, resampling="MODE")
+        os.unlink(tiled)
+        return cog
+
+
 def run_change(config: ChangeConfig) -> Transitions:
     """Compare `config.before` and `config.after` and write the outputs (module docstring);
     the transitions are returned."""
-    paths = check_change_target(config.out_dir, overwrite=config.overwrite)
+    reports = check_change_target(config.out_dir, overwrite=config.overwrite)
     before = require_whole(open_map(config.before))
     after = require_whole(open_map(config.after))
     check_same_classes(before.class_map, after.class_map, (before.given, after.given))
     warp = check_grids(before, after, resample=config.resample)
-    change_map = change_class_map(before.class_map)
-    k = before.class_map.num_classes
-    counts = np.zeros(256, dtype=np.int64)
+    pieces = _pieces(before)
+    map_name = CHANGE_MAP if [p.name for p in pieces] == [CHANGE_MAP] else MOSAIC
+    names = [*(p.name for p in pieces), *([MOSAIC] if map_name == MOSAIC else [])]
+    rasters = check_change_target(config.out_dir, overwrite=config.overwrite, names=names)
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with (
         tempfile.TemporaryDirectory(prefix=".change-", dir=out) as work,
         rasterio.Env(GDAL_CACHEMAX=128 * 1024 * 1024),
     ):
-        tiled = os.path.join(work, "change.tiled.tif")
-        with (
-            rasterio.open(before.path) as b,
-            rasterio.open(after.path) as a,
-            rasterio.open(tiled, "w", **_profile(before)) as dst,
-        ):
-            # the colour table before the first block: GDAL cannot change it mid-write
-            dst.write_colormap(1, colormap(change_map))
-            dst.set_band_description(1, "land cover change (from-to)")
-            dst.update_tags(
-                **{
-                    TAG_CLASS_MAP: json.dumps(change_map.to_json(), separators=(",", ":")),
-                    TAG_CLASS_NAMES: json.dumps(change_map.class_names, ensure_ascii=False),
-                }
-            )
-            source = (
-                WarpedVRT(
-                    a,
-                    crs=before.crs,
-                    transform=before.transform,
-                    width=before.width,
-                    height=before.height,
-                    resampling=Resampling.nearest,
-                    nodata=NODATA_CODE,
-                )
-                if warp
-                else a
-            )
-            try:
-                for window in _blocks(before.width, before.height):
-                    old = b.read(1, window=window)
-                    new = source.read(1, window=window)
-                    _check_codes(old, before, k)
-                    _check_codes(new, after, k)
-                    codes = change_codes(old, new, k)
-                    counts += np.bincount(codes.ravel(), minlength=256)
-                    dst.write(codes, 1, window=window)
-            finally:
-                if warp:
-                    source.close()
-        cog = os.path.join(work, "change.cog.tif")
-        to_cog(tiled, cog, resampling="MODE")
+        writer = _ChangeWriter(before, after, warp=warp, work=work)
+        try:
+            files = [writer.write(piece) for piece in pieces]
+        finally:
+            writer.close()
+        if map_name == MOSAIC:
+            files.append(_mosaic(files, pieces, before, work))
         transitions = Transitions.from_change_counts(
-            counts,
+            writer.counts,
             before=_absolute(before.given),
             after=_absolute(after.given),
             class_map=before.class_map,
             pixel_km2=pixel_area_m2(before) / M2_PER_KM2,
             resampled=warp,
+            map_name=map_name,
         )
         png = transitions_png(transitions)
         write_files_atomic(
             [
-                (paths[0], lambda tmp: os.replace(cog, tmp)),
-                (paths[1], text_writer(json.dumps(transitions.to_json(), indent=2) + "\n")),
-                (paths[2], text_writer(transitions.to_markdown(title=_title(before, after)))),
-                (paths[3], lambda tmp: Path(tmp).write_bytes(png)),
+                *((path, _mover(made)) for path, made in zip(rasters, files, strict=True)),
+                (reports[0], text_writer(json.dumps(transitions.to_json(), indent=2) + "\n")),
+                (reports[1], text_writer(transitions.to_markdown(title=_title(before, after)))),
+                (reports[2], lambda tmp: Path(tmp).write_bytes(png)),
             ],
             overwrite=config.overwrite,
         )
     return transitions
+
+
+def _mover(made: str) -> Callable[[str], object]:
+    return lambda tmp: os.replace(made, tmp)
+
+
+def _mosaic(files: Sequence[str], pieces: Sequence[Piece], before: MapFile, work: str) -> str:
+    """A VRT of BEFORE's grid over the change tiles (paths relative to it): GDAL's VRT of the
+    first tile (its colour table and tags), widened to the grid, a source per tile."""
+    template = os.path.join(work, ".template.vrt")
+    rasterio.shutil.copy(files[0], template, driver="VRT")
+    tree = ET.parse(template)
+    root = tree.getroot()
+    root.set("rasterXSize", str(before.width))
+    root.set("rasterYSize", str(before.height))
+    geo = root.find("GeoTransform")
+    if geo is not None:
+        geo.text = ", ".join(repr(float(v)) for v in before.transform.to_gdal())
+    for band in root.iter("VRTRasterBand"):
+        sources = [e for e in band if e.tag in ("SimpleSource", "ComplexSource")]
+        for source in sources:
+            band.remove(source)
+        for piece in pieces:
+            placed = copy.deepcopy(sources[0])
+            name = placed.find("SourceFilename")
+            if name is not None:
+                name.set("relativeToVRT", "1")
+                name.text = piece.name
+            w = piece.window
+            size = {"xSize": str(int(w.width)), "ySize": str(int(w.height))}
+            properties = placed.find("SourceProperties")
+            if properties is not None:
+                properties.set("RasterXSize", size["xSize"])
+                properties.set("RasterYSize", size["ySize"])
+            for tag, (x, y) in (("SrcRect", (0, 0)), ("DstRect", (w.col_off, w.row_off))):
+                rect = placed.find(tag)
+                if rect is not None:
+                    rect.attrib.update(xOff=str(int(x)), yOff=str(int(y)), **size)
+            band.append(placed)
+    vrt = os.path.join(work, MOSAIC)
+    tree.write(vrt, encoding="utf-8")
+    os.unlink(template)
+    return vrt
 
 
 def _absolute(given: str) -> str:

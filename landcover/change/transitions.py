@@ -101,6 +101,7 @@ class Transitions:
     pixels: npt.NDArray[np.int64]  # (C, C)
     pixel_km2: float
     resampled: bool = False
+    map_name: str = CHANGE_MAP  # the change map in the output directory (a tiled one's VRT)
 
     @classmethod
     def from_change_counts(
@@ -112,11 +113,12 @@ class Transitions:
         class_map: ClassMap,
         pixel_km2: float,
         resampled: bool = False,
+        map_name: str = CHANGE_MAP,
     ) -> Transitions:
         """From the pixel count of each change code (0..C²)."""
         c = class_map.num_classes - 1
         pixels = np.asarray(counts[1 : c * c + 1], dtype=np.int64).reshape(c, c)
-        return cls(before, after, class_map, pixels, pixel_km2, resampled)
+        return cls(before, after, class_map, pixels, pixel_km2, resampled, map_name)
 
     @property
     def km2(self) -> npt.NDArray[np.float64]:
@@ -164,6 +166,7 @@ class Transitions:
             "before": self.before,
             "after": self.after,
             "resampled": self.resampled,
+            "map": self.map_name,
             "class_map": self.class_map.to_json(),
             "pixel_km2": self.pixel_km2,
             "transitions": {
@@ -194,6 +197,7 @@ class Transitions:
             pixels=np.asarray(doc["transitions"]["pixels"], dtype=np.int64),
             pixel_km2=float(doc["pixel_km2"]),
             resampled=bool(doc.get("resampled", False)),
+            map_name=_file_name(doc.get("map", CHANGE_MAP)),
         )
 
     def to_markdown(self, *, title: str | None = None) -> str:
@@ -289,3 +293,11 @@ def read_change_record(directory: str | os.PathLike[str]) -> Transitions | None:
         raise ChangeError(
             f"{path}: damaged change record ({exc}); run `landcover change` again"
         ) from None
+
+
+def _file_name(value: object) -> str:
+    """A file name of the output directory as the record gives it; never a path elsewhere."""
+    name = str(value)
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise ChangeError(f"the change record names {name!r} as its map, not a file name")
+    return name

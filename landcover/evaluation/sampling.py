@@ -135,12 +135,10 @@ def open_maps(paths: Sequence[str]) -> list[MapFile]:
 
 def _change_map_of(given: str) -> str:
     """The change map of a `landcover change` output directory, else `given` as it is."""
-    from landcover.change.transitions import CHANGE_MAP, CHANGE_RECORD
+    from landcover.change.transitions import read_change_record
 
-    folder = Path(given)
-    if is_local(given) and folder.is_dir() and (folder / CHANGE_RECORD).is_file():
-        return str(folder / CHANGE_MAP)
-    return given
+    record = read_change_record(given) if is_local(given) and Path(given).is_dir() else None
+    return given if record is None else str(Path(given) / record.map_name)
 
 
 def require_whole(m: MapFile) -> MapFile:

@@ -103,6 +103,22 @@ def test_a_tiled_product_in_gives_the_change_of_the_one_cog(tmp_path: Path) -> N
     a = json.loads((tmp_path / "a" / "change.json").read_text())
     b = json.loads((tmp_path / "b" / "change.json").read_text())
     assert a["transitions"] == b["transitions"]
+    # a tiled product out: a change tile per tile and their mosaic, pixel for pixel the COG
+    assert a["map"] == "change.tif" and b["map"] == "mosaic.vrt"
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "E0.tif", "E1.tif", "change.json", "change.md", "change.png", "mosaic.vrt",
+    ]  # fmt: skip
+    with (
+        rasterio.open(tmp_path / "a" / "change.tif") as one,
+        rasterio.open(tmp_path / "b" / "mosaic.vrt") as tiled,
+    ):
+        assert np.array_equal(one.read(1), tiled.read(1))
+        assert tiled.transform == one.transform
+    with rasterio.open(tmp_path / "b" / "E1.tif") as tile:
+        assert tile.colormap(1)[2][:3] == FIVE.classes[2].color  # water→tree canopy
+    code, text = run("sample", str(tmp_path / "b"), "--out", str(tmp_path / "b.csv"),
+                     "--size", "300", "--min-per-class", "2")  # fmt: skip
+    assert code == 0, text
     (product / "E1.tif").rename(product / "gone.tif")
     code, text = run("change", str(product), str(cog_after), "--out", str(tmp_path / "d"))
     assert code == 2 and "1 tile(s) of the product are missing (" in text, text
