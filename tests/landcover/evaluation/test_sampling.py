@@ -304,3 +304,23 @@ def test_a_geopackage_labelled_in_place_is_scored(
     assert code == 0, out
     doc = json.loads(out)
     assert doc["overall_accuracy"] == 1.0 and doc["sample_size"] == 300
+
+
+@pytest.mark.parametrize("command", ["sample", "evaluate --reference", "change"])
+def test_a_map_with_codes_outside_its_class_table_is_refused(
+    command: str, codes: np.ndarray, tmp_path: Path
+) -> None:
+    bad = codes.copy()
+    bad[5, 7] = 9
+    path = write_map(tmp_path / "bad.tif", bad)
+    if command == "sample":
+        args = ["sample", str(path), "--out", str(tmp_path / "s.csv"), "--size", "300"]
+    elif command == "change":
+        args = ["change", str(path), str(path), "--out", str(tmp_path / "c")]
+    else:
+        labelled = tmp_path / "l.csv"
+        labelled.write_text(f"x,y,reference\n{X0 + 0.5},{Y0 - 0.5},1\n")
+        args = ["evaluate", str(path), "--reference", str(labelled)]
+    code, out = run(*args)
+    assert code == 2 and "holds class codes 9 outside its class table" in out, out
+    assert out.count("\n") == 1
