@@ -159,15 +159,18 @@ def _expand_one(pattern: str, storage_options: Mapping[str, Any] | None) -> list
                 for f in os.listdir(path)
                 if f.endswith(RASTER_SUFFIXES) and os.path.isfile(os.path.join(path, f))
             )
+        # a file that exists is itself, even when its name holds glob characters ("x [1].tif")
+        if os.path.isfile(path):
+            return [path]
         if globlib.has_magic(path):
             return sorted(p for p in globlib.glob(path, recursive=True) if os.path.isfile(p))
-        return [path] if os.path.isfile(path) else []
+        return []
     if protocol(pattern) in LITERAL_PROTOCOLS:
         return [pattern]
     fs, path = filesystem(pattern, storage_options)
     scheme = pattern.split("://", 1)[0]
     with storage_errors(pattern):
-        if globlib.has_magic(path):
+        if globlib.has_magic(path) and not fs.isfile(path):
             hits = sorted(fs.glob(path))
         elif fs.isdir(path):
             hits = sorted(p for p in fs.ls(path, detail=False) if p.endswith(RASTER_SUFFIXES))

@@ -120,3 +120,13 @@ def test_every_name_is_read_when_the_files_differ(reader_scene: Scene, tmp_path:
     copy.write_bytes(reader_scene.image.read_bytes())
     result = run(reader_scene.args("predict", [str(reader_scene.image), str(copy)], tmp_path))
     assert inputs_read("predict", result) == 2
+
+
+def test_an_existing_file_whose_name_holds_glob_characters_is_that_file(tmp_path: Path) -> None:
+    # "x [1].tif" as a glob matches "x 1.tif": the file the user named must win
+    named = tmp_path / "x [1].tif"
+    decoy = tmp_path / "x 1.tif"
+    named.write_bytes(b"named")
+    decoy.write_bytes(b"decoy")
+    assert resolve_inputs([str(named)]).paths == (str(named),)
+    assert resolve_inputs([str(tmp_path / "x [1]*.tif")]).paths == (str(decoy),)
