@@ -41,10 +41,11 @@ from cluster.errors import ClusterError
 from cluster.spec import ClusterSpec
 from tiling.shared.urls import is_local
 
-# PyTorch's own image: Python 3.11 with torch 2.5.1 + torchvision 0.20.1 built for CUDA 12.4.
+# PyTorch's own image: Python 3.11 with torch 2.6.0 + torchvision 0.21.0 built for CUDA 12.4
+# (pyproject's floor: below torch 2.6 weights_only loading can be bypassed).
 # Not an Azure ML curated ACPT image (mcr.microsoft.com/azureml/curated/acpt-pytorch-*): their
 # PyTorch environment is Python 3.10, and the project needs 3.11 (requires-python; zarr 3).
-DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime"
 # what the base image provides and the build must not reinstall (CUDA builds)
 BASE_IMAGE_PACKAGES = ("torch", "torchvision")
 # Azure ML records a run's metrics from MLflow (azureml-mlflow is its tracking plugin;

@@ -265,7 +265,7 @@ def test_image_and_registered_environment_override_the_build(tmp_path: Path) -> 
             "azureml.image and azureml.environment both choose the job's environment: keep one",
         ),
         (
-            {"environment": "lc:1", "baseImage": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"},
+            {"environment": "lc:1", "baseImage": "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime"},
             "azureml.environment and azureml.baseImage both choose the job's environment",
         ),
         (
@@ -541,3 +541,19 @@ def test_submission_of_a_built_environment_sends_its_context(
         if name.startswith("environment/")
     }
     assert Path(jobs.submitted.code) == REPO
+
+
+def test_the_default_base_image_holds_a_torch_that_pyproject_admits() -> None:
+    # the image provides torch (BASE_IMAGE_PACKAGES): a tag below pyproject's floor would give
+    # Azure ML jobs a torch whose weights_only loading can be bypassed
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads(
+        (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text(encoding="utf-8")
+    )
+    (torch_req,) = [
+        r for r in map(Requirement, project["project"]["dependencies"]) if r.name == "torch"
+    ]
+    tag = DEFAULT_BASE_IMAGE.split(":", 1)[1]
+    assert torch_req.specifier.contains(Version(tag.split("-", 1)[0])), DEFAULT_BASE_IMAGE
