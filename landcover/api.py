@@ -23,6 +23,7 @@ import dataclasses
 import numbers
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from landcover.apioptions import PredictOptions, TileOptions, TrainOptions
@@ -121,19 +122,20 @@ def predict(
     from landcover.prediction.config import PredictConfig
     from landcover.prediction.runner import predict_region
     from landcover.prediction.tiled import predict_product
-    from landcover.prediction.tileplan import TiledSetup, check_tile_size
+    from landcover.prediction.tileplan import TiledSetup, tiled_output
 
     _check_types({"tile_px": tile_px}, {"tile_px": "int | None"}, "predict")
     config = _config(
         PredictConfig,
         model=os.fspath(model),
         images=_strings(images),
-        out=os.fspath(out),
+        out=_out_text(out, tile_px),
         region=_region(region, bbox, region_crs),
         **options,
     )
-    if tile_px is not None:
-        setup = TiledSetup(config, check_tile_size(tile_px, config.out, config.max_pixels))
+    tile = tiled_output(config.out, tile_px, config.max_pixels)  # the CLI's one check
+    if tile is not None:
+        setup = TiledSetup(config, tile)
         if cluster is None:
             return predict_product(setup)
         from landcover.oncluster import predict_tiles_on_cluster
@@ -144,6 +146,16 @@ def predict(
 
         return predict_on_cluster(config, cluster)
     return predict_region(config)
+
+
+def _out_text(out: PathLike, tile_px: object) -> str:
+    """`out` as `--out` would be written: a `Path` cannot end in a slash, so one without a
+    suffix, given with `tile_px`, names a directory (as `--out DIR/` does); a string is
+    taken as written, and checked as the CLI checks it (`tiled_output`)."""
+    text = os.fspath(out)
+    if tile_px is None or isinstance(out, str) or text.endswith("/") or Path(text).suffix:
+        return text
+    return text + "/"
 
 
 def _strings(sources: Sources) -> tuple[str, ...]:

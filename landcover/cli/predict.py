@@ -233,17 +233,10 @@ def _check_tiled_output(
 ) -> bool:
     """Whether `out` is a tiled product's directory; refuses --tile-size without one, and
     the options a tiled product has no use for."""
-    from landcover.prediction.tileplan import check_tile_size, is_tiled_output
+    from landcover.prediction.tileplan import tiled_output
 
-    if not is_tiled_output(out):
-        if tile_px is not None:
-            raise PredictionError(
-                f"--tile-size {tile_px} needs --out to be a directory for the tiles, e.g. "
-                f"--out {out.rsplit('.', 1)[0]}/ (with the trailing slash); drop --tile-size "
-                "for one COG"
-            )
+    if tiled_output(out, tile_px, max_pixels) is None:
         return False
-    check_tile_size(tile_px, out, max_pixels)
     for option, value, fix in (
         ("--probabilities", probabilities, "a tiled product holds class tiles only"),
         ("--stac-item", stac_item, "a tiled product writes its own collection.json"),

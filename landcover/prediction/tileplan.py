@@ -79,6 +79,21 @@ def is_tiled_output(out: str) -> bool:
     return out.endswith("/") or Path(out.removeprefix("file://")).is_dir()
 
 
+def tiled_output(out: str, tile_px: int | None, max_pixels: int | None) -> int | None:
+    """The tile edge when `out` names a tiled product's directory, None for one COG: the one
+    check of `--out` against `--tile-size`, for the CLI and the Python API alike. Refuses a
+    tile size with a file output, a directory without a tile size, and a bad tile size."""
+    if not is_tiled_output(out):
+        if tile_px is not None:
+            raise PredictionError(
+                f"--tile-size {tile_px} needs --out to be a directory for the tiles, e.g. "
+                f"--out {out.rsplit('.', 1)[0]}/ (with the trailing slash); drop --tile-size "
+                "for one COG"
+            )
+        return None
+    return check_tile_size(tile_px, out, max_pixels)
+
+
 def check_tile_size(tile_px: int | None, out: str, max_pixels: int | None) -> int:
     """The tile edge of a tiled `out`, checked; raises `PredictionError` for a missing or bad
     --tile-size."""

@@ -156,3 +156,26 @@ def test_a_closed_client_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ClusterError) as raised:
         landcover.tile("a.tif", tmp_path / "s.zarr", cluster=client)
     assert str(raised.value).startswith("the distributed.Client given is closed: pass an open")
+
+
+@pytest.mark.parametrize(
+    ("out", "tile_px", "said"),
+    [
+        ("map.tif", 256, "--tile-size 256 needs --out to be a directory for the tiles, e.g. "
+         "--out map/ (with the trailing slash); drop --tile-size for one COG"),
+        ("tiles/", None, "--out tiles/ is a directory (a tiled map product); give --tile-size "
+         "PX, e.g. --tile-size 10000, or a file name like lc.tif for one COG"),
+    ],
+)  # fmt: skip
+def test_out_and_tile_px_are_checked_as_the_command_checks_them(
+    out: str, tile_px: int | None, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the API wrote a tiled product at "map.tif" and one COG named "tiles/", both of
+    which `landcover predict` refuses."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LandcoverError) as raised:
+        landcover.predict("m.pt", "a.tif", out, tile_px=tile_px)
+    assert str(raised.value) == said
+    tile_size = ["--tile-size", str(tile_px)] if tile_px else []
+    cli = CliRunner().invoke(main, ["predict", "m.pt", "a.tif", "--out", out, *tile_size])
+    assert cli.exit_code == 2 and cli.output.strip().splitlines()[-1] == f"error: {said}"
