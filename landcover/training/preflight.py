@@ -8,7 +8,7 @@ that could. `check_local_training` runs the same checks, and the run dir's (with
 its checkpoint's: `landcover.training.resume`), in the parent of local workers (`landcover
 train --nproc N`, `landcover scale`, `landcover cluster launch` on the local engine): a store
 that will not do is then one line before any worker starts, not N workers that each import
-torch, load, and fail with the same message.
+torch, load, and fail with the same message. So is a `--model` name that names no model.
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ def check_local_training(
     )
     for world_size in world_sizes:
         store.steps_per_epoch(world_size=world_size, batch_size=config.batch_size)
+    from landcover.models.registry import check_model_name  # torch: as the workers will
+
+    check_model_name(config.model)
     if check_out_dir and "://" not in config.out_dir:
         from landcover.training.resume import check_local_resume  # torch: the checkpoint
 

@@ -155,10 +155,15 @@ def test_a_model_name_with_spaces_around_it_is_refused_quoted(name: str) -> None
     assert all(model in str(info.value) for model in ALL_MODELS)
 
 
-def test_cli_refuses_a_model_name_with_a_space_in_one_line(tiny_store: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_cli_refuses_a_model_name_with_a_space_in_one_line(
+    nproc: str, tiny_store: str, tmp_path: Path
+) -> None:
+    """In this process, and in the parent of 2 workers before any starts (no worker logs)."""
     args = ["train", tiny_store, "--out", str(tmp_path / "run"), "--model", "unet_resnet18 ",
-            "--epochs", "1", "--device", "cpu"]  # fmt: skip
+            "--epochs", "1", "--device", "cpu", "--nproc", nproc]  # fmt: skip
     result = CliRunner().invoke(cli.main, args)
     assert result.exit_code == 2
     assert result.output.startswith("error: unknown model 'unet_resnet18 ': a model name has no ")
-    assert result.output.count("\n") == 1 and not (tmp_path / "run").exists()
+    assert result.output.count("\n") == 1 and "worker logs" not in result.output
+    assert list(tmp_path.iterdir()) == []
