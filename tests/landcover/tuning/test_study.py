@@ -23,7 +23,7 @@ from landcover.tuning.space import parse_space
 from landcover.tuning.study import TuneConfig, require_optuna, run_study
 from landcover.tuning.studydir import STUDY_FILE
 from tests.conftest import REPO_ROOT
-from tests.landcover.tuning.stand_in_worker import replace_trainer, val_miou, write_metrics
+from tests.landcover.tuning.stand_in_worker import val_miou, write_metrics
 
 SAS_SIG = "c2lnbmF0dXJlLW9mLXRoZS1zYXMtdG9rZW4"
 SPACE = parse_space("lr=1e-4:1e-2:log,loss=ce|ce+dice,model=small_unet")
@@ -91,11 +91,6 @@ def test_a_pruned_trial_stops_after_the_epoch_and_keeps_its_run(
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [1]
     assert "| 0 | lr=" in (out / "trials.md").read_text()
-
-
-@pytest.fixture()
-def stand_in_trainer(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
-    return replace_trainer(monkeypatch)
 
 
 def test_scores_are_the_best_val_miou_of_each_run(

@@ -44,11 +44,6 @@ def tune_config(at: str, into: Path, **changes: Any) -> TuneConfig:
     return TuneConfig(**{**values, **changes})
 
 
-@pytest.fixture()
-def stand_in_trainer(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
-    return replace_trainer(monkeypatch)
-
-
 def test_every_tune_option_is_one_a_rerun_may_change_or_one_it_must_keep() -> None:
     """A new TuneConfig field fails here until it is put in one of the two."""
     names = sorted(f.name for f in fields(TuneConfig))
