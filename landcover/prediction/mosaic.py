@@ -40,6 +40,7 @@ from landcover.prediction.outgrid import GridPlan, OutputGrid, metres_per_unit
 from tiling.errors import SourceFormatError
 from tiling.grid import aligned_offset
 from tiling.reader import RasterReader
+from tiling.shared.gdal import gdal_reason, open_failed
 from tiling.sources import RasterInfo
 
 __all__ = ["WARP_CELL_PX", "GridRect", "Pixels", "read_mosaic", "read_source_onto", "warp_cells"]
@@ -273,24 +274,19 @@ def _read_image(
     try:
         return reader.read_image(source, window)
     except rasterio.errors.RasterioIOError as exc:
+        reason = gdal_reason(exc)
+        if open_failed(exc):
+            # a file the source refers to (a VRT's member) is missing or unreadable: that is
+            # no property of the window, so the line is the same whichever unit meets it
+            raise SourceFormatError(
+                f"{source.path}: cannot open a file it refers to ({reason}); restore that "
+                "file, or rebuild the VRT without it"
+            ) from None
         raise SourceFormatError(
             f"{source.path}: reading rows {window.row_off}..{window.row_off + window.height} "
-            f"failed ({_gdal_reason(exc)}): the file is truncated or corrupt; re-download it "
-            "or leave it out"
+            f"failed ({reason}): the file is truncated or corrupt; re-download it or leave it "
+            "out"
         ) from None
-
-
-def _gdal_reason(exc: BaseException) -> str:
-    # rasterio's message is "Read failed. See previous exception for details."; GDAL's own
-    # text ("Cannot read 8000 bytes at offset ...") is the exception it was raised from.
-    cause: BaseException | None = exc
-    reason = ""
-    while cause is not None:
-        text = " ".join(str(cause).split())
-        if text:
-            reason = text
-        cause = cause.__cause__ or cause.__context__
-    return reason or type(exc).__name__
 
 
 def _resampling(source: RasterInfo, grid: OutputGrid) -> Resampling:

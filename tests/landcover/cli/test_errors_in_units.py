@@ -93,7 +93,11 @@ def predict_missing_member(missing_member: Path, inputs: Any, out: Path) -> list
 CASES: dict[str, tuple[Callable[..., list[str]], str, str]] = {
     # case: (arguments, the fixture of its bad input, what the line must name)
     "tile a corrupt source": (tile_corrupt, "corrupt_sources", "c.tif: cannot read pixels ("),
-    "predict a missing VRT member": (predict_missing_member, "missing_member", "member.tif"),
+    "predict a missing VRT member": (
+        predict_missing_member,
+        "missing_member",
+        "cannot open a file it refers to (",
+    ),
 }
 WAYS = ("one process", "--nproc 2", "dask tasks")
 
@@ -119,6 +123,7 @@ def test_an_error_in_a_unit_is_the_line_of_one_process(
         assert "Traceback" not in result.output and "internal error" not in result.output
         lines[way] = result.output.strip().splitlines()[-1]
     assert lines["one process"].startswith("error: ") and named in lines["one process"], lines
+    assert "member.tif" in lines["one process"] or "c.tif" in lines["one process"]
     assert "See previous exception" not in lines["one process"]
     assert lines["--nproc 2"] == lines["one process"], lines
     assert lines["dask tasks"] == lines["one process"], lines

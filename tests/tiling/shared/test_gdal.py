@@ -9,7 +9,7 @@ import rasterio
 import rasterio.shutil
 
 from tests.tiling.rasters import image_pixels, write_raster
-from tiling.shared.gdal import gdal_reason
+from tiling.shared.gdal import gdal_reason, open_failed
 
 
 def test_a_missing_vrt_member_is_named(tmp_path: Path) -> None:
@@ -23,8 +23,10 @@ def test_a_missing_vrt_member_is_named(tmp_path: Path) -> None:
         src.read()
     assert "See previous exception" in str(failed.value)
     assert gdal_reason(failed.value) == f"{member}: No such file or directory"
+    assert open_failed(failed.value)
 
 
 def test_an_error_without_causes_is_its_own_reason() -> None:
     assert gdal_reason(ValueError("  bad\n  value ")) == "bad value"
     assert gdal_reason(ValueError()) == "ValueError"
+    assert not open_failed(ValueError("bad"))
