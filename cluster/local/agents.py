@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -115,6 +116,16 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
                 f"logs: {log_dir}"
             )
         worker_error = first_worker_error(log_dir)
+        killed = _killed_rank(plan, node, code)
+        if killed is not None and (worker_error is None or not worker_error.bad_input):
+            # a rank killed by a signal (the OOM killer, kill -9) writes no error of its own,
+            # and the others then fail in a collective: the death is the cause
+            rank, signum = killed
+            raise LaunchError(
+                f"rank {rank} died: killed by signal {signum}{_signal_name(signum)} "
+                f"(worker logs: {log_dir}/)",
+                worker_error=worker_error,
+            )
         if worker_error is not None:  # the first failing rank's own words
             said = replace(worker_error, message=plan.redactor.text(worker_error.message))
             if drop_logs and said.bad_input:  # a refused input: its one line says it all
@@ -140,6 +151,37 @@ def _run_agents(plan: LocalPlan, options: LaunchOptions) -> LaunchResult:
         log_location=None if plan.temporary_logs else str(log_dir),
         wall_time_s=wall_time_s,
     )
+
+
+# torchrun's summary of a failed worker group: the first failure's rank and exit code
+_ROOT_CAUSE_RE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+    re.DOTALL,
+)
+
+
+def _killed_rank(plan: LocalPlan, node: int, code: int) -> tuple[int, int] | None:
+    """(rank, signal) of the rank whose death failed the job, if a signal killed it: a rank
+    started directly is the failed process itself; under torchrun, the root cause its agent
+    logged last (the last attempt's)."""
+    if plan.direct:
+        return (node, -code) if code < 0 else None
+    for i in range(len(plan.agent_commands)):
+        try:
+            text = Path(plan.log_path(i)).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        causes = _ROOT_CAUSE_RE.findall(text)
+        if causes and int(causes[-1][1]) < 0:
+            return int(causes[-1][0]), -int(causes[-1][1])
+    return None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return f" ({signal.Signals(signum).name})"
+    except ValueError:
+        return ""
 
 
 def _wait(

@@ -16,8 +16,9 @@ Agent output (which includes the workers') goes line by line, redacted, to
 `LaunchOptions.on_output`; LOG_DIR is `logs/` in the job's output dir (or a temporary directory
 when that is a URL or there is none). Workers that fail leave their one-line error in LOG_DIR
 (`cluster.failures`). If any agent fails, the others are stopped and `LaunchError` gives the
-first failing rank's own error line and LOG_DIR, or, when no worker left one (a killed worker),
-the failing node's log.
+first failing rank's own error line and LOG_DIR; a rank that a signal killed (it leaves no
+error, and the others then fail in a collective) is the cause: "rank 1 died: killed by signal
+9 (SIGKILL)", from the process's status or torchrun's root cause; else the failing node's log.
 A temporary LOG_DIR is removed once the job succeeds; with `LaunchOptions.keep_logs=False`
 (a caller that streams the output: `--nproc`) also when its workers refused their input (that
 error is its own line, without LOG_DIR); a crash keeps it, named in the error.

@@ -153,6 +153,36 @@ def test_ranks_started_directly_report_as_ranks(tmp_path: Path) -> None:
     )
 
 
+def test_a_rank_killed_by_a_signal_is_the_cause(tmp_path: Path) -> None:
+    """Issue 41: a rank that a signal killed leaves no error of its own."""
+    plan = scripted_plan(
+        tmp_path, "import time; time.sleep(30)", "import os; os.kill(os.getpid(), 9)"
+    )
+    with pytest.raises(LaunchError) as info:
+        launch_plan(replace(plan, direct=True), LaunchOptions())
+    assert str(info.value) == (
+        f"rank 1 died: killed by signal 9 (SIGKILL) (worker logs: {tmp_path / 'run' / 'logs'}/)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_ddp_rank_killed_under_torchrun_is_the_cause_not_the_others_gloo_error(
+    tmp_path: Path,
+) -> None:
+    """Issue 41: rank 1 SIGKILLs itself after epoch 1; rank 0 then fails in its all-reduce.
+    Before: "training failed on simulated node 0 (exit code 1): RuntimeError: [gloo] ...
+    Connection reset by peer"."""
+    spec = parse_cluster_spec({"targetNodeCount": 1, "processesPerNode": 2})
+    job = fake_job("chips.zarr", str(tmp_path / "run"), "--epochs", "3", "--die-at-epoch", "1")
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    with pytest.raises(LaunchError) as info:
+        launch_plan(plan_job(spec, job), LaunchOptions(env=env, cwd=str(REPO_ROOT)))
+    assert str(info.value) == (
+        f"rank 1 died: killed by signal 9 (SIGKILL) (worker logs: {tmp_path / 'run' / 'logs'}/)"
+    )
+
+
 def test_a_job_past_its_time_limit_is_stopped(tmp_path: Path) -> None:
     plan = scripted_plan(tmp_path, "import time; time.sleep(120)")
     with pytest.raises(LaunchError, match=r"did not finish within 1 s and was stopped; logs: "):
