@@ -130,7 +130,7 @@ def predict_product(
         mine = [product.tiles[i] for i in owned]
         todo = _tiles_to_predict(product, product_dir, mine)
         if run_units is None:
-            predicted = len(_predict(product, product_dir, todo, key))
+            predicted = _predict(product, product_dir, todo, key)
         else:
             cost = dict(zip((t.name for t in product.tiles), product.costs, strict=True))
             names = sorted((t.name for t in todo), key=lambda n: -cost[n])
@@ -276,19 +276,24 @@ def _tiles_to_predict(
 
 def _predict(
     product: Product, product_dir: ProductDir, tiles: Sequence[MapTile], key: str
-) -> list[TileRecord]:
-    """Predict and commit `tiles`, each tagged with the product's `key`."""
-    records = []
+) -> int:
+    """Predict and commit `tiles`, each tagged with the product's `key`; how many. Nothing
+    of a tile is kept once it is committed: memory does not grow with the tiles."""
     with ExitStack() as stack:
         stack.enter_context(
             rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS")
         )
         scratch = stack.enter_context(product_dir.scratch())
-        reader = RasterReader(storage_options=product.setup.config.storage_options)
-        stack.callback(reader.close)
         for tile in tiles:
-            records.append(_predict_tile(product, product_dir, reader, tile, scratch, key))
-    return records
+            # A reader per tile, closed after it: a tile's pipeline reads in a thread of its
+            # own, and a thread's image handles (each with GDAL's buffers of a decoded block,
+            # a megabyte or more) end only with the reader's close().
+            reader = RasterReader(storage_options=product.setup.config.storage_options)
+            try:
+                _predict_tile(product, product_dir, reader, tile, scratch, key)
+            finally:
+                reader.close()
+    return len(tiles)
 
 
 def _predict_tile(
