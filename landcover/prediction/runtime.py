@@ -185,6 +185,9 @@ class OnnxWindowModel:
             options = self.ort.SessionOptions()
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+            # Idle workers sleep instead of spinning between operators and batches: the
+            # pipeline's reading and writing threads need those cores meanwhile.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             try:
                 self.sessions[threads] = self.ort.InferenceSession(
                     self.model_bytes, options, providers=self.providers
