@@ -32,6 +32,7 @@ from tiling.shared.rankenv import DistEnv
 
 if TYPE_CHECKING:
     from landcover.prediction.outgrid import OutputGrid
+    from tiling.stacquery import StacSource
     from tiling.units import UnitRunner
 
 logger = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ def predict_command(
     )
     if tiled:
         runner = unit_runner(click.get_current_context())  # tiles as tasks on a Dask cluster
-        _predict_tiled(config, tile_px, dist, summary_to, runner)
+        _predict_tiled(config, tile_px, dist, summary_to, runner, inputs.stac_items)
         if quicklook and dist.is_main:  # the product's own picture: replaced on a rerun
             _write_quicklook(out, overwrite=True)
         return
@@ -252,15 +253,19 @@ def _predict_tiled(
     dist: DistEnv,
     summary_to: str | None,
     runner: UnitRunner | None,
+    stac_sources: Sequence[StacSource],
 ) -> None:
     """Predict a tiled product as this rank of the job, or with its tiles as tasks of
-    `runner`; rank 0 prints the summary."""
+    `runner`; rank 0 prints the summary. `stac_sources`: the items the images came from."""
     from landcover.prediction.tiled import predict_product
     from landcover.prediction.tileplan import TiledSetup
 
     assert tile_px is not None  # _check_tiled_output
     result = predict_product(
-        TiledSetup(config, tile_px), rank=dist.rank, world_size=dist.world_size, run_units=runner
+        TiledSetup(config, tile_px, tuple(stac_sources)),
+        rank=dist.rank,
+        world_size=dist.world_size,
+        run_units=runner,
     )
     if not dist.is_main:
         return

@@ -4,8 +4,10 @@ Built with pystac from the COG itself (its grid, and the model's class table tha
 writes into its tags) and from the STAC items it was predicted from, when there were any:
 
 - geometry and bbox: the COG's footprint in EPSG:4326 (edges densified before transforming);
-- time: `start_datetime`/`end_datetime` spanning the input items (`datetime` null), or, for
-  GeoTIFF inputs whose date is unknown, `datetime` = the time of writing; `created` always;
+- time: `start_datetime`/`end_datetime` spanning the input items the COG read (`datetime`
+  null; `items_read` picks them, for one COG and for each tile of a tiled product alike), or,
+  for GeoTIFF inputs whose date is unknown, `datetime` = the time of writing; `created`
+  always;
 - projection extension (v2): `proj:code` (`EPSG:n`, or `proj:wkt2` for a CRS without one),
   `proj:shape`, `proj:transform`;
 - raster extension on the asset: one band, `data_type` uint8, `nodata` 0, its resolution;
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,13 @@ def cog_item(
         if source.self_href:
             item.add_link(pystac.Link("derived_from", source.self_href, pystac.MediaType.JSON))
     return item
+
+
+def items_read(sources: Sequence[StacSource], paths: Iterable[str]) -> list[StacSource]:
+    """Those of the input items `sources` whose asset is one of the images at `paths` (what a
+    COG or a tile read): the items that date it and that it is derived from."""
+    read = set(paths)
+    return [s for s in sources if s.href in read]
 
 
 def write_stac_item(

@@ -64,7 +64,7 @@ from landcover.prediction.setup import (
     block_cache_bytes,
     warnings_to_log,
 )
-from landcover.prediction.stacitem import ASSET_KEY, cog_item
+from landcover.prediction.stacitem import ASSET_KEY, cog_item, items_read
 from landcover.prediction.tilecatalog import write_catalog
 from landcover.prediction.tileowner import check_ownership, claim, product_key
 from landcover.prediction.tileplan import (
@@ -274,9 +274,7 @@ def _tiles_to_predict(
     return todo
 
 
-def _predict(
-    product: Product, product_dir: ProductDir, tiles: Sequence[MapTile], key: str
-) -> int:
+def _predict(product: Product, product_dir: ProductDir, tiles: Sequence[MapTile], key: str) -> int:
     """Predict and commit `tiles`, each tagged with the product's `key`; how many. Nothing
     of a tile is kept once it is committed: memory does not grow with the tiles."""
     with ExitStack() as stack:
@@ -311,7 +309,9 @@ def _predict_tile(
     try:
         windows, class_pixels = _predict_into(product, reader, tile, tiled, key)
         to_cog(tiled, cog, resampling="MODE")
-        item = cog_item(cog)
+        item = cog_item(
+            cog, sources=items_read(product.setup.stac_sources, product.reads[tile.name])
+        )
         item.id = tile.name
         item.assets[ASSET_KEY].href = f"./{tile.name}.tif"
         size = Path(cog).stat().st_size

@@ -41,6 +41,7 @@ from landcover.prediction.tilerecords import tile_key
 from landcover.prediction.tta import tta_ops
 from tiling.shared.fingerprint import fingerprint, fingerprints
 from tiling.shared.urls import check_storage_options, is_local, local_path
+from tiling.stacquery import StacSource
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +51,13 @@ MIN_TILE_PX = 16
 @dataclass(frozen=True, slots=True)
 class TiledSetup:
     """What predicting tiles of a product needs (picklable: a Dask task's argument):
-    the prediction's options, `config.out` being the product's directory, and the tile
-    edge in pixels."""
+    the prediction's options, `config.out` being the product's directory, the tile edge in
+    pixels, and the STAC items the images came from (their dates and links go into the
+    items of the tiles that read them)."""
 
     config: PredictConfig
     tile_px: int
+    stac_sources: tuple[StacSource, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,3 +188,36 @@ def test_a_raster_that_is_not_a_prediction_gets_no_item(tmp_path: Path) -> None:
     cog = write_image(tmp_path / "x.tif", pixels(20, 30, seed=3)[:1])
     with pytest.raises(PredictionError, match=r"no LANDCOVER_CLASS_MAP tag"):
         cog_item(str(cog))
+
+
+def _items_written(out: Path, tiled: bool) -> list[pystac.Item]:
+    if not tiled:
+        return [pystac.Item.from_file(str(out.with_suffix(".json")))]
+    collection = pystac.Collection.from_file(str(out / "collection.json"))
+    return list(collection.get_items())
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["one COG --stac-item", "tiled product"])
+def test_every_item_of_a_prediction_is_dated_by_its_imagery_not_the_time_of_writing(
+    model: Path, scene: Path, tmp_path: Path, tiled: bool
+) -> None:
+    catalog = write_catalog([raster_item(scene, item_id="scene-2021", year=2021)], tmp_path / "c")
+    if tiled:
+        out = tmp_path / "tiles"
+        args = ["--out", f"{out}/", "--tile-size", "64", "--no-quicklook"]
+    else:
+        out = tmp_path / "lc.tif"
+        args = ["--out", str(out), "--stac-item", str(tmp_path / "lc.json"), "--no-quicklook"]
+    result = predict(model, str(catalog), *args)
+    assert result.exit_code == 0, result.output
+    items = _items_written(out, tiled)
+    assert len(items) == (4 if tiled else 1)
+    for item in items:
+        assert item.datetime is None
+        assert item.common_metadata.start_datetime == when(2021)
+        assert item.common_metadata.end_datetime == when(2021)
+        [derived] = item.get_links("derived_from")
+        assert derived.href.endswith("scene-2021.json")
+    if tiled:
+        collection = pystac.Collection.from_file(str(out / "collection.json"))
+        assert collection.extent.temporal.intervals == [[when(2021), when(2021)]]
