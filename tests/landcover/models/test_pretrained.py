@@ -18,7 +18,7 @@ from landcover import cli
 from landcover.errors import TrainingError
 from landcover.models.pretrained import widen_stem_weight
 from landcover.models.registry import build_model
-from tests.landcover.models.test_registry import PRETRAINED_MODELS, WEIGHTS_OF, stem_conv
+from tests.landcover.models.model_names import PRETRAINED_MODELS, WEIGHTS_OF, stem_conv
 
 # One model per way of loading weights: torchvision's ResNet into smp's Unet, torchvision's
 # ResNet-50 backbone, torchvision's MobileNet features, and smp's own encoder loading.

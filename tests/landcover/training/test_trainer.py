@@ -28,13 +28,13 @@ from landcover.models.registry import build_model
 from landcover.training import (
     TrainCallbacks,
     read_metrics,
-    rundir,
     train,
     warmup_cosine,
 )
 from landcover.training import checkpoint as checkpoint_file
 from landcover.training.distributed import DistEnv
 from landcover.training.losses import Scores
+from landcover.training.records import RUN_KEYS
 from tests.multiprocess import free_ports
 from tests.support.trainruns import make_config
 from tiling.shared.machine import local_cpu_count
@@ -176,7 +176,7 @@ def test_one_worker_run_outputs_and_exact_resume(tiny_store: str, tmp_path: Path
         assert (x["train_loss"], x["val_miou"]) == (y["train_loss"], y["val_miou"])
 
     run = json.loads((whole / "run.json").read_text())
-    assert set(rundir.RUN_KEYS) <= set(run) and run["cores"] == local_cpu_count()
+    assert set(RUN_KEYS) <= set(run) and run["cores"] == local_cpu_count()
     assert run["world_size"] == 1 and run["config"]["batch_size"] == 8
     assert run["store"]["summary"]["chip_size"] == 64 and run["versions"]["torch"]
     assert run["device"].startswith("cpu: ")
