@@ -1,24 +1,24 @@
-"""Tiling throughput: `landcover tile` side by side with the old way and with the machine limit.
+"""Tiling throughput: the whole `landcover tile` process side by side with the machine's limit.
 
-One NAIP-sized synthetic scene (45 Mpx x 4 bands, the pixel count of a 6000 x 7500 NAIP
-quarter quad; `--quick`: 2048 x 2048) and its 1 m labels, written once to a temporary folder
-by `tiling.synth`, then cut into the same 256 px chips (image + label) three ways:
+Three NAIP-sized synthetic scenes (6,000 x 7,500 px x 4 bands uint8, a quarter quad, with
+their 1 m labels; `--quick`: 2,048 x 2,048; `--scenes`, `--size` to change) are written once
+by `tiling.synth` (kept with `--scenes-dir` for later runs), then:
 
-- ours: `tiling.tile.tile` (the library call behind `landcover tile`), --workers = cores,
-  writing a sharded, zstd-compressed Zarr v3 store with index, stats and class counts.
-- (a) the original Azure land-cover tutorial's approach: one GeoTIFF per chip (and one per
-  label chip) cut with `gdal_translate -srcwin`, as many processes at once as there are cores.
-  Without gdal_translate it falls back to rasterio writing the same per-chip GeoTIFFs (the
-  table then says so).
-- (b) the limit: read the whole scene with rasterio (GDAL decoding on every core), then
-  compress the very same chip bytes with the same codec (zstd at the store's level) on every
-  core. No store, no index, no statistics: what the hardware does for the unavoidable work.
+- ours: `python -m landcover tile SCENES --labels ... --workers 1 --min-valid 0` (every chip
+  kept: the same pixels as the limit), timed as a whole process, imports included;
+- the limit: a process that imports rasterio and numcodecs, reads the same image and label
+  files with rasterio in 256-row strips, zstd-encodes each strip (the store's codec and level)
+  and writes the bytes to one file per raster, fsynced. Nothing else: no chips, no store, no
+  index, no statistics.
 
-First ours with one worker against the limit in one thread (same process, one GDAL thread,
-one compressing thread; goal >= 0.8x of the limit), with where ours' time goes: one more
-run with the parts of `tile` timed (plan, fingerprints, reads, compression, the rest of the
-per-window work, shard writes, attributes). Then the table at `--workers`. Ours and (b) are
-timed best of `--repeat`; (a) once (it takes minutes). Never asserts on time.
+The two alternate, `--repeat` times each after one untimed warm-up run of both (bytecode
+compiled, files in the page cache), and the table gives medians, wall and CPU (user + system
+of the child process): other load on the machine moves wall time a lot and CPU time little.
+The goal is ours >= 0.8x of the limit's throughput (limit seconds / ours).
+
+Then, in this process: where ours' time goes (the parts of `tile` timed), and with
+`--workers-table` every method at `--workers` (ours, the limit in-process, and the original
+Azure tutorial's one GeoTIFF per chip). Never asserts on time.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import argparse
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,15 +54,34 @@ from tiling.grid import chip_offsets
 from tiling.reader import RasterReader
 from tiling.shards import ChunkEncoder
 from tiling.shared.machine import local_cpu_count
-from tiling.synth import SynthConfig, synthesize_scenes
+from tiling.synth import SynthConfig, scene_folders, synthesize_scenes
 from tiling.tile import TileConfig, tile
 from tiling.writer import ChipStoreWriter
 
 CHIP = 256
-NAIP_PX = 6708  # 6708² ≈ 45.0 Mpx = 6000 x 7500
-QUICK_PX = 2048
+NAIP_SIZE = (7500, 6000)  # rows x columns of a NAIP quarter quad
+QUICK_SIZE = (2048, 2048)
+STRIP_ROWS = 256  # the limit encodes 256-row strips
 ZSTD_LEVEL = COMPRESSION_LEVEL  # what `landcover tile` uses
-ONE_WORKER_GOAL = 0.8  # of the limit's throughput, issue 15
+ONE_WORKER_GOAL = 0.8  # of the limit's throughput, issue 43
+
+# The limit, as its own process: read every raster in strips, zstd them, write, fsync.
+LIMIT_SCRIPT = """
+import os, sys
+import rasterio
+from numcodecs import Zstd
+from rasterio.windows import Window
+
+out, level, strip = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+zstd = Zstd(level=level)
+for k, path in enumerate(sys.argv[4:]):
+    with rasterio.open(path) as ds, open(os.path.join(out, f"{k}.zst"), "wb") as f:
+        for row in range(0, ds.height, strip):
+            window = Window(0, row, ds.width, min(strip, ds.height - row))
+            f.write(zstd.encode(ds.read(window=window)))
+        f.flush()
+        os.fsync(f.fileno())
+"""
 
 # The parts of `tile` timed for the breakdown: (label, owner, attribute). Indented labels are
 # parts of the one above them.
@@ -69,13 +89,22 @@ TIMED_PARTS: tuple[tuple[str, Any, str], ...] = (
     ("plan: inputs checked, chip grid, split", tiling.planfile, "plan_tiling"),
     ("fingerprints of the inputs", tiling.rankplan, "fingerprints"),
     ("open the store", tiling.append, "open_writer"),
-    ("worker: windows cut (_cut_window)", tiling.cut, "_cut_window"),
+    ("reader threads: windows read and prepared", tiling.cut, "_prepare_window"),
     ("  read image: GDAL + valid mask", RasterReader, "read_image"),
     ("  read labels: GDAL + class map", RasterReader, "read_labels"),
+    ("cutting threads: chips compressed (_cut_window)", tiling.cut, "_cut_window"),
     ("  compress chips: zstd + crc32c", ChunkEncoder, "encode"),
     ("writer: shard objects assembled + written", ChipStoreWriter, "_flush"),
     ("writer: group attributes", ChipStoreWriter, "write_attrs"),
 )
+
+
+@dataclass(frozen=True)
+class Scenes:
+    images: list[Path]
+    labels: list[Path]
+    height: int
+    width: int
 
 
 @dataclass(frozen=True)
@@ -93,6 +122,128 @@ class Row:
     @property
     def mb_per_s(self) -> float:
         return self.raw_bytes / self.seconds / 1e6
+
+
+# --- scenes --------------------------------------------------------------------------------
+
+
+def make_scenes(folder: Path, count: int, height: int, width: int) -> Scenes:
+    """`count` synthetic scenes of height x width px and their labels in `folder` (reused when
+    there already): synthesized square, then cut to size when height != width."""
+    naip, labels = scene_folders(folder)
+    images = sorted(naip.glob("*.tif"))
+    if len(images) != count:
+        shutil.rmtree(folder, ignore_errors=True)
+        side = max(height, width)
+        made = synthesize_scenes(SynthConfig(out_dir=folder, scenes=count, size_px=side))
+        if height != width:
+            for image, label in zip(made.image_paths, made.label_paths, strict=True):
+                crop_to(image, rasterio.windows.Window(0, 0, width, height))
+                with rasterio.open(image) as ds:
+                    bounds = ds.bounds
+                with rasterio.open(label) as ds:
+                    window = rasterio.windows.from_bounds(*bounds, transform=ds.transform)
+                crop_to(label, window.round_offsets().round_lengths())
+        images = sorted(naip.glob("*.tif"))
+    with rasterio.open(images[0]) as ds:
+        shape = ds.height, ds.width
+    return Scenes(images, sorted(labels.glob("*.tif")), *shape)
+
+
+def crop_to(path: Path, window: rasterio.windows.Window) -> None:
+    """Rewrite the GeoTIFF at `path` as its `window`, with the same creation options."""
+    with rasterio.open(path) as ds:
+        data = ds.read(window=window)
+        profile = ds.profile | {
+            "height": data.shape[1],
+            "width": data.shape[2],
+            "transform": rasterio.windows.transform(window, ds.transform),
+        }
+    tmp = path.with_suffix(".crop.tif")
+    with rasterio.open(tmp, "w", **profile) as out:
+        out.write(data)
+    tmp.replace(path)
+
+
+# --- whole processes, side by side ------------------------------------------------------------
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the timed processes: bytecode may be cached, as after an install."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def timed_process(argv: Sequence[str]) -> tuple[float, float]:
+    """(wall s, CPU s) of a child process run to its end; RuntimeError if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env()
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[:4]} failed ({proc.returncode}): {stderr[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def ours_argv(scenes: Scenes, out: Path) -> list[str]:
+    label_dir = scenes.labels[0].parent
+    return [sys.executable, "-m", "landcover", "-q", "tile",
+            *map(str, scenes.images), "--labels", str(label_dir), "--out", str(out),
+            "--workers", "1", "--min-valid", "0", "--overwrite"]  # fmt: skip
+
+
+def limit_argv(scenes: Scenes, out: Path) -> list[str]:
+    return [sys.executable, "-c", LIMIT_SCRIPT, str(out), str(ZSTD_LEVEL), str(STRIP_ROWS),
+            *map(str, scenes.images), *map(str, scenes.labels)]  # fmt: skip
+
+
+def whole_process_vs_limit(scenes: Scenes, work: Path, repeat: int) -> None:
+    """Ours and the limit as whole processes, alternating, medians of `repeat` runs each."""
+    store, limit_dir = work / "ours.zarr", work / "limit"
+    limit_dir.mkdir(exist_ok=True)
+    runs: dict[str, list[tuple[float, float]]] = {"ours": [], "limit": []}
+    argvs = {"ours": ours_argv(scenes, store), "limit": limit_argv(scenes, limit_dir)}
+    for name in argvs:  # warm-up: bytecode compiled, inputs in the page cache
+        timed_process(argvs[name])
+    for k in range(repeat):
+        order = ("ours", "limit") if k % 2 == 0 else ("limit", "ours")
+        for name in order:
+            runs[name].append(timed_process(argvs[name]))
+        print(
+            f"  run {k + 1}: ours {runs['ours'][-1][0]:.2f} s, limit "
+            f"{runs['limit'][-1][0]:.2f} s wall; load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    median = {name: tuple(statistics.median(r[i] for r in rs) for i in (0, 1))
+              for name, rs in runs.items()}  # fmt: skip
+    pair_ratios = [lim[0] / our[0] for our, lim in zip(runs["ours"], runs["limit"], strict=True)]
+    ours_wall, ours_cpu = median["ours"]
+    limit_wall, limit_cpu = median["limit"]
+    print(
+        f"\n## One worker\n\n{len(scenes.images)} scenes of {scenes.height} x {scenes.width} "
+        f"px x 4 bands + labels; whole processes, medians of {repeat} alternating runs\n"
+    )
+    print("| run | wall s | CPU s | ours / this (wall) | ours / this (CPU) |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| `landcover tile --workers 1` (ours, whole process) | {ours_wall:.2f} | "
+          f"{ours_cpu:.2f} | 1.00× | 1.00× |")  # fmt: skip
+    print(f"| limit: rasterio read + zstd in {STRIP_ROWS}-row strips + write + fsync (whole "
+          f"process) | {limit_wall:.2f} | {limit_cpu:.2f} | {limit_wall / ours_wall:.2f}× | "
+          f"{limit_cpu / ours_cpu:.2f}× |")  # fmt: skip
+    print(
+        f"\nours vs limit, whole process, one worker: {limit_wall / ours_wall:.2f}x of the "
+        f"limit by median wall time (median of paired runs {statistics.median(pair_ratios):.2f}x), "
+        f"{limit_cpu / ours_cpu:.2f}x by CPU time (goal >= {ONE_WORKER_GOAL}x); "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+
+
+# --- in this process: the parts of ours, and every method at --workers --------------------------
 
 
 def cpu_seconds() -> float:
@@ -113,12 +264,12 @@ def best_of(repeat: int, run: Callable[[], int]) -> tuple[float, float, int]:
     return best
 
 
-def run_ours(image: Path, labels: Path, work: Path, workers: int) -> int:
+def run_ours(scenes: Scenes, work: Path, workers: int) -> int:
     out = work / "ours.zarr"
     shutil.rmtree(out, ignore_errors=True)
     config = TileConfig(
-        images=(str(image),),
-        labels=(str(labels),),
+        images=tuple(map(str, scenes.images)),
+        labels=(str(scenes.labels[0].parent),),
         out=str(out),
         chip_size=CHIP,
         min_valid=0.0,  # keep every chip: the same work as the baselines
@@ -133,16 +284,20 @@ def chip_origins(height: int, width: int) -> list[tuple[int, int]]:
     ]
 
 
-def run_per_chip_geotiffs(image: Path, labels: Path, work: Path, workers: int) -> tuple[int, str]:
+def run_per_chip_geotiffs(scenes: Scenes, work: Path, workers: int) -> tuple[int, str]:
     """Baseline (a): one GeoTIFF per image chip and per label chip."""
     out = work / "per_chip"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
-    with rasterio.open(image) as ds:
-        origins = chip_origins(ds.height, ds.width)
     gdal = shutil.which("gdal_translate")
-    jobs = [(src, r, c, out / f"{tag}_{r}_{c}.tif") for r, c in origins
-            for tag, src in (("naip", image), ("lc", labels))]  # fmt: skip
+    jobs: list[tuple[Path, int, int, Path]] = []
+    chips = 0
+    for k, (image, labels) in enumerate(zip(scenes.images, scenes.labels, strict=True)):
+        with rasterio.open(image) as ds:
+            origins = chip_origins(ds.height, ds.width)
+        chips += len(origins)
+        jobs += [(src, r, c, out / f"{tag}{k}_{r}_{c}.tif") for r, c in origins
+                 for tag, src in (("naip", image), ("lc", labels))]  # fmt: skip
     if gdal:
 
         def cut(job: tuple[Path, int, int, Path]) -> None:
@@ -171,42 +326,35 @@ def run_per_chip_geotiffs(image: Path, labels: Path, work: Path, workers: int) -
         name = f"(a) rasterio window -> 1 GeoTIFF per chip ({workers} threads; no gdal_translate)"
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(cut, jobs))
-    return len(origins), name
+    return chips, name
 
 
-def run_limit(
-    image: Path, labels: Path, workers: int, parts: dict[str, float] | None = None
-) -> int:
-    """Baseline (b): whole-scene read + zstd of every chip, nothing else.
-
-    `parts` receives the wall and CPU seconds of the read and of the compression.
-    """
-    start, start_cpu = time.perf_counter(), time.process_time()
-    with rasterio.Env(GDAL_NUM_THREADS=str(workers)):
-        with rasterio.open(image) as ds:
-            pixels = ds.read()
-        with rasterio.open(labels) as ds:
-            codes = ds.read(1)
-    read_s, read_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    origins = chip_origins(pixels.shape[1], pixels.shape[2])
+def run_limit(scenes: Scenes, workers: int) -> int:
+    """Baseline (b) in this process: whole-scene reads + zstd of every chip, nothing else."""
     zstd = Zstd(level=ZSTD_LEVEL)
+    chips = 0
+    for image, labels in zip(scenes.images, scenes.labels, strict=True):
+        with rasterio.Env(GDAL_NUM_THREADS=str(workers)):
+            with rasterio.open(image) as ds:
+                pixels = ds.read()
+            with rasterio.open(labels) as ds:
+                codes = ds.read(1)
+        origins = chip_origins(pixels.shape[1], pixels.shape[2])
 
-    def compress(origin: tuple[int, int]) -> int:
-        r, c = origin
-        image_chip = np.ascontiguousarray(pixels[:, r : r + CHIP, c : c + CHIP])
-        label_chip = np.ascontiguousarray(codes[r : r + CHIP, c : c + CHIP])
-        return len(zstd.encode(image_chip)) + len(zstd.encode(label_chip))
+        def compress(
+            origin: tuple[int, int],
+            pixels: np.ndarray[Any, Any] = pixels,
+            codes: np.ndarray[Any, Any] = codes,
+        ) -> int:
+            r, c = origin
+            image_chip = np.ascontiguousarray(pixels[:, r : r + CHIP, c : c + CHIP])
+            label_chip = np.ascontiguousarray(codes[r : r + CHIP, c : c + CHIP])
+            return len(zstd.encode(image_chip)) + len(zstd.encode(label_chip))
 
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(compress, origins))
-    if parts is not None:
-        parts.update(
-            read=read_s,
-            zstd=time.perf_counter() - start - read_s,
-            read_cpu=read_cpu,
-            zstd_cpu=time.process_time() - start_cpu - read_cpu,
-        )
-    return len(origins)
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(compress, origins))
+        chips += len(origins)
+    return chips
 
 
 @contextmanager
@@ -242,107 +390,92 @@ def timed_parts() -> Iterator[dict[str, list[float]]]:
             setattr(owner, name, original)
 
 
-def one_worker_vs_limit(image: Path, labels: Path, work: Path, repeat: int) -> None:
-    """Ours with --workers 1 against the limit in one thread, and where ours' time goes."""
-    ours_s, ours_cpu, _ = best_of(repeat, lambda: run_ours(image, labels, work, 1))
-    limit_s, limit_cpu, limit_parts = float("inf"), 0.0, {}
-    for _ in range(repeat):
-        parts: dict[str, float] = {}
-        start, start_cpu = time.perf_counter(), cpu_seconds()
-        run_limit(image, labels, 1, parts)
-        if time.perf_counter() - start < limit_s:
-            limit_s, limit_cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
-            limit_parts = parts
-    print(
-        f"\none worker: ours (landcover tile --workers 1) {ours_s:.2f} s wall, {ours_cpu:.2f} s "
-        f"CPU; limit in one thread {limit_s:.2f} s wall, {limit_cpu:.2f} s CPU (read image + "
-        f"labels {limit_parts['read']:.2f} s wall, {limit_parts['read_cpu']:.2f} s CPU; zstd "
-        f"{limit_parts['zstd']:.2f} s wall, {limit_parts['zstd_cpu']:.2f} s CPU)"
-    )
-    print(
-        f"ours vs limit, one worker: {limit_s / ours_s:.2f}x of the limit by wall time, "
-        f"{limit_cpu / ours_cpu:.2f}x by CPU time (goal >= {ONE_WORKER_GOAL}x)"
-    )
+def where_time_goes(scenes: Scenes, work: Path) -> None:
+    """One in-process run of ours with --workers 1, its parts timed."""
     with timed_parts() as totals:
         start, start_cpu = time.perf_counter(), cpu_seconds()
-        run_ours(image, labels, work, 1)
+        run_ours(scenes, work, 1)
         wall, cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
     print(
-        f"\nwhere ours' time goes (--workers 1; one more run, {wall:.2f} s wall, {cpu:.2f} s "
-        "CPU, with these parts timed; the worker thread cuts windows while the writer "
-        "writes earlier ones):"
+        f"\n## One worker parts\n\nwhere ours' time goes in `tile()` (--workers 1, in this "
+        f"process, imports excluded: {wall:.2f} s wall, {cpu:.2f} s CPU; windows are read while "
+        "earlier ones are compressed, and written while later ones are; a cutting thread "
+        "waiting for its window counts in its wall time)\n"
     )
-    cut = [totals[label] for label, _, _ in TIMED_PARTS[3:7]]  # _cut_window and its parts
+    prepare = [totals[label] for label, _, _ in TIMED_PARTS[3:6]]  # and its parts
     rows = list(totals.items())
-    rows.insert(7, ("  rest: masks, counts, statistics, chip loop",
-                    [cut[0][k] - sum(part[k] for part in cut[1:]) for k in (0, 1)]))  # fmt: skip
-    print(f"  {'part':<46} {'wall s':>7} {'CPU s':>7}")
+    rest = [prepare[0][k] - sum(part[k] for part in prepare[1:]) for k in (0, 1)]
+    rows.insert(6, ("  rest: masks, chips picked, counted and copied, statistics", rest))
+    print("| part | wall s | CPU s |")
+    print("|---|---:|---:|")
     for label, (part_wall, part_cpu) in rows:
-        print(f"  {label:<46} {part_wall:7.2f} {part_cpu:7.2f}")
+        print(f"| {label.strip()} | {part_wall:.2f} | {part_cpu:.2f} |")
+
+
+def workers_table(scenes: Scenes, work: Path, workers: int, repeat: int, baseline: bool) -> None:
+    chip_bytes = 5 * CHIP * CHIP  # 4 image bands + 1 label band
+    rows: list[Row] = []
+    wall, cpu, chips = best_of(repeat, lambda: run_ours(scenes, work, workers))
+    rows.append(Row(f"landcover tile (ours), --workers {workers}", wall, cpu, chips,
+                    chips * chip_bytes))  # fmt: skip
+    wall, cpu, chips = best_of(repeat, lambda: run_limit(scenes, workers))
+    rows.append(Row(f"(b) limit: rasterio read + zstd only, {workers} threads", wall, cpu,
+                    chips, chips * chip_bytes))  # fmt: skip
+    if baseline:
+        start, start_cpu = time.perf_counter(), cpu_seconds()
+        chips, name = run_per_chip_geotiffs(scenes, work, workers)
+        rows.append(Row(name, time.perf_counter() - start, cpu_seconds() - start_cpu, chips,
+                        chips * chip_bytes))  # fmt: skip
+    print(f"\n## Workers\n\nevery method at --workers {workers}, in this process, best of "
+          f"{repeat}; load average after: {os.getloadavg()[0]:.1f}\n")  # fmt: skip
+    print("| method | wall s | CPU s | chips | chips/s | MB/s | ours / this (wall) | "
+          "ours / this (CPU) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    ours = rows[0]
+    for r in rows:
+        print(f"| {r.name} | {r.seconds:.2f} | {r.cpu_seconds:.2f} | {r.chips} | "
+              f"{r.chips_per_s:.1f} | {r.mb_per_s:.1f} | {r.seconds / ours.seconds:.2f}× | "
+              f"{r.cpu_seconds / ours.cpu_seconds:.2f}× |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_PX} px scene")
+    parser.add_argument("--quick", action="store_true", help="2048 x 2048 px scenes")
+    parser.add_argument("--size", type=int, nargs=2, metavar=("ROWS", "COLS"),
+                        help="scene size [7500 6000]")  # fmt: skip
+    parser.add_argument("--scenes", type=int, default=3, help="scenes in the one command [3]")
+    parser.add_argument(
+        "--scenes-dir",
+        type=Path,
+        help="keep the synthetic scenes here and reuse them [a temporary folder]",
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each, alternating [5]")
+    parser.add_argument("--no-parts", action="store_true", help="leave out where time goes")
+    parser.add_argument("--workers-table", action="store_true",
+                        help="also every method at --workers, in this process")  # fmt: skip
     parser.add_argument("--workers", type=int, default=local_cpu_count(),
-                        help="threads/processes for every method [all cores]")  # fmt: skip
-    parser.add_argument("--repeat", type=int, default=3, help="best of N for ours and (b)")
-    parser.add_argument("--skip-baseline", action="store_true", help="leave out (a)")
+                        help="threads/processes for --workers-table [all cores]")  # fmt: skip
+    parser.add_argument("--skip-baseline", action="store_true",
+                        help="leave the per-chip GeoTIFFs out of --workers-table")  # fmt: skip
     args = parser.parse_args(argv)
-    size = QUICK_PX if args.quick else NAIP_PX
-    workers = args.workers
+    height, width = args.size or (QUICK_SIZE if args.quick else NAIP_SIZE)
     with tempfile.TemporaryDirectory(prefix="bench_tile_") as tmp:
         work = Path(tmp)
         start = time.perf_counter()
-        scene = synthesize_scenes(SynthConfig(out_dir=work / "scene", scenes=1, size_px=size))
-        image, labels = scene.image_paths[0], scene.label_paths[0]
+        scenes = make_scenes(args.scenes_dir or work / "scenes", args.scenes, height, width)
+        megabytes = sum(p.stat().st_size for p in scenes.images) / 1e6
         print(
-            f"scene: {size} x {size} x 4 uint8 + 1 m labels ({size * size / 1e6:.1f} Mpx, "
-            f"{image.stat().st_size / 1e6:.0f} MB deflate GeoTIFF), made in "
-            f"{time.perf_counter() - start:.0f} s; {CHIP} px chips; {workers} workers of "
-            f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}",
+            f"# {len(scenes.images)} synthetic scenes of {scenes.height} x {scenes.width} x 4 "
+            f"uint8 + 1 m labels ({megabytes:.0f} MB of deflate GeoTIFF), ready in "
+            f"{time.perf_counter() - start:.0f} s; {CHIP} px chips; {os.cpu_count()} cores; "
+            f"load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
-        one_worker_vs_limit(image, labels, work, args.repeat)
-        chip_bytes = 5 * CHIP * CHIP  # 4 image bands + 1 label band
-        rows: list[Row] = []
-        wall, cpu, chips = best_of(args.repeat, lambda: run_ours(image, labels, work, workers))
-        rows.append(Row(f"landcover tile (ours), --workers {workers}", wall, cpu, chips,
-                        chips * chip_bytes))  # fmt: skip
-        wall, cpu, chips = best_of(args.repeat, lambda: run_limit(image, labels, workers))
-        rows.append(Row(f"(b) limit: rasterio read + zstd only, {workers} threads", wall, cpu,
-                        chips, chips * chip_bytes))  # fmt: skip
-        if not args.skip_baseline:
-            start, start_cpu = time.perf_counter(), cpu_seconds()
-            chips, name = run_per_chip_geotiffs(image, labels, work, workers)
-            rows.append(Row(name, time.perf_counter() - start, cpu_seconds() - start_cpu, chips,
-                            chips * chip_bytes))  # fmt: skip
-        print(f"load average after: {os.getloadavg()[0]:.1f}")
-        print_table(rows)
-
-
-def print_table(rows: list[Row]) -> None:
-    ours = rows[0]
-    width = max(len(r.name) for r in rows)
-    print(f"\n{'method':<{width}}  {'wall s':>7}  {'CPU s':>7}  {'chips':>6}  {'chips/s':>8}  "
-          f"{'MB/s':>7}  {'ours/this':>9}  {'ours/this CPU':>13}")  # fmt: skip
-    for r in rows:
-        print(f"{r.name:<{width}}  {r.seconds:7.2f}  {r.cpu_seconds:7.2f}  {r.chips:6d}  "
-              f"{r.chips_per_s:8.1f}  {r.mb_per_s:7.1f}  {r.seconds / ours.seconds:8.2f}x  "
-              f"{r.cpu_seconds / ours.cpu_seconds:12.2f}x")  # fmt: skip
-    print("\nMB/s: raw chip pixels (4 bands + label) per wall second; ours/this: throughput of "
-          "ours over that row's, by wall time and by CPU time (CPU time is the fair measure "
-          "when other work shares the cores)")  # fmt: skip
-    limit = next(r for r in rows if r.name.startswith("(b)"))
-    print(
-        f"ours vs (b) limit: {limit.seconds / ours.seconds:.2f}x of the limit by wall time, "
-        f"{limit.cpu_seconds / ours.cpu_seconds:.2f}x by CPU time"
-    )
-    baseline = next((r for r in rows if r.name.startswith("(a)")), None)
-    if baseline is not None:
-        print(f"ours vs (a) per-chip GeoTIFFs: {baseline.seconds / ours.seconds:.1f}x faster by "
-              f"wall time, {baseline.cpu_seconds / ours.cpu_seconds:.1f}x by CPU time "
-              "(goal >= 5x)")  # fmt: skip
+        whole_process_vs_limit(scenes, work, args.repeat)
+        if not args.no_parts:
+            where_time_goes(scenes, work)
+        if args.workers_table:
+            workers_table(scenes, work, args.workers, args.repeat, not args.skip_baseline)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from tiling.shared.urls import (
     protocol,
     storage_errors,
 )
-from tiling.stac import stac_sources
 from tiling.stacquery import StacOptions, StacSource, is_stac_document
 
 logger = logging.getLogger(__name__)
@@ -78,6 +77,9 @@ def resolve_inputs(
             _keep_once(match, kept, what)
     items: dict[str, StacSource] = {}  # by the name its raster is read under
     if documents or stac.search is not None:
+        # here, not at import: pystac and its HTTP stack cost a plain file run ~0.1 s
+        from tiling.stac import stac_sources
+
         bands = NUM_BANDS if what == "image" else None
         for source in stac_sources(documents, stac, storage_options=storage_options, bands=bands):
             name = _keep_once(source.href, kept, what)
