@@ -16,11 +16,18 @@ inputs or options, or of a file that changed since, has another name and is neve
 rank that finds no plan under its key in `plan_wait_s` plans the run itself, as every rank
 did before, so a late or dead rank 0 never holds it; a plan that does not parse, or whose
 parameters do not match what the rank's own options give, is never used.
+
+A file under the right name is not trusted for its name alone (a copy left from another run
+may have been edited): its last field is the SHA-256 of everything before it, and a rank
+checks each image and label it cuts from the plan against the file itself (CRS, transform,
+shape, bands, nodata: the header it opens to cut anyway, `check_plan_sources`). A plan that
+fails either check is logged and the rank plans the run itself.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import time
@@ -35,17 +42,19 @@ from affine import Affine
 from rasterio.crs import CRS
 
 from tiling import stager as stager_module
+from tiling.commit import source_owners
 from tiling.config import TileConfig
 from tiling.grid import chip_grid
 from tiling.plan import (
     PlacedImage,
+    SourcePlan,
     TilePlan,
     assemble_plan,
     class_map_of,
     plan_tiling,
 )
 from tiling.shared.fingerprint import stamps
-from tiling.sources import RasterInfo, expand_inputs
+from tiling.sources import RasterInfo, expand_inputs, open_image, open_label
 from tiling.split import SplitRule
 from tiling.staged import PollSchedule, content_key, poll
 from tiling.staging import PartStaging
@@ -53,6 +62,7 @@ from tiling.staging import PartStaging
 __all__ = [
     "PLAN_FORMAT",
     "PLAN_VERSION",
+    "check_plan_sources",
     "plan_for_rank",
     "plan_from_json",
     "plan_key",
@@ -64,7 +74,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PLAN_FORMAT = "landcover-tile-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: the content digest, last
 
 # TileConfig fields that do not change the plan: where the store goes and how this process
 # runs. Every other field is in the key, a field added later included.
@@ -143,6 +153,8 @@ def plan_for_rank(config: TileConfig, *, rank: int, world_size: int) -> TilePlan
         return plan_tiling(config)
     try:
         plan = plan_from_json(config, body, key=key, images=images, labels=labels)
+        owners = source_owners(plan, world_size)
+        check_plan_sources(config, [s for s in plan.sources if owners[s.id] == rank])
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         logger.warning("%s: plan %s not used (%s); planning here", staging.url, key, exc)
         return plan_tiling(config)
@@ -184,7 +196,18 @@ def plan_to_json(plan: TilePlan, key: str) -> bytes:
         "labels": labels,
         "sources": sources,
     }
+    body[DIGEST_FIELD] = _content_digest(body)  # last: it vouches for every field before it
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+DIGEST_FIELD = "sha256"
+
+
+def _content_digest(body: Mapping[str, Any]) -> str:
+    """The SHA-256 of a plan's fields but its digest, written with sorted keys."""
+    content = {k: v for k, v in body.items() if k != DIGEST_FIELD}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def plan_from_json(
@@ -202,6 +225,8 @@ def plan_from_json(
         raise ValueError(f"not a version {PLAN_VERSION} {PLAN_FORMAT}")
     if obj.get("key") != key:
         raise ValueError(f"made under key {obj.get('key')}")
+    if obj.get(DIGEST_FIELD) != _content_digest(obj):
+        raise ValueError("its content does not match its digest: edited or damaged")
     crs = [CRS.from_wkt(wkt) for wkt in obj["crs"]]
     label_infos = [_raster(r, crs) for r in obj["labels"]]
     stride = config.effective_stride
@@ -224,6 +249,29 @@ def plan_from_json(
     if plan.params.digest() != obj["params_sha256"]:
         raise ValueError("its store parameters differ from this rank's")
     return plan
+
+
+def check_plan_sources(config: TileConfig, sources: Sequence[SourcePlan]) -> None:
+    """Raise ValueError naming the first image or label of `sources` whose description in
+    a loaded plan differs from the file's own header (CRS, transform, shape, bands, dtype,
+    nodata, block shape, mask): a rank opens the files it cuts anyway, so a plan edited
+    since rank 0 wrote it cannot place their chips."""
+    options = config.storage_options
+    for source in sources:
+        actual = open_image(
+            source.image.path, storage_options=options, zero_is_nodata=config.zero_is_nodata
+        )
+        _same_raster(source.image, actual)
+        for label in source.labels:
+            _same_raster(label, open_label(label.path, storage_options=options))
+
+
+def _same_raster(planned: RasterInfo, actual: RasterInfo) -> None:
+    if planned != actual:
+        raise ValueError(
+            f"{planned.path} is described otherwise than its file (transform "
+            f"{tuple(planned.transform)[:6]} against {tuple(actual.transform)[:6]})"
+        )
 
 
 def _raster_json(info: RasterInfo, crs_table: dict[str, int]) -> dict[str, Any]:

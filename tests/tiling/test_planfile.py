@@ -6,6 +6,8 @@ footprints, no pixels) the published plan is the plan, and the planning paths it
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import threading
@@ -119,6 +121,37 @@ def test_a_published_plan_loads_as_the_plan_and_a_rank_plans_itself_without_one(
         plan_file.write_bytes(body)  # damaged, or not the plan its key names: never used
         assert same_plan(plan_for_rank(four, rank=1, world_size=2), fresh)
     assert len(calls) == 3
+
+
+def shifted(body: bytes, *, rehash: bool) -> bytes:
+    """A plan file's bytes with every image moved 10 m east, as an edited copy would be;
+    `rehash`: with the digest made again over the edit (an editor who knows the format)."""
+    obj = json.loads(body)
+    for source in obj["sources"]:
+        source["image"]["transform"][2] += 10.0
+    if rehash:
+        content = {k: v for k, v in obj.items() if k != "sha256"}
+        text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        obj["sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("rehash", [False, True], ids=["digest-stale", "digest-remade"])
+def test_an_edited_plan_under_the_runs_key_is_not_used(
+    four: TileConfig, monkeypatch: pytest.MonkeyPatch, rehash: bool
+) -> None:
+    """A copy of the plan edited to shift the images parses and has the run's key: a rank
+    refuses it by its digest, or by the headers of the files it cuts, and plans itself."""
+    monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.05)
+    fresh = plan_tiling(four)
+    staging = PartStaging(four.out)
+    key = publish_plan(fresh, staging)
+    plan_file = Path(staging.url) / staging.plan_name(key)
+    plan_file.write_bytes(shifted(plan_file.read_bytes(), rehash=rehash))
+    calls = spy_planning(monkeypatch)
+    for rank in (1, 2):  # each cuts sources of its own
+        assert same_plan(plan_for_rank(four, rank=rank, world_size=3), fresh)
+    assert len(calls) == 2  # neither rank used the edited plan
 
 
 def test_the_key_covers_every_option_and_input_that_changes_the_plan(
