@@ -129,8 +129,9 @@ def estimate_area(
     pixel count per class `mapped_pixels`; areas are in the unit of `pixel_area`.
 
     Refuses (EvaluationError, one line) a stratum that holds mapped pixels but fewer than two
-    sample points (its variance is undefined: an empty stratum), and sample points in a
-    stratum with no mapped pixel (a sample of another map).
+    sample points (its variance is undefined: an empty stratum), unless its points are all
+    its pixels (a census: no sampling variance), and sample points in a stratum with no
+    mapped pixel (a sample of another map).
     """
     n = np.asarray(counts, dtype=np.int64)
     mapped = np.asarray(mapped_pixels, dtype=np.int64)
@@ -143,8 +144,10 @@ def estimate_area(
     total = int(mapped.sum())
     if total == 0:
         raise EvaluationError("the map has no classified pixel: nothing to estimate")
+    # a stratum whose every pixel is a point (a class of one pixel) is known exactly
+    census = (n_i >= mapped) & (mapped > 0)
     for i in range(k):
-        if mapped[i] > 0 and n_i[i] < MIN_STRATUM_SAMPLE:
+        if mapped[i] > 0 and n_i[i] < MIN_STRATUM_SAMPLE and not census[i]:
             raise EvaluationError(
                 f"stratum {codes[i]} ({names[i]}) covers {int(mapped[i]):,} map pixels but has "
                 f"{int(n_i[i])} sample point(s); its variance needs at least "
@@ -162,12 +165,13 @@ def estimate_area(
     share[strata] = n[strata] / n_i[strata, None]  # n_ij / n_i
     proportions = weight[:, None] * share
     # Var(p_.j) = sum_i W_i^2 s_ij (1 - s_ij) / (n_i - 1)   (eq. 10 of the paper)
-    denom = np.where(strata, n_i - 1, 1).astype(np.float64)
-    cell_var = (weight**2)[:, None] * share * (1 - share) / denom[:, None]
+    # 1 / (n_i - 1), and 0 for a census stratum: it adds no sampling variance
+    inverse = np.where(strata & ~census, 1.0 / np.maximum(n_i - 1, 1), 0.0)
+    cell_var = (weight**2)[:, None] * share * (1 - share) * inverse[:, None]
     column = proportions.sum(axis=0)
     column_se = np.sqrt(cell_var.sum(axis=0))
     users = np.diag(share)
-    users_var = users * (1 - users) / denom
+    users_var = users * (1 - users) * inverse
     overall = float(np.trace(proportions))
     overall_se = float(np.sqrt(np.sum(weight**2 * users_var)))
     # N_.j estimated: reference pixels of class j (eq. 7's denominator)
@@ -179,7 +183,7 @@ def estimate_area(
         if column[j] > 0:
             producers = float(proportions[j, j] / column[j])
             others = sum(
-                float(mapped[i]) ** 2 * share[i, j] * (1 - share[i, j]) / denom[i]
+                float(mapped[i]) ** 2 * share[i, j] * (1 - share[i, j]) * inverse[i]
                 for i in range(k)
                 if i != j and strata[i]
             )

@@ -31,6 +31,7 @@ from landcover.outputs import write_atomic, write_text_atomic
 from tiling.classes import NODATA_CODE, ClassMap
 
 __all__ = [
+    "MAP_CODE_COLUMN",
     "REFERENCE_COLUMN",
     "SAMPLE_COLUMNS",
     "SAMPLE_SUFFIXES",
@@ -42,8 +43,9 @@ __all__ = [
 ]
 
 REFERENCE_COLUMN = "reference"
+MAP_CODE_COLUMN = "map_code"
 SAMPLE_COLUMNS = (
-    *("id", "x", "y", "lon", "lat", "map_code", "map_class", "stratum_pixels"),
+    *("id", "x", "y", "lon", "lat", MAP_CODE_COLUMN, "map_class", "stratum_pixels"),
     *("stratum_sample", "stratum_weight", "inclusion_probability", REFERENCE_COLUMN),
 )
 SAMPLE_SUFFIXES = (".gpkg", ".csv")
@@ -75,7 +77,7 @@ def _columns(points: SamplePoints) -> dict[str, npt.NDArray[np.generic]]:
         "y": points.y,
         "lon": np.asarray(lon, dtype=np.float64),
         "lat": np.asarray(lat, dtype=np.float64),
-        "map_code": code,
+        MAP_CODE_COLUMN: code,
         "map_class": names[code] if len(points) else np.zeros(0, dtype=object),
         "stratum_pixels": stratum_px,
         "stratum_sample": stratum_n,
@@ -128,10 +130,27 @@ def _csv_text(columns: dict[str, npt.NDArray[np.generic]]) -> str:
     return buffer.getvalue()
 
 
+# A cell a spreadsheet would read as a formula (CSV injection): text that starts so.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: object) -> str:
     if isinstance(value, float | np.floating):
         return repr(float(value))  # round-trips exactly
+    if isinstance(value, str):
+        return csv_text(value)
     return str(value)
+
+
+def csv_text(text: str) -> str:
+    """`text` for a CSV cell that a spreadsheet opens: a leading `'` where it would start a
+    formula (`=`, `+`, `-`, `@`), so a class name is shown, never run."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def _uncell(text: str) -> str:
+    """A cell's text without the `'` that `csv_text` puts before a formula's first sign."""
+    return text[1:] if text.startswith("'") and text[1:].startswith(_FORMULA_START) else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +166,8 @@ class ReferenceSample:
     geographic: bool
     references: tuple[str, ...]
     has_reference: bool  # whether the file has a reference column at all
+    # the `map_code` column as written ('' where blank); None when the file has none
+    map_codes: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -191,6 +212,11 @@ def _read_gpkg(path: str) -> ReferenceSample:
         geographic=False,
         references=references if REFERENCE_COLUMN in fields else ("",) * len(x),
         has_reference=REFERENCE_COLUMN in fields,
+        map_codes=(
+            tuple(_text(v) for v in data[fields.index(MAP_CODE_COLUMN)])
+            if MAP_CODE_COLUMN in fields
+            else None
+        ),
     )
 
 
@@ -234,6 +260,11 @@ def _read_csv(path: str) -> ReferenceSample:
         geographic=geographic,
         references=tuple(_text(r.get(REFERENCE_COLUMN)) for r in rows),
         has_reference=has,
+        map_codes=(
+            tuple(_text(r.get(MAP_CODE_COLUMN)) for r in rows)
+            if MAP_CODE_COLUMN in header
+            else None
+        ),
     )
 
 
@@ -252,13 +283,14 @@ def parse_references(sample: ReferenceSample, class_map: ClassMap) -> npt.NDArra
     codes = np.zeros(len(sample), dtype=np.int64)
     empty: list[int] = []
     unknown: dict[str, None] = {}
-    for i, text in enumerate(sample.references):
+    for i, given in enumerate(sample.references):
+        text = _uncell(given)
         if not text:
             empty.append(i + 1)
         elif text.lower() in by_name:
             codes[i] = by_name[text.lower()]
-        elif text.lstrip("-").isdigit() and 1 <= int(text) < k:
-            codes[i] = int(text)
+        elif (code := _integer(text)) is not None and 1 <= code < k:
+            codes[i] = code
         else:
             unknown[text] = None
     if unknown:
@@ -274,6 +306,15 @@ def parse_references(sample: ReferenceSample, class_map: ClassMap) -> npt.NDArra
             f"(rows {rows}); label every point, or pass --reference-raster TRUTH"
         )
     return codes
+
+
+def _integer(text: str) -> int | None:
+    """The whole number `text` writes ("2", or "2.0" as a spreadsheet may save it), else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() else None
 
 
 def references_from_raster(

@@ -22,6 +22,8 @@ from landcover.errors import EvaluationError
 from landcover.evaluation.areaestimate import AreaEstimate, estimate_area
 from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.referencesample import (
+    MAP_CODE_COLUMN,
+    ReferenceSample,
     parse_references,
     read_reference_sample,
     references_from_raster,
@@ -79,6 +81,7 @@ def evaluate_sample(config: EvaluateConfig) -> SampleEvaluation:
     xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     with rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024):
         map_codes = _map_codes_at(m, xs, ys, config.reference)
+        _check_sample_of(m, sample, map_codes)
         if config.reference_raster is not None:
             truth_map = _truth_class_map(config.class_map, class_map)
             references = references_from_raster(xs, ys, crs_wkt, config.reference_raster, truth_map)
@@ -126,6 +129,17 @@ def _map_codes_at(
         for i in np.flatnonzero(inside):
             window = rasterio.windows.Window(int(cols[i]), int(rows[i]), 1, 1)
             codes[i] = int(ds.read(1, window=window)[0, 0])
+    pixel = rows.astype(np.int64) * m.width + cols
+    _, first, seen = np.unique(pixel[inside], return_index=True, return_counts=True)
+    if (seen > 1).any():
+        where = np.flatnonzero(inside)
+        twice = where[first[np.argmax(seen > 1)]]
+        again = where[np.flatnonzero(pixel[inside] == pixel[twice])[1]]
+        raise EvaluationError(
+            f"--reference {reference}: rows {int(twice) + 1} and {int(again) + 1} are the same "
+            f"pixel of {m.given} (a stratified sample draws a pixel once); remove the "
+            "duplicate"
+        )
     off = np.flatnonzero(codes == NODATA_CODE)
     if off.size:
         raise EvaluationError(
@@ -140,6 +154,23 @@ def _map_codes_at(
             f"table {m.class_map.name!r}"
         )
     return codes
+
+
+def _check_sample_of(m: MapFile, sample: ReferenceSample, codes: npt.NDArray[np.int64]) -> None:
+    """Refuse a sample whose `map_code` column disagrees with the map under its points: it
+    was drawn from another map, so its strata are not this map's."""
+    if sample.map_codes is None:
+        return
+    given = np.array([int(c) if c.isdigit() else -1 for c in sample.map_codes], dtype=np.int64)
+    wrong = np.flatnonzero((given != codes) & (given >= 0))
+    if wrong.size:
+        i = int(wrong[0])
+        raise EvaluationError(
+            f"--reference {sample.path}: {wrong.size} of {len(codes)} points have a "
+            f"{MAP_CODE_COLUMN} other than the class of {m.given} under them (first: row "
+            f"{i + 1}, {MAP_CODE_COLUMN} {int(given[i])}, the map {int(codes[i])}); the sample "
+            "was drawn from another map: evaluate that map, or draw a sample of this one"
+        )
 
 
 def _truth_class_map(name: str | None, map_class_map: ClassMap) -> ClassMap:

@@ -222,6 +222,8 @@ def test_class_names_are_escaped_in_the_page_and_the_markdown(
         ("empty", "1 of 300 points have no reference (rows 1)"),
         ("drop-stratum", "stratum 4 (barren / impervious) covers"),
         ("off-map", "1 of 300 points lie outside"),
+        ("duplicate", "rows 1 and 301 are the same pixel"),
+        ("other-map", "1 of 300 points have a map_code other than the class of"),
     ],
 )
 def test_a_bad_sample_is_refused_in_one_line(
@@ -244,6 +246,10 @@ def test_a_bad_sample_is_refused_in_one_line(
         ]
     elif edit == "off-map":
         rows[0]["x"] = str(X0 - 10)
+    elif edit == "duplicate":
+        rows.append(dict(rows[0], id="301"))
+    elif edit == "other-map":  # a sample of another map: its strata are not this map's
+        rows[0]["map_code"] = str(1 + int(rows[0]["map_code"]) % 4)
     with filled.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -288,7 +294,7 @@ def test_a_geopackage_labelled_in_place_is_scored(
     cog: Path, codes: np.ndarray, tmp_path: Path
 ) -> None:
     """The GeoPackage as QGIS leaves it: the reference column filled, nothing else changed."""
-    import pyogrio.raw
+    import pyogrio.raw  # type: ignore[import-untyped]
 
     sample = tmp_path / "s.gpkg"
     assert run("sample", str(cog), "--out", str(sample), "--size", "300")[0] == 0
@@ -324,3 +330,66 @@ def test_a_map_with_codes_outside_its_class_table_is_refused(
     code, out = run(*args)
     assert code == 2 and "holds class codes 9 outside its class table" in out, out
     assert out.count("\n") == 1
+
+
+@pytest.mark.parametrize("sign", ["=", "+", "-", "@"])
+def test_class_names_that_start_a_formula_are_inert_in_the_csv_and_read_back(
+    codes: np.ndarray, tmp_path: Path, sign: str
+) -> None:
+    """A spreadsheet runs a cell that starts with = + - @ (CSV injection): the sample's
+    map_class cell is quoted with a leading ', and a reference copied from it names the
+    class."""
+    name = f'{sign}HYPERLINK("http://x","y")'
+    path = retag(write_map(tmp_path / "m.tif", codes), _table(name))
+    sample = tmp_path / "s.csv"
+    assert run("sample", str(path), "--out", str(sample), "--size", "300")[0] == 0
+    rows = list(csv.DictReader(sample.open()))
+    cells = {r["map_class"] for r in rows}
+    assert f"'{name}" in cells and not any(c.startswith(("=", "+", "-", "@")) for c in cells)
+    assert any(float(r["lon"]) < 0 for r in rows)  # numbers stay numbers
+    for row in rows:
+        row["reference"] = row["map_class"]  # as a person copies the cell
+    with (tmp_path / "f.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    code, out = run("evaluate", str(path), "--reference", str(tmp_path / "f.csv"), "--json")
+    assert code == 0, out
+    assert json.loads(out)["overall_accuracy"] == 1.0
+
+
+def test_a_reference_saved_as_a_decimal_names_its_code(cog: Path, codes: np.ndarray,
+                                                       tmp_path: Path) -> None:  # fmt: skip
+    """A spreadsheet may save the code 2 as 2.0."""
+    sample, filled = tmp_path / "s.csv", tmp_path / "f.csv"
+    assert run("sample", str(cog), "--out", str(sample), "--size", "300")[0] == 0
+    _fill(sample, filled, codes)
+    rows = list(csv.DictReader(filled.open()))
+    for row in rows:
+        row["reference"] = f"{float(row['map_code']):.1f}"
+    with filled.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    code, out = run("evaluate", str(cog), "--reference", str(filled), "--json")
+    assert code == 0, out
+    assert json.loads(out)["overall_accuracy"] == 1.0
+
+
+def test_a_class_of_one_pixel_is_a_census_stratum(codes: np.ndarray, tmp_path: Path) -> None:
+    """A class with one pixel gets its one point; the sample is scored (that stratum is known
+    exactly: no variance), not refused as an empty stratum."""
+    one = codes.copy()
+    one[one == 4] = 3
+    one[10, 10] = 4
+    path = write_map(tmp_path / "m.tif", one)
+    sample, filled = tmp_path / "s.csv", tmp_path / "f.csv"
+    code, out = run("sample", str(path), "--out", str(sample), "--size", "300")
+    assert code == 0 and "barren / impervious 1" in out, out
+    _fill(sample, filled, one)
+    code, out = run("evaluate", str(path), "--reference", str(filled), "--json")
+    assert code == 0, out
+    barren = json.loads(out)["classes"][3]
+    assert barren["mapped_pixels"] == 1 and barren["sample_size"] == 1
+    assert barren["area"] == pytest.approx(RES_M**2 / 1e6) and barren["area_se"] == 0.0
+    assert barren["users_accuracy"] == 1.0 and barren["users_accuracy_se"] == 0.0
