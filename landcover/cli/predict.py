@@ -271,8 +271,8 @@ def _predict_tiled(
         return
     report(
         summary_to,
-        f"wrote {result.out}: {result.tiles} tile(s) of {tile_px} px ({result.predicted} "
-        f"predicted, {result.tiles - result.predicted} kept) over {result.grid_width} x "
+        f"wrote {result.out}: {result.tiles} tile(s) of {tile_px} px ({result.tiles - result.kept} "
+        f"predicted, {result.kept} kept) over {result.grid_width} x "
         f"{result.grid_height} px at {result.resolution:g}, {result.valid_pixels:,} px "
         f"predicted from {len(result.sources)} image(s) in {result.elapsed_s:.1f} s; "
         "collection.json, mosaic.vrt",

@@ -81,7 +81,7 @@ def product_collection(
         max(b[3] for b in bboxes),
     ]
     times = [t for item in items for t in _times(item)]
-    name = product_dir.url.rstrip("/").rsplit("/", 1)[-1] or "landcover"
+    name = product_name(product_dir)
     collection = pystac.Collection(
         id=name,
         title=f"land cover {name}",
@@ -110,6 +110,16 @@ def product_collection(
     for item in items:
         collection.add_item(item)
     return collection
+
+
+def product_name(product_dir: ProductDir) -> str:
+    """The product's name (its collection's id): the directory's own name, resolved on local
+    disk (`--out ./` or `--out tiles/..` name the directory they lead to, not "." or "..")."""
+    if product_dir.local:
+        name = Path(product_dir.root).resolve().name
+    else:
+        name = product_dir.url.rstrip("/").rsplit("/", 1)[-1]
+    return name if name not in ("", ".", "..") else "landcover"
 
 
 def mosaic_vrt(

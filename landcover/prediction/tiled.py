@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -92,7 +92,10 @@ class TiledResult:
     resolution: float
     crs: str
     tiles: int  # tiles of the product (those with data)
-    predicted: int  # tiles this run predicted (the others were kept)
+    predicted: int  # tiles this process predicted
+    # tiles committed before this run began: of the whole product on rank 0 (looked up at its
+    # start, the other ranks' tiles included), of its own tiles on the other ranks
+    kept: int
     valid_pixels: int
     sources: tuple[str, ...]
     elapsed_s: float
@@ -129,6 +132,11 @@ def predict_product(
         owned = assign_tiles(product.costs, world_size)[rank]
         mine = [product.tiles[i] for i in owned]
         todo = _tiles_to_predict(product, product_dir, mine)
+        kept = len(mine) - len(todo)
+        if rank == 0 and world_size > 1:
+            own = {t.name for t in mine}
+            others = [t for t in product.tiles if t.name not in own]
+            kept += _committed_count(product, product_dir, others)
         if run_units is None:
             predicted = _predict(product, product_dir, todo, key)
         else:
@@ -156,6 +164,7 @@ def predict_product(
         crs=grid.crs.to_string(),
         tiles=len(records),
         predicted=predicted,
+        kept=kept,
         valid_pixels=valid,
         sources=tuple(s.path for s in product.plan.sources),
         elapsed_s=time.perf_counter() - started,
@@ -381,6 +390,18 @@ def _predict_into(
             threaded=config.pipeline,
         )
     return windows.windows_run, writer.class_pixels
+
+
+def _committed_count(product: Product, product_dir: ProductDir, tiles: Iterable[MapTile]) -> int:
+    """How many of `tiles` are committed with this run's keys now (one listing, then the
+    records of those listed)."""
+    listed = product_dir.names(RECORDS_DIR)
+    return sum(
+        1
+        for t in tiles
+        if f"{t.name}.json" in listed
+        and product_dir.committed(product_dir.read_record(t.name), product.keys[t.name])
+    )
 
 
 def _wait_for_tiles(product: Product, product_dir: ProductDir) -> list[TileRecord]:
