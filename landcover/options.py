@@ -7,13 +7,14 @@ command uploads)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from landcover.errors import OutputError
+from landcover.outputs import check_output_format, local_output
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,13 +106,24 @@ def check_output_url(url: str, *, option: str, remote: bool = False) -> None:
     raise OutputError(f"{option} {url}: cannot write {scheme}:// URLs; give {supported}")
 
 
-def output_url_callback(*, remote: bool = False) -> Callable[..., Any]:
+def output_url_callback(
+    *, remote: bool = False, formats: Sequence[str] = (), example: str = ""
+) -> Callable[..., Any]:
     """A click callback for an output option or argument that passes its value to
-    `check_output_url` (None, an option not given, passes) and returns it unchanged."""
+    `check_output_url` (None, an option not given, passes) and returns it with a file:// URL
+    made a plain local path (`landcover.outputs.local_output`): every writer, and the
+    quicklook or page written from the output afterwards, takes the path. With `formats`
+    (suffixes, e.g. (".html",)), a name that says another format is refused
+    (`check_output_format`, suggesting `example`)."""
 
     def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is not None:
-            check_output_url(str(value), option=_param_label(param), remote=remote)
+            label = _param_label(param)
+            check_output_url(str(value), option=label, remote=remote)
+            if formats:
+                check_output_format(str(value), option=label, expected=formats, example=example)
+            if isinstance(value, str):
+                return local_output(value)
         return value
 
     return check
@@ -124,6 +136,7 @@ class LocalOutputPath(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
             check_output_url(value, option=_param_label(param))
+            value = local_output(value)
         return super().convert(value, param, ctx)
 
 

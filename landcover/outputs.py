@@ -32,8 +32,12 @@ __all__ = [
     "check_can_create",
     "check_can_create_in",
     "check_output_file",
+    "check_output_format",
+    "local_output",
     "output_errors",
     "publish",
+    "raster_write_errors",
+    "raster_write_refusal",
     "refuse_existing",
     "require_distinct",
     "write_atomic",
@@ -42,6 +46,66 @@ __all__ = [
     "write_files_atomic",
     "write_text_atomic",
 ]
+
+
+def local_output(url: str) -> str:
+    """`url` as the plain path every writer takes when it names a local file: a `file://`
+    (or `local://`) URL loses its scheme (`file://localhost/x` too), keeping a trailing slash
+    (a tiled product's directory); any other value is returned as it is. Called once, where a
+    command or the API takes an output."""
+    for scheme in ("file://", "local://"):
+        if url.startswith(scheme):
+            path = url[len(scheme) :]
+            if path.startswith("localhost/"):
+                path = path[len("localhost") :]
+            return path or "/"
+    return url
+
+
+# What a file name's ending says the file holds: an output whose name says one format is
+# never written in another (a GeoTIFF named lc.png opens nowhere as a PNG).
+FORMAT_SUFFIXES: dict[str, str] = {
+    ".tif": "GeoTIFF",
+    ".tiff": "GeoTIFF",
+    ".png": "PNG",
+    ".jpg": "JPEG",
+    ".jpeg": "JPEG",
+    ".jp2": "JPEG 2000",
+    ".webp": "WebP",
+    ".gif": "GIF",
+    ".vrt": "GDAL VRT",
+    ".zarr": "Zarr",
+    ".nc": "NetCDF",
+    ".h5": "HDF5",
+    ".img": "ERDAS Imagine",
+    ".gpkg": "GeoPackage",
+    ".shp": "shapefile",
+    ".parquet": "Parquet",
+    ".csv": "CSV",
+    ".json": "JSON",
+    ".geojson": "GeoJSON",
+    ".html": "HTML",
+    ".htm": "HTML",
+    ".md": "Markdown",
+    ".pdf": "PDF",
+    ".onnx": "ONNX",
+    ".pt": "PyTorch",
+}
+GEOTIFF_SUFFIXES = (".tif", ".tiff")
+
+
+def check_output_format(path: str, *, option: str, expected: Sequence[str], example: str) -> None:
+    """Raise `OutputError` when the name of output `path` (of `option`) ends in another
+    format's suffix than `expected` (e.g. lc.png for a GeoTIFF); a name without a known
+    suffix passes. A directory's name (a trailing slash) is judged the same way."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    suffix = os.path.splitext(name)[1].lower()
+    if suffix in FORMAT_SUFFIXES and suffix not in expected:
+        wanted = FORMAT_SUFFIXES.get(expected[0], expected[0]) if expected else "this output"
+        raise OutputError(
+            f"{option} {path}: the name says {FORMAT_SUFFIXES[suffix]} ({suffix}), but this "
+            f"output is written as {wanted}; give a name like {example}"
+        )
 
 
 def refuse_existing(
@@ -132,14 +196,20 @@ def require_distinct(
 @contextmanager
 def output_errors() -> Iterator[None]:
     """landcover's errors for what the shared writer raises in the block: a target that
-    appeared without `--overwrite` becomes `OutputExistsError`, a file system's refusal
-    (`WRITE_FAILURE_ERRNOS`) `OutputError` naming the output and the fix."""
+    appeared without `--overwrite` becomes `OutputExistsError`, a directory at the target or a
+    file system's refusal (`WRITE_FAILURE_ERRNOS`) `OutputError` naming the output and the
+    fix."""
     try:
         yield
     except OutputExistsError:
         raise
     except FileExistsError as exc:
         raise OutputExistsError(f"{exc.filename} exists; pass --overwrite to replace it") from None
+    except IsADirectoryError as exc:
+        raise OutputError(
+            f"{exc.filename}: a directory is where this output goes; move it away or choose "
+            "another output"
+        ) from None
     except OSError as exc:
         if exc.errno in WRITE_FAILURE_ERRNOS:
             raise OutputError(write_failure_message(exc.filename or "a file", exc)) from exc
@@ -192,13 +262,105 @@ def write_failure_message(path: str | os.PathLike[str], exc: OSError) -> str:
     """The one line for an output the file system refused (`exc`, one of
     `WRITE_FAILURE_ERRNOS`): the path, the reason and the fix."""
     reason = exc.strerror or type(exc).__name__
-    if exc.errno in FULL_ERRNOS:
+    if exc.errno == errno.EFBIG:
+        fix = _SIZE_LIMIT_FIX
+    elif exc.errno in FULL_ERRNOS:
         fix = "free some space there or choose another output"
     elif exc.errno == errno.EROFS:
         fix = "choose an output on a writable file system"
     else:
         fix = "check its permissions or choose a writable directory"
     return f"{path}: cannot write it ({reason}); {fix}"
+
+
+_SIZE_LIMIT_FIX = "raise the file size limit (ulimit -f) or choose another output"
+# Below this many free bytes, a write that GDAL reports only as failed is a full disk.
+_NEARLY_FULL_BYTES = 16 << 20
+
+
+@contextmanager
+def raster_write_errors(output: str | os.PathLike[str]) -> Iterator[None]:
+    """GDAL's failures while writing the local `output` (or its temp files) that the file
+    system caused, as `OutputError`: one line naming `output`, the cause and the fix.
+
+    GDAL reports a full disk or a file over `ulimit -f` (EFBIG) as a failed write or, later,
+    as a file it cannot read back ("not recognized as being in a supported file format"),
+    never with the errno: the cause is read from the error's text and, failing that, from
+    the file system's free space and the process's file size limit. Other errors pass."""
+    try:
+        yield
+    except (OutputError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:
+        message = raster_write_refusal(output, exc)
+        if message is None:
+            raise
+        raise OutputError(message) from exc
+
+
+def raster_write_refusal(output: str | os.PathLike[str], exc: BaseException) -> str | None:
+    """The one line for `exc`, raised while writing `output`, when the file system refused
+    the write (see `raster_write_errors`); None for any other error (our own input errors
+    included)."""
+    if isinstance(exc, ValueError):  # landcover's and tiling's errors: said already
+        return None
+    chain: list[BaseException] = []
+    error: BaseException | None = exc
+    while error is not None and len(chain) < 16:
+        chain.append(error)
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    for error in chain:
+        if isinstance(error, OSError) and error.errno in WRITE_FAILURE_ERRNOS:
+            return write_failure_message(output, error)
+    if not any(type(e).__module__.startswith(("rasterio", "osgeo")) for e in chain):
+        return None
+    text = " ".join(str(e) for e in chain).lower()
+    limit = _file_size_limit()
+    said_write = any(said in text for said in _GDAL_WRITE_FAILURES)
+    if "file too large" in text or (limit is not None and said_write):
+        shown = f" of {limit:,} bytes" if limit is not None else ""
+        return f"{output}: cannot write it (a file size limit{shown}); {_SIZE_LIMIT_FIX}"
+    free = _free_bytes(output)
+    if "no space left" in text or (free is not None and free < _NEARLY_FULL_BYTES):
+        left = f", {free:,} bytes free" if free is not None else ""
+        return (
+            f"{output}: cannot write it (No space left on device{left}); free some space "
+            "there or choose another output"
+        )
+    return None
+
+
+# How GDAL words a write the file system cut short (lower-cased), at the write or when the
+# cut file is read back.
+_GDAL_WRITE_FAILURES = (
+    "write",
+    "no space left",
+    "file too large",
+    "not recognized as being in a supported file format",
+    "failed to read directory",
+    "seek",
+)
+
+
+def _file_size_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _free_bytes(output: str | os.PathLike[str]) -> int | None:
+    folder = Path(output).absolute()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None:
+        return None
+    try:
+        stats = os.statvfs(existing)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
 
 
 def _label(option: str | None, path: str | os.PathLike[str]) -> str:

@@ -22,10 +22,10 @@ from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import enter_rank, launch_local_ranks, report, stage_options
 from landcover.cli.stagetasks import unit_runner
 from landcover.cliconfig import config_option
-from landcover.errors import PredictionError, RegionError
+from landcover.errors import OutputError, PredictionError, RegionError
 from landcover.options import output_url_callback, overwrite_option, storage_options_option
 from landcover.outputlock import exclusive_outputs
-from landcover.outputs import require_distinct
+from landcover.outputs import check_output_format, require_distinct
 from landcover.prediction.config import PREDICT_OPTIONS as OPTIONS
 from landcover.prediction.config import PredictConfig
 from tiling.shared.rankenv import DistEnv
@@ -132,6 +132,10 @@ def predict_command(
         )
     stac_inputs.check(images, area=True)
     check_distinct_outputs(ctx.params)
+    if stac_item is not None:  # after the check that it is not the map itself
+        check_output_format(
+            stac_item, option="--stac-item", expected=(".json", ".geojson"), example="lc.json"
+        )
     # the library's options, checked once (before the ranks start or the model loads)
     given = PredictConfig(images=images, **options)
     out, overwrite = given.out, given.overwrite
@@ -212,6 +216,13 @@ def _check_quicklook(out: str, quicklook: bool, *, tiled: bool, overwrite: bool)
 
     if not quicklook or not is_local(out):
         return False
+    from landcover.view.quicklook import quicklook_path
+
+    if os.path.isdir(quicklook_path(out)):  # found now, not after the work
+        raise OutputError(
+            f"{quicklook_path(out)} is a directory where the quicklook goes; move it away or "
+            "pass --no-quicklook"
+        )
     if not tiled and not os.path.lexists(out):  # an existing map is refused by its own check
         from landcover.view.quicklook import check_quicklook_target
 

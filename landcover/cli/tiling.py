@@ -98,7 +98,10 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
 @click.argument("images", nargs=-1)
 @stac_input_options(search_bbox=True)
 @config_option(OPTIONS["labels"])
-@config_option(OPTIONS["out"], callback=output_url_callback(remote=True))
+@config_option(
+    OPTIONS["out"],
+    callback=output_url_callback(remote=True, formats=(".zarr",), example="chips.zarr"),
+)
 @config_option(OPTIONS["chip_size"])
 @config_option(OPTIONS["stride"])
 @config_option(OPTIONS["shard_size"])

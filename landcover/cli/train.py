@@ -14,6 +14,7 @@ worker's command line or in a log.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import sys
@@ -30,6 +31,7 @@ from landcover.cli.app import USER_ERRORS, UserFacingError, log_warnings, termin
 from landcover.errors import TrainingError
 from landcover.options import check_output_url
 from landcover.outputlock import exclusive_outputs
+from landcover.outputs import local_output
 from landcover.training.config import config_from_params, train_options
 from landcover.training.launch import training_job
 
@@ -47,6 +49,8 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     from tiling.shared.urls import check_storage_options
 
     config = config_from_params(params)
+    # a file:// RUN_DIR is its path, for this process and the workers' argv alike
+    config = dataclasses.replace(config, out_dir=local_output(config.out_dir))
     if nproc < 1:
         raise TrainingError(f"--nproc {nproc} must be >= 1")
     # This process or its local workers write RUN_DIR: a local directory. (A launcher may

@@ -8,7 +8,12 @@ from pathlib import Path
 import click
 
 from landcover.options import output_url_callback, overwrite_option
-from landcover.outputs import check_output_file, require_distinct, write_text_atomic
+from landcover.outputs import (
+    check_output_file,
+    local_output,
+    require_distinct,
+    write_text_atomic,
+)
 from landcover.view.page import DEFAULT_DETAIL_PX, MIN_DETAIL_PX
 
 logger = logging.getLogger(__name__)
@@ -19,7 +24,7 @@ logger = logging.getLogger(__name__)
 @click.option(
     "--out",
     required=True,
-    callback=output_url_callback(),
+    callback=output_url_callback(formats=(".html", ".htm"), example="map.html"),
     help="The page to write, e.g. map.html (one file that works offline).",
 )
 @click.option(
@@ -61,7 +66,7 @@ def view_command(
     from tiling.sources import expand_inputs
 
     page_path = Path(out)
-    maps, change_title = _with_change_maps(maps)
+    maps, change_title = _with_change_maps(tuple(local_output(m) for m in maps))
     require_distinct([("--out", out)], inputs=[("map", m) for m in maps])
     check_output_file(page_path, option="--out", overwrite=overwrite, example="map.html")
     opened = tuple(open_map(m) for m in maps)

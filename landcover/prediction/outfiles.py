@@ -15,6 +15,7 @@ finished COGs at the output names.
 
 from __future__ import annotations
 
+import glob
 import json
 import shutil
 import tempfile
@@ -30,9 +31,18 @@ import rasterio.shutil
 from rasterio.enums import ColorInterp
 
 from landcover.classes import NODATA_CODE, colormap
-from landcover.errors import LandcoverError, PredictionError
+from landcover.errors import LandcoverError, OutputError, PredictionError
 from landcover.models.modelfile import ModelMeta
-from landcover.outputs import check_output_file, publish, refuse_existing, require_distinct
+from landcover.outputs import (
+    GEOTIFF_SUFFIXES,
+    check_output_file,
+    check_output_format,
+    local_output,
+    publish,
+    raster_write_refusal,
+    refuse_existing,
+    require_distinct,
+)
 from landcover.prediction.outgrid import (
     TAG_CLASS_MAP,
     TAG_CLASS_NAMES,
@@ -70,11 +80,13 @@ def check_outputs(
     directory, existing without `overwrite`, where no file can be created (missing
     directories are fine: they are created when writing starts), or on storage that does
     not answer."""
-    out = out.removeprefix("file://")
-    probabilities = probabilities.removeprefix("file://") if probabilities else None
+    out = local_output(out)
+    probabilities = local_output(probabilities) if probabilities else None
     paths = [("--out", out)] + ([("--probabilities", probabilities)] if probabilities else [])
     require_distinct(paths)
     for option, path in paths:
+        example = "lc.tif" if option == "--out" else "probabilities.tif"
+        check_output_format(path, option=option, expected=GEOTIFF_SUFFIXES, example=example)
         if not is_local(path):
             _check_remote(option, path, storage_options, overwrite=overwrite)
             continue
@@ -118,6 +130,7 @@ class TempOutputs:
         for path in (self.out, self.prob):
             if path is not None and is_local(path):
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                _remove_killed_runs_files(Path(path))
         return self
 
     def __exit__(
@@ -127,6 +140,11 @@ class TempOutputs:
         tb: TracebackType | None,
     ) -> None:
         self.remove_all()
+        # A full disk or a file size limit (ulimit -f) under GDAL's writes: one line naming
+        # the output, not GDAL's words about a temp file.
+        refusal = None if exc is None else raster_write_refusal(self.out, exc)
+        if refusal is not None:
+            raise OutputError(refusal) from exc
 
     def commit(self) -> None:
         """Put the COGs in place: rename (local; without --overwrite, never over a file that
@@ -165,6 +183,17 @@ class TempOutputs:
         fs, path = filesystem(target, self.storage_options)
         with storage_errors(target):
             fs.put_file(local, path)
+
+
+def _remove_killed_runs_files(target: Path) -> None:
+    """Remove the temporary files a killed run left beside `target`
+    (`.<name>.<token>.<kind>.part.tif`, and GDAL's .aux.xml of them). Only the holder of the
+    output's lock writes them (`landcover.outputlock`: rank 0 of a run, or its one process),
+    so none of them belongs to a live run."""
+    if not target.parent.is_dir():
+        return
+    for leftover in target.parent.glob(f".{glob.escape(target.name)}.*.part.tif*"):
+        leftover.unlink(missing_ok=True)
 
 
 def class_profile(grid: OutputGrid) -> dict[str, Any]:
@@ -254,4 +283,6 @@ def to_cog(src: str, dst: str, *, resampling: str) -> None:
             SPARSE_OK="TRUE",
         )
     except rasterio.errors.RasterioIOError as exc:
+        if raster_write_refusal(dst, exc) is not None:
+            raise  # the file system's refusal: the caller names its output
         raise LandcoverError(f"{dst}: could not write the COG ({exc})".splitlines()[0]) from None

@@ -42,6 +42,7 @@ from pystac.extensions.file import FileExtension
 
 from landcover.errors import OutputExistsError, PredictionError
 from landcover.outputlock import exclusive_outputs
+from landcover.outputs import raster_write_errors
 from landcover.prediction.assemble import PART_POLL  # tile records: as parts
 from landcover.prediction.blocks import block_schedule, require_predicted_pixels
 from landcover.prediction.blockstages import (
@@ -65,7 +66,7 @@ from landcover.prediction.setup import (
     warnings_to_log,
 )
 from landcover.prediction.stacitem import ASSET_KEY, cog_item, items_read
-from landcover.prediction.tilecatalog import write_catalog
+from landcover.prediction.tilecatalog import MOSAIC, write_catalog
 from landcover.prediction.tileowner import check_ownership, claim, product_key
 from landcover.prediction.tileplan import (
     Product,
@@ -149,9 +150,10 @@ def predict_product(
             pixels = np.sum([np.asarray(r.class_pixels, np.int64) for r in records], axis=0)
             require_predicted_pixels(pixels)
             read = dict.fromkeys(p for t in product.tiles for p in product.reads[t.name])
-            write_catalog(
-                product_dir, records, product.plan.grid, product.meta, config.model, list(read)
-            )
+            with raster_write_errors(f"{product_dir.url}{MOSAIC}"):
+                write_catalog(
+                    product_dir, records, product.plan.grid, product.meta, config.model, list(read)
+                )
         else:
             records = [r for t in mine if (r := product_dir.read_record(t.name)) is not None]
     valid = int(sum(sum(r.class_pixels[1:]) for r in records))
@@ -297,7 +299,9 @@ def _predict(product: Product, product_dir: ProductDir, tiles: Sequence[MapTile]
             # a megabyte or more) end only with the reader's close().
             reader = RasterReader(storage_options=product.setup.config.storage_options)
             try:
-                _predict_tile(product, product_dir, reader, tile, scratch, key)
+                # a full disk or ulimit -f under GDAL: one line naming the tile (not committed)
+                with raster_write_errors(f"{product_dir.url}{tile.name}.tif"):
+                    _predict_tile(product, product_dir, reader, tile, scratch, key)
             finally:
                 reader.close()
     return len(tiles)

@@ -184,9 +184,11 @@ def _finish(tmp: str, target: Path, mode: int | None) -> None:
 
 
 def _reraise_naming(target: Path, exc: BaseException) -> None:
-    """For a file system's refusal (or a target that appeared), raise the same error naming
-    `target` rather than the temp file; else return, for the caller to re-raise `exc`."""
-    if not isinstance(exc, OSError) or exc.errno not in (*WRITE_FAILURE_ERRNOS, errno.EEXIST):
+    """For a file system's refusal (or a target that appeared, or a directory at it), raise
+    the same error naming `target` rather than the temp file; else return, for the caller to
+    re-raise `exc`."""
+    named = (*WRITE_FAILURE_ERRNOS, errno.EEXIST, errno.EISDIR)
+    if not isinstance(exc, OSError) or exc.errno not in named:
         return
     if exc.filename != str(target) or exc.filename2 is not None:
         raise OSError(exc.errno, exc.strerror, str(target)) from exc

@@ -6,16 +6,26 @@ inside itself:
   probabilities and STAC item, a tiled product, evaluate, train, tile, export, view, report,
   ...) succeeds: no rename crosses file systems (EXDEV);
 - a tiled product's directory that is writable under a read-only parent works (its lock is
-  inside it, not beside it).
+  inside it, not beside it);
+- every output given as a file:// URL is written at its path (and `view` reads a file:// map);
+- a full disk (a real tmpfs that fills up) or `ulimit -f` (EFBIG) under GDAL's writes of the
+  one COG or a tiled product is one line naming the output and the cause, exit 2, nothing
+  half-made that a rerun would trust; a quicklook.png that is a directory is refused before
+  any work;
+- an output whose name says another format (lc.png for the GeoTIFF, map.png for the page,
+  chips.tif for the chip store, lc.tif for the STAC item) is refused in one line, before any
+  work, nothing written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +36,10 @@ from tests.landcover.cli.test_outputs import (
     WRITERS,
     Args,
     Inputs,
+    assert_one_line_error,
+    files_under,
     inputs,  # noqa: F401  (the module fixture, defined there once)
+    leftovers,
     quick_runs,
 )
 
@@ -42,7 +55,12 @@ def _view(i: Inputs, out: Path, spare: Path) -> Args:
     return ["view", str(i.prediction), "--out", str(target)], target
 
 
-EVERY_WRITER = {**WRITERS, "predict --out DIR/ --tile-size": _tiled, "view": _view}
+# Every command's writer; demo runs tile, train and predict, each a writer here already.
+EVERY_WRITER = {
+    **{name: writer for name, writer in WRITERS.items() if name != "demo"},
+    "predict --out DIR/ --tile-size": _tiled,
+    "view": _view,
+}
 
 
 def _device(path: Path) -> int:
@@ -121,3 +139,176 @@ def test_a_tiled_product_under_a_read_only_parent_is_written(
         assert result.exit_code == 0, result.output
         assert (product / "collection.json").exists() and (product / "quicklook.png").exists()
         assert not [p.name for p in product.iterdir() if p.name.startswith(".")]
+
+
+# -- file:// URLs ---------------------------------------------------------------------------------
+
+
+def _as_file_urls(args: list[str], out: Path) -> list[str]:
+    """`args` with every path under `out` given as a file:// URL."""
+    return [f"file://{a}" if a.startswith(str(out)) else a for a in args]
+
+
+@pytest.mark.parametrize("name", list(EVERY_WRITER))
+def test_every_output_given_as_a_file_url_is_written_at_its_path(
+    name: str,
+    inputs: Inputs,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    quick_runs(name, monkeypatch)
+    out = tmp_path / "out"
+    args, target = EVERY_WRITER[name](inputs, out, tmp_path / "spare")
+    result = CliRunner().invoke(main, _as_file_urls(args, out))
+    assert result.exit_code == 0, result.output
+    assert target.exists() and not (tmp_path / "file:").exists()
+    if name.startswith("predict --out"):
+        quicklook = target / "quicklook.png" if target.is_dir() else Path(f"{target}.quicklook.png")
+        assert quicklook.exists()
+        page = tmp_path / "page.html"
+        shown = CliRunner().invoke(main, ["view", f"file://{target}", "--out", str(page)])
+        assert shown.exit_code == 0, shown.output
+
+
+# -- a full disk, a file size limit, a directory at the quicklook ----------------------------------
+
+
+def _one_cog(i: Inputs, out: Path) -> list[str]:
+    return ["predict", str(i.model), str(i.scene), "--out", str(out / "lc.tif"), "--device", "cpu"]
+
+
+def _product(i: Inputs, out: Path) -> list[str]:
+    return _tiled(i, out, out)[0]
+
+
+MAP_WRITERS = {"one COG": _one_cog, "tiled product": _product}
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [("one COG", "8k"), ("tiled product", "8k"), ("tiled product", "40k")],
+    ids=["one COG", "tiled product: the first tile", "tiled product: a record"],
+)
+def test_a_disk_that_fills_up_is_one_line_and_the_rerun_trusts_nothing_half_made(
+    name: str,
+    size: str,
+    inputs: Inputs,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a file system that fills up needs a tmpfs mount: not root")
+    disk = tmp_path / "disk"
+    with _tmpfs(disk) as mounted:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mounted)], check=True)
+        result = CliRunner().invoke(main, MAP_WRITERS[name](inputs, disk))
+        line = assert_one_line_error(result, str(disk), "No space left on device")
+        assert "storage-options" not in line and "internal error" not in line
+        assert leftovers(disk) == [] and not (disk / "lc.tif").exists()
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mounted)], check=True)
+        again = CliRunner().invoke(main, MAP_WRITERS[name](inputs, disk))
+        assert again.exit_code == 0, again.output
+        if name == "tiled product":
+            tiles = disk / "tiles"
+            assert len(list(tiles.glob("E*_N*.tif"))) == len(list(tiles.glob("records/E*.json")))
+            assert (tiles / "collection.json").exists()
+
+
+def _limited_to(size_bytes: int) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size_bytes, resource.RLIM_INFINITY))
+
+
+@pytest.mark.parametrize("name", list(MAP_WRITERS))
+def test_a_file_size_limit_is_one_line_naming_the_output(
+    name: str,
+    inputs: Inputs,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`ulimit -f` (EFBIG; Python ignores SIGXFSZ) in a process of its own."""
+    args = MAP_WRITERS[name](inputs, tmp_path / "out")
+    done = subprocess.run(
+        [sys.executable, "-m", "landcover.cli.app", "-q", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=lambda: _limited_to(2048),
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(tmp_path / "out") in errors[0] and "ulimit -f" in errors[0]
+    assert leftovers(tmp_path) == [] and not (tmp_path / "out" / "lc.tif").exists()
+
+
+@pytest.mark.parametrize("name", list(MAP_WRITERS))
+def test_a_directory_at_the_quicklook_is_refused_before_any_work(
+    name: str,
+    inputs: Inputs,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    if name == "one COG":
+        quicklook = out / "lc.tif.quicklook.png"
+    else:
+        first = CliRunner().invoke(main, _product(inputs, out))  # the product's own directory
+        assert first.exit_code == 0, first.output
+        (out / "tiles" / "quicklook.png").unlink()
+        quicklook = out / "tiles" / "quicklook.png"
+    quicklook.mkdir(parents=True)
+    before = files_under(out)
+    result = CliRunner().invoke(main, [*MAP_WRITERS[name](inputs, out), "--overwrite"])
+    assert_one_line_error(result, f"{quicklook} is a directory", "--no-quicklook")
+    assert files_under(out) == before
+
+
+# -- a name that says another format ---------------------------------------------------------------
+
+
+def _named(option_args: list[str]) -> Callable[[Inputs, Path], list[str]]:
+    def args(i: Inputs, out: Path) -> list[str]:
+        given = [a.format(out=out) for a in option_args]
+        if given[0] in ("view", "tile"):
+            source = str(i.prediction) if given[0] == "view" else str(i.scene)
+            return [given[0], source, *given[1:]]
+        base = ["predict", str(i.model), str(i.scene), "--device", "cpu"]
+        if "--out" not in given:
+            base += ["--out", str(out / "lc.tif")]
+        return [*base, *given]
+
+    return args
+
+
+OTHER_FORMATS = {
+    "predict --out lc.png": (_named(["--out", "{out}/lc.png"]), "--out", "PNG"),
+    "predict --out lc.jpg": (_named(["--out", "{out}/lc.jpg"]), "--out", "JPEG"),
+    "predict --out lc.vrt": (_named(["--out", "{out}/lc.vrt"]), "--out", "VRT"),
+    "predict --out lc.zarr": (_named(["--out", "{out}/lc.zarr"]), "--out", "Zarr"),
+    "predict --probabilities p.png": (
+        _named(["--probabilities", "{out}/p.png"]),
+        "--probabilities",
+        "PNG",
+    ),
+    "predict --stac-item item.tif": (
+        _named(["--stac-item", "{out}/item.tif"]),
+        "--stac-item",
+        "TIFF",
+    ),
+    "view --out map.png": (_named(["view", "--out", "{out}/map.png"]), "--out", "PNG"),
+    "tile --out chips.tif": (
+        _named(["tile", "--out", "{out}/chips.tif", "--chip-size", "32"]),
+        "--out",
+        "TIFF",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_FORMATS))
+def test_an_output_named_for_another_format_is_refused_before_any_work(
+    name: str,
+    inputs: Inputs,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    args, option, said = OTHER_FORMATS[name]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, args(inputs, out))
+    assert_one_line_error(result, option, said, "give a name like")
+    assert not out.exists()
