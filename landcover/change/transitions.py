@@ -102,6 +102,8 @@ class Transitions:
     pixel_km2: float
     resampled: bool = False
     map_name: str = CHANGE_MAP  # the change map in the output directory (a tiled one's VRT)
+    # every raster file of the change in the output directory (the map, a tiled one's tiles)
+    files: tuple[str, ...] = ()
 
     @classmethod
     def from_change_counts(
@@ -114,11 +116,12 @@ class Transitions:
         pixel_km2: float,
         resampled: bool = False,
         map_name: str = CHANGE_MAP,
+        files: tuple[str, ...] = (),
     ) -> Transitions:
         """From the pixel count of each change code (0..C²)."""
         c = class_map.num_classes - 1
         pixels = np.asarray(counts[1 : c * c + 1], dtype=np.int64).reshape(c, c)
-        return cls(before, after, class_map, pixels, pixel_km2, resampled, map_name)
+        return cls(before, after, class_map, pixels, pixel_km2, resampled, map_name, files)
 
     @property
     def km2(self) -> npt.NDArray[np.float64]:
@@ -167,6 +170,7 @@ class Transitions:
             "after": self.after,
             "resampled": self.resampled,
             "map": self.map_name,
+            "files": list(self.files),
             "class_map": self.class_map.to_json(),
             "pixel_km2": self.pixel_km2,
             "transitions": {
@@ -198,6 +202,7 @@ class Transitions:
             pixel_km2=float(doc["pixel_km2"]),
             resampled=bool(doc.get("resampled", False)),
             map_name=_file_name(doc.get("map", CHANGE_MAP)),
+            files=tuple(_file_name(f) for f in doc.get("files", [])),
         )
 
     def to_markdown(self, *, title: str | None = None) -> str:

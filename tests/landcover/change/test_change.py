@@ -221,3 +221,99 @@ def test_the_change_record_round_trips_and_a_newer_one_is_refused() -> None:
     newer = {**t.to_json(), "version": 99}
     with pytest.raises(ChangeError, match="upgrade landcover"):
         Transitions.from_json(newer)
+
+
+def _two_maps(tmp_path: Path) -> tuple[Path, Path, np.ndarray]:
+    codes = class_blocks(60, 80, seed=3)
+    later = codes.copy()
+    later[10:30, 20:50] = 3
+    return write_map(tmp_path / "b.tif", codes), write_map(tmp_path / "a.tif", later), codes
+
+
+def _tiled(folder: Path, codes: np.ndarray) -> Path:
+    folder.mkdir()
+    tiles = [
+        write_map(folder / "E0.tif", codes[:, :40]),
+        write_map(folder / "E1.tif", codes[:, 40:], x0=X0 + 40 * RES_M),
+    ]
+    write_mosaic(folder, tiles, 40, codes.shape[0])
+    return folder
+
+
+def test_overwrite_leaves_nothing_of_the_old_change(tmp_path: Path) -> None:
+    """A tiled change replaced by a one-COG change (and back): none of the old change's
+    files stay; a file of the user's in the directory is refused without --overwrite and
+    kept with it."""
+    before, after, codes = _two_maps(tmp_path)
+    product = _tiled(tmp_path / "product", codes)
+    out = tmp_path / "out"
+    assert run("change", str(product), str(after), "--out", str(out))[0] == 0
+    assert {"E0.tif", "E1.tif", "mosaic.vrt"} <= {p.name for p in out.iterdir()}
+    code, text = run("change", str(before), str(after), "--out", str(out), "--overwrite")
+    assert code == 0, text
+    one = ["change.json", "change.md", "change.png", "change.tif"]
+    assert sorted(p.name for p in out.iterdir()) == one
+    (out / "notes.txt").write_text("mine")
+    code, text = run("change", str(product), str(after), "--out", str(out))
+    assert code == 2 and "--overwrite" in text and text.count("\n") == 1, text
+    code, text = run("change", str(product), str(after), "--out", str(out), "--overwrite")
+    assert code == 0, text
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["E0.tif", "E1.tif", "change.json", "change.md", "change.png", "mosaic.vrt", "notes.txt"]
+    )
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    code, text = run("change", str(before), str(after), "--out", str(other))
+    assert code == 2 and "notes.txt exists" in text and text.count("\n") == 1, text
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+KILLED_RUN = """
+import os, signal, sys
+import landcover.change.changemap as changemap
+from landcover.change import ChangeConfig, run_change
+
+mover = changemap._mover
+
+def dies_after_the_first(made):
+    move = mover(made)
+    def moved(tmp):
+        move(tmp)
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 while the files are put in place
+    return moved
+
+changemap._mover = dies_after_the_first
+run_change(ChangeConfig(sys.argv[1], sys.argv[2], sys.argv[3], overwrite=True))
+"""
+
+
+def test_a_change_killed_while_it_replaces_another_leaves_nothing_to_trust(
+    tmp_path: Path,
+) -> None:
+    """kill -9 while --overwrite puts the new change in place: the old record is gone (no
+    reader pairs it with the new map), and a rerun with --overwrite leaves exactly the new
+    change, without the killed run's leftovers."""
+    import subprocess
+    import sys
+
+    from landcover.change import read_change_record
+
+    before, after, codes = _two_maps(tmp_path)
+    product = _tiled(tmp_path / "product", codes)
+    out = tmp_path / "out"
+    assert run("change", str(product), str(after), "--out", str(out))[0] == 0
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN, str(before), str(after), str(out)], check=False
+    )
+    assert killed.returncode == -9
+    assert read_change_record(out) is None
+    code, text = run("change", str(before), str(after), "--out", str(out))
+    assert code == 2 and "--overwrite" in text, text
+    code, text = run("change", str(before), str(after), "--out", str(out), "--overwrite")
+    assert code == 0, text
+    assert sorted(p.name for p in out.iterdir()) == [
+        "change.json", "change.md", "change.png", "change.tif",
+    ]  # fmt: skip
+    record = read_change_record(out)
+    assert record is not None and record.files == ("change.tif",)
