@@ -57,6 +57,7 @@ def write_catalog(
     They are made in the product's scratch directory, on the product's own file system, and
     renamed into place (uploaded, on blob storage): never staged in the system's temporary
     directory, which may be another file system."""
+    records = [r for r in records if r.has_data]  # a tile without data has no COG, no item
     with product_dir.scratch() as scratch:
         collection = product_collection(product_dir, records, meta, model)
         collection.normalize_hrefs(scratch, strategy=_ITEMS_BESIDE_TILES)

@@ -321,6 +321,21 @@ def _predict_tile(
     cog = str(Path(scratch) / f".{tile.name}.{token}.cog.part.tif")
     try:
         windows, class_pixels = _predict_into(product, reader, tile, tiled, key)
+        if not class_pixels[1:].any():
+            # No pixel with data (the tile's images are nodata there): no COG and no item,
+            # the mosaic reads nodata as the one COG has; the record alone commits the tile.
+            record = TileRecord(
+                name=tile.name,
+                key=product.keys[tile.name],
+                rect=tile.window,
+                windows=windows,
+                class_pixels=tuple(int(v) for v in class_pixels),
+                file_bytes=0,
+                item={},
+            )
+            product_dir.commit(record)
+            logger.info("tile %s has no pixel with data: no COG written", tile.name)
+            return record
         to_cog(tiled, cog, resampling="MODE")
         item = cog_item(
             cog, sources=items_read(product.setup.stac_sources, product.reads[tile.name])

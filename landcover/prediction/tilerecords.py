@@ -39,7 +39,13 @@ class TileRecord:
     windows: int
     class_pixels: tuple[int, ...]
     file_bytes: int
-    item: Mapping[str, Any]  # the tile's STAC item (pystac's dict), hrefs relative
+    item: Mapping[str, Any]  # the tile's STAC item (pystac's dict), hrefs relative; {}: none
+
+    @property
+    def has_data(self) -> bool:
+        """Whether the tile has a pixel with data, and so a COG and an item; a tile without
+        one is committed by its record alone (the mosaic reads nodata there)."""
+        return bool(self.item)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,15 +114,12 @@ class ProductDir(StagedFolder):
         return record if record is not None and record.name == name else None
 
     def committed(self, record: TileRecord | None, key: str) -> bool:
-        """Whether `record` commits its tile for this run: it has `key`, and its COG the
-        recorded size."""
-        return (
-            record is not None
-            and record.key == key
-            and files_intact(
-                self, self.record_name(record.name), {f"{record.name}.tif": record.file_bytes}
-            )
-        )
+        """Whether `record` commits its tile for this run: it has `key`, and its COG (if
+        the tile has data) the recorded size."""
+        if record is None or record.key != key:
+            return False
+        files = {f"{record.name}.tif": record.file_bytes} if record.has_data else {}
+        return files_intact(self, self.record_name(record.name), files)
 
     def put_file(self, local_file: str, name: str) -> None:
         """Put a finished local file at `name`: fsynced and renamed (local), or one upload."""
