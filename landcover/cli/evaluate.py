@@ -91,9 +91,11 @@ def _map_of(prediction: str) -> str:
 
     if not is_local(prediction) or not local_path(prediction).is_dir():
         return prediction
+    from landcover.view.mapfile import product_mosaic
+
     mosaic = local_path(prediction) / MOSAIC
     if mosaic.is_file():
-        return str(mosaic)
+        return product_mosaic(prediction, mosaic)
     raise EvaluationError(
         f"{prediction}: a directory, not a land-cover raster; give the map (a GeoTIFF or a "
         f"VRT), or a tiled product's directory (one that holds {MOSAIC})"

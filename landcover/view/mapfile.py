@@ -8,6 +8,7 @@ it read (`LANDCOVER_SOURCES`) into the map's tags. A tiled product is a director
 A map's tags are data from whoever made the file: the recorded images are used only when they
 are local files that name no other file (never a URL, a GDAL virtual path or connection
 string, nor a VRT or JSON that could point to one), so opening a received map fetches nothing.
+Likewise a tiled product's mosaic is opened only when it reads nothing but the tiles beside it.
 A mosaic whose tiles are missing (deleted, or listed by the product's collection but not by its
 mosaic) is opened without them, and says which ones are missing.
 """
@@ -31,7 +32,7 @@ from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
 from tiling.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
 from tiling.shared.urls import is_local, local_path
 
-__all__ = ["MapFile", "local_image", "open_map", "recorded_sources"]
+__all__ = ["MapFile", "local_image", "open_map", "product_mosaic", "recorded_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,10 +258,62 @@ def _raster_path(given: str) -> str:
                 f"{given}: a directory without {MOSAIC}; give a map file or the "
                 "directory of a tiled product (`landcover predict --out DIR/`)"
             )
-        return str(mosaic)
+        return product_mosaic(given, mosaic)
     if not target.exists():
         raise ViewError(f"{given}: no such map; give the path of a land-cover COG or VRT")
     return str(target)
+
+
+def product_mosaic(given: str, mosaic: str | os.PathLike[str]) -> str:
+    """The mosaic `mosaic` of the tiled product `given` (a directory), once its XML is seen
+    to read only tiles of that directory: each source a file name relative to the VRT, in the
+    directory itself, not a link out of it. A received product's mosaic may name any file or
+    URL, which GDAL would read (or fetch) while opening or drawing it; one that does is
+    refused (`ViewError`, one line) before GDAL opens it."""
+    folder = Path(mosaic).parent
+    try:
+        root = ET.parse(mosaic).getroot()
+    except (OSError, ET.ParseError) as exc:
+        raise ViewError(
+            f"{given}: cannot read its {Path(mosaic).name} ({exc}); predict the product again"
+        ) from None
+    outside = [
+        element.text or ""
+        for element in root.iter()
+        if element.tag in _VRT_FILE_ELEMENTS
+        and not _own_tile(folder, element.text or "", element.get("relativeToVRT") == "1")
+    ]
+    if root.get("subClass") or any(e.tag in _VRT_CODE_ELEMENTS for e in root.iter()):
+        outside.append(root.get("subClass") or "a pixel function")
+    if outside:
+        raise ViewError(
+            f"{given}: its {Path(mosaic).name} reads {len(outside)} file(s) that are not tiles "
+            f"of the product ({_some([repr(o) for o in outside], 3)}); a product's mosaic "
+            "reads only the tiles beside it: predict the product again, or give the VRT "
+            "file itself if you trust what it names"
+        )
+    return str(mosaic)
+
+
+# Elements of a VRT that name a file (or URL, or connection string) for GDAL to open, and
+# those that carry code or another kind of dataset.
+_VRT_FILE_ELEMENTS = frozenset({"SourceFilename", "SourceDataset", "SrcDataset"})
+_VRT_CODE_ELEMENTS = frozenset({"PixelFunctionCode", "PixelFunctionLanguage"})
+
+
+def _own_tile(folder: Path, name: str, relative: bool) -> bool:
+    """Whether a VRT source `name` is a file of `folder` itself: a plain name relative to the
+    VRT, whose file (if any) does not lead out of the folder through a link."""
+    plain = (
+        relative
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\:")
+        and not name.startswith("<")
+    )
+    if not plain:
+        return False
+    file = folder / name
+    return not file.is_symlink() or file.resolve().parent == folder.resolve()
 
 
 def _is_vrt(ds: Any) -> bool:

@@ -361,3 +361,72 @@ def test_file_urls_name_maps_and_products(
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"wrote {page}: 2 map(s)")
     assert [open_map(m).name for m in maps] == ["tile_0_0.tif", "product"]
+
+
+# --- a received product's mosaic reads only its own tiles ------------------------------------
+
+
+def _product_commands(folder: Path, out: Path) -> dict[str, list[str]]:
+    """Every command that takes a tiled product's directory and reads its mosaic."""
+    truth = write_raster(out / "truth.tif", np.full((SIZE, SIZE), 1, np.uint8), x0=X0, y0=Y0)
+    return {
+        "view": ["view", str(folder), "--out", str(out / "page.html")],
+        "evaluate": ["evaluate", str(folder), "--truth", str(truth)],
+        "sample": ["sample", str(folder), "--size", "10", "--out", str(out / "s.csv")],
+        "change": ["change", str(folder), str(folder), "--out", str(out / "change")],
+    }
+
+
+@pytest.mark.parametrize("command", ["view", "evaluate", "sample", "change"])
+@pytest.mark.parametrize(
+    "source",
+    ["url", "vsicurl", "absolute", "parent", "subfolder", "link out"],
+)
+def test_a_products_mosaic_that_names_other_files_is_refused_before_reading(
+    product: tuple[Path, list[Path], list[npt.NDArray[np.uint8]]],
+    listener: tuple[str, list[str]],
+    tmp_path: Path,
+    command: str,
+    source: str,
+) -> None:
+    folder, tiles, codes = product
+    outside = write_map(tmp_path / "secret.tif", codes[1])
+    (folder / "sub").mkdir()
+    write_map(folder / "sub" / "tile.tif", codes[1])
+    (folder / "link.tif").symlink_to(outside)
+    base, seen = listener
+    named = {
+        "url": ('"0"', f"{base}/tile.tif"),
+        "vsicurl": ('"0"', f"/vsicurl/{base}/tile.tif"),
+        "absolute": ('"0"', str(outside)),
+        "parent": ('"1"', "../secret.tif"),
+        "subfolder": ('"1"', "sub/tile.tif"),
+        "link out": ('"1"', "link.tif"),
+    }[source]
+    mosaic = folder / "mosaic.vrt"
+    mosaic.write_text(
+        mosaic.read_text().replace(
+            f'<SourceFilename relativeToVRT="1">{tiles[1].name}<',
+            f"<SourceFilename relativeToVRT={named[0]}>{named[1]}<",
+        )
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    result = CliRunner().invoke(main, _product_commands(folder, out)[command])
+    assert result.exit_code == 2, result.output
+    line = result.output.splitlines()[-1]
+    assert (
+        f"its mosaic.vrt reads 1 file(s) that are not tiles of the product ({named[1]!r})" in line
+    )
+    assert seen == []
+    assert not (out / "page.html").exists() and not (out / "change").exists()
+
+
+def test_a_products_own_tiles_and_links_among_them_are_read(
+    product: tuple[Path, list[Path], list[npt.NDArray[np.uint8]]], tmp_path: Path
+) -> None:
+    folder, tiles, codes = product
+    (folder / "alias.tif").symlink_to(tiles[1].name)
+    mosaic = folder / "mosaic.vrt"
+    mosaic.write_text(mosaic.read_text().replace(f">{tiles[1].name}<", ">alias.tif<"))
+    assert [a.pixels for a in class_areas(open_map(str(folder)))] == _counts(*codes)
