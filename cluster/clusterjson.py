@@ -300,7 +300,7 @@ def _resolve(
         data=data,
         mounts=mounts,
         setup_command=setup_command,
-        **sections,
+        section=own,
         notes=notes,
         secret_values=secrets,
     )
@@ -308,7 +308,9 @@ def _resolve(
 
 def _sections(common: CommonSection, engine: str, name: str) -> dict[str, Any]:
     """Every engine section, checked by its engine's rules: those given, and the running
-    engine's own (its default when absent), keyed by their `ClusterSpec` field."""
+    engine's own (its default when absent), keyed by their cluster.json key. Only the running
+    engine's own is kept (`ClusterSpec.section`); the others are checked all the same (a bad
+    section is an error whichever engine runs) and noted as ignored."""
     checked: dict[str, Any] = {}
     for other in ENGINES.values():
         if other.section is None:

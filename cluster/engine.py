@@ -103,10 +103,8 @@ def threads_per_worker(spec: ClusterSpec) -> int | None:
     this machine (`EngineInfo.runs_here`) K = max(1, cores // workers), the cores being shared
     by every simulated node; elsewhere K = max(1, vCPUs per node // processes per node) when
     the VM size is known."""
-    key = engine_info(spec.engine).section
-    section = None if key is None else getattr(spec, key)
-    if isinstance(section, SharesCores):
-        threads = section.worker_threads(spec.workers)
+    if isinstance(spec.section, SharesCores):
+        threads = spec.section.worker_threads(spec.workers)
         if threads is not None:
             return threads
     if engine_info(spec.engine).runs_here:

@@ -4,7 +4,8 @@ cluster.json.
 One registry: `cluster.engine.get_engine` imports an engine from here, cluster.json's `engine`
 names one of these, `cluster.clusterjson` asks an engine's `EngineRules` for its section and
 its checks, and code outside the engines asks an engine's capabilities
-(`engine_info(name).runs_here`, `.runs_tasks`, ...) instead of comparing its name. Adding an
+(`engine_info(name).runs_here`, `.runs_tasks`, ...) instead of comparing its name, and gets a
+task engine's runner through `cluster.tasks` (never by importing the engine). Adding an
 engine is a sub-package of `cluster` (its engine, its section and its rules) plus a row here.
 """
 
@@ -25,7 +26,7 @@ class EngineInfo:
     `target`: "module:Class" of its `Engine`, imported on first use (an engine's SDK is needed
     only when it is used). `rules`: "module:NAME" of its `EngineRules` (its cluster.json
     section and checks), imported when a cluster.json is read. `section`: the cluster.json key
-    the engine owns, which is also the `ClusterSpec` field that holds the checked section.
+    the engine owns; its checked value is `ClusterSpec.section` when the engine runs.
     `starts_ranks`: it starts N processes that read RANK/WORLD_SIZE (tile and predict then
     coordinate through staged parts at their output). `runs_tasks`: it schedules units of work
     as tasks on a scheduler (a source for tile, a tile or block range for predict).
@@ -33,6 +34,8 @@ class EngineInfo:
     cores), so the launcher checks a store and a run dir before starting them. `local_vm`:
     `vmSize "local"` is accepted. `needs_section`: cluster.json must have the engine's section.
     `elastic_restarts`: it restarts a failed worker group (cluster.json's `elastic`).
+    `tasks`: "module:NAME" of its `cluster.tasks.TaskEngine` (an engine that `runs_tasks`),
+    what code outside the engines runs a stage's tasks and ranks through.
     """
 
     name: str
@@ -45,6 +48,7 @@ class EngineInfo:
     local_vm: bool = False
     needs_section: bool = False
     elastic_restarts: bool = True
+    tasks: str | None = None
 
 
 ENGINES: dict[str, EngineInfo] = {
@@ -89,6 +93,7 @@ ENGINES: dict[str, EngineInfo] = {
             runs_tasks=True,
             local_vm=True,
             elastic_restarts=False,
+            tasks="cluster.dask.tasks:TASKS",
         ),
     )
 }

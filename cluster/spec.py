@@ -1,5 +1,6 @@
 """`ClusterSpec`: a validated cluster description — the engine, the nodes and the processes on
-each, elastic restarts, where the data is, and each engine's own settings.
+each, elastic restarts, where the data is, and the running engine's own settings (one
+section, which the engine itself parses: `cluster.engines.EngineRules.section`).
 
 It is read from cluster.json by `cluster.clusterjson.load_cluster_spec`, or made for this
 machine by `local_spec`.
@@ -8,7 +9,7 @@ machine by `local_spec`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from cluster.errors import ClusterSpecError
 from cluster.redact import Redactor
@@ -16,12 +17,9 @@ from cluster.vmsizes import LOCAL
 from tiling.shared.machine import local_cpu_count, local_gpu_count
 
 if TYPE_CHECKING:  # the JSON schema's names (pydantic): not imported to run a spec
-    from cluster.azureml.section import AzureMLSpec
-    from cluster.dask.section import DaskSpec
-    from cluster.kubernetes.section import KubernetesSpec
-    from cluster.local.netns import LinkShape
-    from cluster.slurm.section import SlurmSpec
     from cluster.specfile import DataMode, EngineName
+
+S = TypeVar("S")
 
 Priority = Literal["dedicated", "lowpriority"]
 
@@ -69,12 +67,10 @@ class ClusterSpec:
     data: DataSpec = DataSpec()
     mounts: tuple[BlobMount, ...] = ()
     setup_command: str | None = None
-    azureml: AzureMLSpec | None = None
-    kubernetes: KubernetesSpec | None = None
-    slurm: SlurmSpec | None = None  # always set on the slurm engine
-    dask: DaskSpec | None = None  # always set on the dask engine
-    # each node in its own network namespace behind a link of this shape (`cluster.local.netns`)
-    network: LinkShape | None = None
+    # the running engine's own cluster.json section, as its rules checked it (its
+    # `EngineInfo.section`: `azureml`, `kubernetes`, `slurm`, `dask`, or the local engine's
+    # `network`); None where the file has none and the engine has no default
+    section: Any = None
     # what the file said that no engine acts on, shown in plans
     notes: tuple[str, ...] = field(default=(), compare=False)
     # literal secret values from the file, kept only to scrub them from output
@@ -94,6 +90,11 @@ class ClusterSpec:
 
     def redactor(self) -> Redactor:
         return Redactor(self.secret_values)
+
+    def section_of(self, kind: type[S]) -> S | None:
+        """The engine's section when it is a `kind` (the engine's own section type), else
+        None: an engine reads its own settings through this, typed."""
+        return self.section if isinstance(self.section, kind) else None
 
 
 def local_spec(workers: int, *, name: str = "local", max_restarts: int = 0) -> ClusterSpec:

@@ -151,3 +151,56 @@ def test_the_shared_layer_is_cheap_to_import() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def engine_packages() -> list[str]:
+    """The sub-packages of `cluster` that hold an engine, as the registry names them."""
+    from cluster.engines import ENGINES
+
+    return sorted({info.target.split(":")[0].rsplit(".", 1)[0] for info in ENGINES.values()})
+
+
+def imports_into(graph: grimp.ImportGraph, importer: str, imported: str) -> list[str]:
+    """Every chain by which a module of package `importer` reaches a module of package
+    `imported` (function-level and type-checking imports included), as text."""
+    chains = graph.find_shortest_chains(importer=importer, imported=imported, as_packages=True)
+    return sorted(" -> ".join(chain) for chain in chains)
+
+
+def test_engines_are_sub_packages_the_registry_names() -> None:
+    """The check below covers every engine: each registry row lives in its own package."""
+    packages = engine_packages()
+    assert packages and all(p.startswith("cluster.") and p.count(".") == 1 for p in packages)
+    assert "cluster.dask" in packages
+
+
+@pytest.mark.parametrize("engine", engine_packages())
+def test_landcover_imports_no_engine(graph: grimp.ImportGraph, engine: str) -> None:
+    """`landcover` reaches an engine only through the registry (`cluster.engines`,
+    `cluster.tasks`), which imports it by name at run time: no import of an engine's module,
+    direct or through another module, so a new engine is a sub-package plus a row."""
+    assert not imports_into(graph, "landcover", engine)
+
+
+def test_an_import_of_an_engine_module_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above on a package whose top layer imports an engine's module, once directly
+    and once through a helper, inside a function as `landcover.oncluster` did."""
+    root = tmp_path / "engined"
+    for folder in (root, root / "top", root / "eng"):
+        folder.mkdir()
+        (folder / "__init__.py").write_text("")
+    (root / "eng" / "client.py").write_text("")
+    (root / "registry.py").write_text("import importlib\n")
+    (root / "top" / "direct.py").write_text("def f():\n    from engined.eng.client import x\n")
+    (root / "top" / "clean.py").write_text("from engined import registry\n")
+    (root / "helper.py").write_text("from engined.eng import client\n")
+    (root / "top" / "indirect.py").write_text("from engined import helper\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = grimp.build_graph("engined", cache_dir=None)
+    assert imports_into(made, "engined.top", "engined.eng") == [
+        "engined.top.direct -> engined.eng.client",
+        "engined.top.indirect -> engined.helper -> engined.eng.client",
+    ]
+    assert not imports_into(made, "engined.top.clean", "engined.eng")

@@ -91,8 +91,9 @@ class AzureMLPlan:
 
     @property
     def azureml(self) -> AzureMLSpec:
-        assert self.spec.azureml is not None  # the spec requires it for this engine
-        return self.spec.azureml
+        aml = self.spec.section_of(AzureMLSpec)
+        assert aml is not None  # the spec requires it for this engine
+        return aml
 
     def describe(self) -> str:
         spec, aml, doc = self.spec, self.azureml, self.job_document
@@ -171,9 +172,9 @@ def _command_word(arg: str, job: Job) -> str:
 
 class AzureMLEngine:
     def plan(self, spec: ClusterSpec, job: Job) -> AzureMLPlan:
-        if spec.azureml is None:
+        aml = spec.section_of(AzureMLSpec)
+        if aml is None:
             raise ClusterError('engine "azureml" needs an "azureml" section in cluster.json')
-        aml = spec.azureml
         notes = list(spec.notes)
         inputs: dict[str, Any] = {}
         for name, location in job.inputs.items():

@@ -62,7 +62,7 @@ def dask_client(
     distributed = import_distributed()
     from cluster.dask.section import DaskSpec  # pydantic: only where a cluster is made
 
-    dask = (spec.dask if spec is not None else None) or DaskSpec()
+    dask = (spec.section_of(DaskSpec) if spec is not None else None) or DaskSpec()
     if dask.embedded:
         workers = dask.local_workers(spec.workers if spec is not None else 1, ranks=ranks)
         with (

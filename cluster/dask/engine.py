@@ -86,7 +86,7 @@ class DaskPlan:
 
     @property
     def dask(self) -> DaskSpec:
-        return self.spec.dask or DaskSpec()
+        return self.spec.section_of(DaskSpec) or DaskSpec()
 
     def describe(self) -> str:
         spec, r = self.spec, self.redactor
@@ -143,7 +143,7 @@ def plan_dask(spec: ClusterSpec, job: Job, *, client: Any = None) -> DaskPlan:
     """The plan of `job` on `spec`'s Dask cluster (or on `client`)."""
     from cluster.engine import threads_per_worker
 
-    dask = spec.dask or DaskSpec()
+    dask = spec.section_of(DaskSpec) or DaskSpec()
     if client is None and dask.embedded:
         dask.local_workers(spec.workers, ranks=True)  # one worker a rank: this machine's cores
     out = job.output_dir

@@ -156,7 +156,7 @@ def _dump(document: Any) -> str:
 
 class KubernetesEngine:
     def plan(self, spec: ClusterSpec, job: Job) -> KubernetesPlan:
-        k8s = spec.kubernetes
+        k8s = spec.section_of(KubernetesSpec)
         if k8s is None:
             raise ClusterError('engine "kubernetes" needs a "kubernetes" section in cluster.json')
         manifest, notes = _APIS[k8s.api].build(spec, k8s, job)

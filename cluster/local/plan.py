@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cluster.engine import Job, job_redactor, threads_per_worker
 from cluster.failures import ERROR_DIR_ENV
-from cluster.local.netns import NetworkLayout, plan_network, silent_nameservers
+from cluster.local.netns import LinkShape, NetworkLayout, plan_network, silent_nameservers
 from cluster.redact import REDACTED, Redactor
 from cluster.spec import ClusterSpec
 from tiling.shared.machine import local_cpu_count, local_gpu_count
@@ -206,7 +206,8 @@ def plan_local(spec: ClusterSpec, job: Job) -> LocalPlan:
     """One torchrun agent command line per simulated node, and their environment."""
     cores = local_cpu_count()
     threads = threads_per_worker(spec) or 1
-    network = None if spec.network is None else plan_network(spec.node_count, spec.network)
+    shape = spec.section_of(LinkShape)
+    network = None if shape is None else plan_network(spec.node_count, shape)
     if network is None:
         addresses = (LOOPBACK,) * spec.node_count
         endpoint = f"{LOOPBACK}:{free_port()}"

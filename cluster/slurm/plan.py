@@ -114,7 +114,7 @@ class SlurmPlan:
 
 
 def _slurm(spec: ClusterSpec) -> SlurmSpec:
-    return spec.slurm if spec.slurm is not None else SlurmSpec()
+    return spec.section_of(SlurmSpec) or SlurmSpec()
 
 
 def plan_slurm(spec: ClusterSpec, job: Job) -> SlurmPlan:

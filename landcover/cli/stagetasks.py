@@ -1,4 +1,5 @@
-"""`tile` (and `predict`) on an engine that runs units of work as tasks (`runs_tasks`: Dask).
+"""`tile` (and `predict`) on an engine that runs units of work as tasks (`runs_tasks`), its
+runner got from the engine registry (`cluster.tasks`), never by importing the engine.
 
 The command runs in this process, as one process runs it, with a unit runner in its context
 (`unit_runner(ctx)`): `tile` hands each source to the cluster as a task (`tiling.units`) and
@@ -17,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cluster.dask.client import TASK_RETRIES
 from cluster.spec import ClusterSpec
+from cluster.tasks import task_engine
 
 if TYPE_CHECKING:
     from tiling.units import UnitRunner
@@ -50,17 +51,12 @@ def unit_runner(ctx: click.Context) -> UnitRunner | None:
 
 def describe_stage_tasks(spec: ClusterSpec, stage_args: Sequence[str]) -> str:
     """What `run_stage_as_tasks` does, in the words of a plan."""
-    from cluster.dask.section import DaskSpec
-
-    stage = stage_args[0]
-    where = (spec.dask or DaskSpec()).describe(spec.workers)
+    unit, after = _UNITS[stage_args[0]]
     command = " ".join(shlex.quote(a) for a in stage_args)
     return "\n".join(
         [
             f"engine: {spec.engine}",
-            f"cluster: {spec.name}: {where}",
-            f"tasks: one per {_UNITS[stage][0]}, {TASK_RETRIES} retries each (a lost worker's "
-            f"units are redone elsewhere); {_UNITS[stage][1]}",
+            *task_engine(spec).describe_tasks(spec, unit=unit, after=after),
             f"command (this process): landcover {command}",
             *(f"note: {n}" for n in spec.notes),
         ]
@@ -70,17 +66,15 @@ def describe_stage_tasks(spec: ClusterSpec, stage_args: Sequence[str]) -> str:
 def run_stage_as_tasks(
     ctx: click.Context, spec: ClusterSpec, stage_args: Sequence[str], *, client: Any = None
 ) -> None:
-    """Run `landcover STAGE ARGS` here with the units of work as tasks on `spec`'s Dask
-    cluster (or on `client`)."""
-    from cluster.dask.client import TaskRunner, dask_client  # imports Dask
-
+    """Run `landcover STAGE ARGS` here with the units of work as tasks on `spec`'s task
+    engine (or on `client`, a client object of that engine's kind)."""
     stage, args = stage_args[0], list(stage_args[1:])
     root = ctx.find_root().command
     assert isinstance(root, click.Group)
     command = root.get_command(ctx, stage)
     assert command is not None
-    with dask_client(spec, client=client) as dask:
-        ctx.meta[UNIT_RUNNER_KEY] = TaskRunner(dask)
+    with task_engine(spec).runner(spec, client=client) as runner:
+        ctx.meta[UNIT_RUNNER_KEY] = runner
         try:
             with command.make_context(stage, args, parent=ctx) as sub:
                 command.invoke(sub)

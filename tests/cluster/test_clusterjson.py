@@ -293,7 +293,7 @@ def test_slurm_section_and_its_defaults() -> None:
         }
     )
     assert (spec.node_count, spec.gpus_per_node, spec.processes_per_node) == (2, 4, 4)
-    assert spec.slurm == SlurmSpec(
+    assert spec.section == SlurmSpec(
         partition="gpu",
         account="proj-42",
         time_limit="1-02:00:00",
@@ -305,7 +305,7 @@ def test_slurm_section_and_its_defaults() -> None:
     # only engine and targetNodeCount are needed: CPU nodes, one task each, SLURM's defaults
     bare = parse_cluster_spec({"engine": "slurm", "targetNodeCount": 3})
     assert (bare.gpus_per_node, bare.processes_per_node, bare.vcpus_per_node) == (0, 1, None)
-    assert bare.slurm == SlurmSpec()
+    assert bare.section == SlurmSpec()
     # a known VM size gives its GPUs and vCPUs, as on the other engines
     sized = parse_cluster_spec(
         {"engine": "slurm", "targetNodeCount": 2, "vmSize": "Standard_NC24s_v3"}

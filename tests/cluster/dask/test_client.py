@@ -123,7 +123,8 @@ def test_good_scheduler_addresses_pass(address: str) -> None:
     spec = parse_cluster_spec(
         {"engine": "dask", "targetNodeCount": 1, "dask": {"scheduler": address}}
     )
-    assert spec.dask is not None and spec.dask.scheduler == address
+    dask = spec.section_of(DaskSpec)
+    assert dask is not None and dask.scheduler == address
 
 
 def test_a_closed_port_is_connection_refused_at_once() -> None:

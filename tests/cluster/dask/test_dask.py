@@ -12,6 +12,7 @@ import pytest
 from cluster.clusterjson import parse_cluster_spec
 from cluster.dask.engine import assign_ranks, plan_dask, rank_environment
 from cluster.dask.rank import run_rank
+from cluster.dask.section import DaskSpec
 from cluster.engine import Job
 from cluster.engines import ENGINES, engine_info
 from cluster.errors import ClusterError, ClusterSpecError, LaunchError
@@ -20,11 +21,17 @@ from tiling.shared.rankenv import WORKER_ADDRESS_ENV
 
 def test_the_section_and_its_refusals() -> None:
     embedded = parse_cluster_spec({"engine": "dask", "targetNodeCount": 3})
-    assert embedded.dask is not None and embedded.dask.embedded and embedded.workers == 3
+    assert (
+        isinstance(embedded.section, DaskSpec)
+        and embedded.section.embedded
+        and embedded.workers == 3
+    )
     remote = parse_cluster_spec(
         {"engine": "dask", "targetNodeCount": 2, "dask": {"scheduler": "tcp://10.0.0.4:8786"}}
     )
-    assert remote.dask is not None and remote.dask.scheduler == "tcp://10.0.0.4:8786"
+    assert (
+        isinstance(remote.section, DaskSpec) and remote.section.scheduler == "tcp://10.0.0.4:8786"
+    )
     assert remote.vcpus_per_node is None  # the workers' machines are not this one
     bad = {
         "dask.scheduler: must be a scheduler address": {"scheduler": "10.0.0.4 8786"},

@@ -13,6 +13,7 @@ import pytest
 from cluster.engine import LaunchOptions, launch_plan
 from cluster.errors import ClusterSpecError, EngineUnavailableError, LaunchError
 from cluster.kubernetes import engine as kubernetes
+from cluster.kubernetes.section import KubernetesSpec
 from tests.cluster.kubeflow_manifests import (
     k8s_spec,
     plan_of,
@@ -129,8 +130,9 @@ def test_the_kubernetes_section() -> None:
     secret_env = [e for e in plan.manifest["spec"]["trainer"]["env"] if "valueFrom" in e]
     assert [e["name"] for e in secret_env] == ["AZURE_STORAGE_SAS_TOKEN"]
     assert "note: imagePullPolicy is not a TrainJob field" in plan.describe()
-    assert runtime.kubernetes is not None
-    v1 = plan_of(replace(runtime, kubernetes=replace(runtime.kubernetes, api="pytorchjob")))
+    section = runtime.section_of(KubernetesSpec)
+    assert section is not None
+    v1 = plan_of(replace(runtime, section=replace(section, api="pytorchjob")))
     container = v1.manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
         "containers"
     ][0]

@@ -89,7 +89,7 @@ def test_a_bad_network_section_is_one_line_naming_the_field(
 def test_network_in_cluster_json_puts_each_agent_in_its_own_namespace(tmp_path: Path) -> None:
     doc = {"targetNodeCount": 2, "processesPerNode": 1, "network": {"bandwidth": "1gbit"}}
     spec = parse_cluster_spec(doc)
-    assert spec.network == LinkShape(rate_bits_per_s=10**9)
+    assert spec.section == LinkShape(rate_bits_per_s=10**9)
     plan = plan_job(spec, fake_job("s", str(tmp_path / "run")))
     assert isinstance(plan, LocalPlan) and plan.network is not None
     net = plan.network
