@@ -53,7 +53,7 @@ from landcover.change.transitions import (
 )
 from landcover.classes import colormap
 from landcover.errors import ChangeError, OutputExistsError
-from landcover.evaluation.sampling import pixel_area_m2, require_whole
+from landcover.evaluation.sampling import require_whole, window_pixel_m2
 from landcover.outputs import (
     check_can_create_in,
     refuse_existing,
@@ -62,6 +62,7 @@ from landcover.outputs import (
 )
 from landcover.prediction.outfiles import to_cog
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES
+from landcover.view.areas import cell_areas
 from landcover.view.mapfile import MapFile, open_map
 from tiling.classes import NODATA_CODE
 from tiling.shared.atomic import text_writer
@@ -212,6 +213,8 @@ class _ChangeWriter:
         self.k = before.class_map.num_classes
         self.table = change_class_map(before.class_map)
         self.counts = np.zeros(256, dtype=np.int64)
+        self.area_m2 = np.zeros(256, dtype=np.float64)  # on the ellipsoid, per change code
+        self.cells = cell_areas(before)
         self.old = rasterio.open(before.path)
         self.new = rasterio.open(after.path)
         self.source = (
@@ -258,6 +261,8 @@ class _ChangeWriter:
                 _check_codes(new, self.after, self.k)
                 codes = change_codes(old, new, self.k)
                 self.counts += np.bincount(codes.ravel(), minlength=256)
+                weights = window_pixel_m2(self.cells, window).ravel()
+                self.area_m2 += np.bincount(codes.ravel(), weights=weights, minlength=256)
                 dst.write(codes, 1, window=local)
         cog = os.path.join(self.work, piece.name)
         to_cog(tiled, cog, resampling="MODE")
@@ -296,7 +301,7 @@ def run_change(config: ChangeConfig) -> Transitions:
             before=_absolute(before.given),
             after=_absolute(after.given),
             class_map=before.class_map,
-            pixel_km2=pixel_area_m2(before) / M2_PER_KM2,
+            area_km2=writer.area_m2 / M2_PER_KM2,
             resampled=warp,
             map_name=map_name,
             files=tuple(names),

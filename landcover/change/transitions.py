@@ -99,7 +99,7 @@ class Transitions:
     after: str
     class_map: ClassMap
     pixels: npt.NDArray[np.int64]  # (C, C)
-    pixel_km2: float
+    km2: npt.NDArray[np.float64]  # (C, C): area on the ellipsoid
     resampled: bool = False
     map_name: str = CHANGE_MAP  # the change map in the output directory (a tiled one's VRT)
     # every raster file of the change in the output directory (the map, a tiled one's tiles)
@@ -113,19 +113,21 @@ class Transitions:
         before: str,
         after: str,
         class_map: ClassMap,
-        pixel_km2: float,
+        area_km2: npt.NDArray[np.float64],
         resampled: bool = False,
         map_name: str = CHANGE_MAP,
         files: tuple[str, ...] = (),
     ) -> Transitions:
-        """From the pixel count of each change code (0..C²)."""
+        """From the pixel count and the area in km² of each change code (0..C²)."""
         c = class_map.num_classes - 1
         pixels = np.asarray(counts[1 : c * c + 1], dtype=np.int64).reshape(c, c)
-        return cls(before, after, class_map, pixels, pixel_km2, resampled, map_name, files)
+        km2 = np.asarray(area_km2[1 : c * c + 1], dtype=np.float64).reshape(c, c)
+        return cls(before, after, class_map, pixels, km2, resampled, map_name, files)
 
     @property
-    def km2(self) -> npt.NDArray[np.float64]:
-        return self.pixels.astype(np.float64) * self.pixel_km2
+    def pixel_km2(self) -> float:
+        """The mean area of a compared pixel in km²."""
+        return float(self.km2.sum() / max(int(self.pixels.sum()), 1))
 
     @property
     def names(self) -> list[str]:
@@ -199,7 +201,7 @@ class Transitions:
             after=str(doc["after"]),
             class_map=ClassMap.from_json(doc["class_map"]),
             pixels=np.asarray(doc["transitions"]["pixels"], dtype=np.int64),
-            pixel_km2=float(doc["pixel_km2"]),
+            km2=np.asarray(doc["transitions"]["km2"], dtype=np.float64),
             resampled=bool(doc.get("resampled", False)),
             map_name=_file_name(doc.get("map", CHANGE_MAP)),
             files=tuple(_file_name(f) for f in doc.get("files", [])),

@@ -44,6 +44,7 @@ class ClassEstimate:
     code: int
     name: str
     mapped_pixels: int
+    mapped_area: float  # its stratum's area, in the unit of the areas
     sample_size: int  # points in its stratum (map class)
     proportion: float
     proportion_se: float
@@ -59,13 +60,16 @@ class ClassEstimate:
         """The 95 % confidence interval of the area."""
         return (self.area - Z_95 * self.area_se, self.area + Z_95 * self.area_se)
 
-    def to_json(self, total_pixels: int) -> dict[str, Any]:
+    mapped_proportion: float  # its stratum's weight W_i: its share of the map's area
+
+    def to_json(self) -> dict[str, Any]:
         low, high = self.area_ci
         return {
             "code": self.code,
             "name": self.name,
             "mapped_pixels": self.mapped_pixels,
-            "mapped_proportion": self.mapped_pixels / total_pixels,
+            "mapped_area": self.mapped_area,
+            "mapped_proportion": self.mapped_proportion,
             "sample_size": self.sample_size,
             "proportion": self.proportion,
             "proportion_se": self.proportion_se,
@@ -88,13 +92,10 @@ class AreaEstimate:
     counts: npt.NDArray[np.int64]  # the sample's error matrix: map rows x reference columns
     proportions: npt.NDArray[np.float64]  # p_ij
     total_pixels: int
-    pixel_area: float
+    total_area: float
+    pixel_area: float  # the mean area of a mapped pixel
     overall_accuracy: float
     overall_accuracy_se: float
-
-    @property
-    def total_area(self) -> float:
-        return self.total_pixels * self.pixel_area
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,7 +106,7 @@ class AreaEstimate:
             "overall_accuracy": self.overall_accuracy,
             "overall_accuracy_se": self.overall_accuracy_se,
             "z": Z_95,
-            "classes": [c.to_json(self.total_pixels) for c in self.classes],
+            "classes": [c.to_json() for c in self.classes],
             "error_matrix": {
                 "rows": "map",
                 "columns": "reference",
@@ -121,12 +122,15 @@ def estimate_area(
     mapped_pixels: Sequence[int] | npt.ArrayLike,
     *,
     pixel_area: float = 1.0,
+    stratum_areas: Sequence[float] | npt.ArrayLike | None = None,
     codes: Sequence[int] | None = None,
     names: Sequence[str] | None = None,
 ) -> AreaEstimate:
     """Olofsson et al. (2014) estimates from a sample's error matrix `counts` (map class i in
     rows, reference class j in columns, the same classes in the same order) and the map's
-    pixel count per class `mapped_pixels`; areas are in the unit of `pixel_area`.
+    pixel count per class `mapped_pixels`; areas are in the unit of `pixel_area`, or, given
+    `stratum_areas` (each class's mapped area, e.g. on the ellipsoid where pixels differ in
+    area), in its unit, the strata weighted by those areas.
 
     Refuses (EvaluationError, one line) a stratum that holds mapped pixels but fewer than two
     sample points (its variance is undefined: an empty stratum), unless its points are all
@@ -159,7 +163,13 @@ def estimate_area(
                 f"{int(n_i[i])} sample point(s) lie in class {codes[i]} ({names[i]}), which the "
                 "map does not hold; the sample was drawn from another map"
             )
-    weight = mapped / total
+    size = (
+        mapped * float(pixel_area)
+        if stratum_areas is None
+        else np.asarray(stratum_areas, dtype=np.float64)
+    )
+    total_area = float(size.sum())
+    weight = size / total_area if total_area > 0 else mapped / total
     strata = n_i > 0  # strata without pixels (and so without points) add nothing
     share = np.zeros((k, k))
     share[strata] = n[strata] / n_i[strata, None]  # n_ij / n_i
@@ -175,7 +185,7 @@ def estimate_area(
     overall = float(np.trace(proportions))
     overall_se = float(np.sqrt(np.sum(weight**2 * users_var)))
     # N_.j estimated: reference pixels of class j (eq. 7's denominator)
-    ref_total = (mapped[:, None] * share).sum(axis=0)
+    ref_total = (size[:, None] * share).sum(axis=0)
     classes = []
     for j in range(k):
         producers: float | None = None
@@ -183,22 +193,24 @@ def estimate_area(
         if column[j] > 0:
             producers = float(proportions[j, j] / column[j])
             others = sum(
-                float(mapped[i]) ** 2 * share[i, j] * (1 - share[i, j]) * inverse[i]
+                float(size[i]) ** 2 * share[i, j] * (1 - share[i, j]) * inverse[i]
                 for i in range(k)
                 if i != j and strata[i]
             )
-            own = float(mapped[j]) ** 2 * (1 - producers) ** 2 * users_var[j]
+            own = float(size[j]) ** 2 * (1 - producers) ** 2 * users_var[j]
             producers_se = float(np.sqrt((own + producers**2 * others) / ref_total[j] ** 2))
         classes.append(
             ClassEstimate(
                 code=int(codes[j]),
                 name=str(names[j]),
                 mapped_pixels=int(mapped[j]),
+                mapped_area=float(size[j]),
+                mapped_proportion=float(weight[j]),
                 sample_size=int(n_i[j]),
                 proportion=float(column[j]),
                 proportion_se=float(column_se[j]),
-                area=float(column[j] * total * pixel_area),
-                area_se=float(column_se[j] * total * pixel_area),
+                area=float(column[j] * total_area),
+                area_se=float(column_se[j] * total_area),
                 users_accuracy=float(users[j]) if strata[j] else None,
                 users_accuracy_se=float(np.sqrt(users_var[j])) if strata[j] else None,
                 producers_accuracy=producers,
@@ -210,7 +222,8 @@ def estimate_area(
         counts=n,
         proportions=proportions,
         total_pixels=total,
-        pixel_area=float(pixel_area),
+        total_area=total_area,
+        pixel_area=total_area / total,
         overall_accuracy=overall,
         overall_accuracy_se=overall_se,
     )

@@ -75,7 +75,7 @@ def _area_rows(e: AreaEstimate) -> list[list[str]]:
             [
                 str(c.code),
                 c.name,
-                f"{c.mapped_pixels * e.pixel_area:,.4f}",
+                f"{c.mapped_area:,.4f}",
                 f"{c.area:,.4f}",
                 f"{c.area_se:,.4f}",
                 f"{low:,.4f} – {high:,.4f}",

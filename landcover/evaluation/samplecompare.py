@@ -29,7 +29,7 @@ from landcover.evaluation.referencesample import (
     references_from_raster,
     sample_in_crs,
 )
-from landcover.evaluation.sampling import count_map_classes, open_maps, pixel_area_m2
+from landcover.evaluation.sampling import count_map_classes, open_maps
 from landcover.view.mapfile import MapFile
 from tiling.classes import NODATA_CODE, ClassMap, get_class_map
 from tiling.errors import TilingError
@@ -87,7 +87,8 @@ def evaluate_sample(config: EvaluateConfig) -> SampleEvaluation:
             references = references_from_raster(xs, ys, crs_wkt, config.reference_raster, truth_map)
         else:
             references = parse_references(sample, class_map)
-        mapped = count_map_classes([m]).sum(axis=0)
+        area_m2 = np.zeros(class_map.num_classes)
+        mapped = count_map_classes([m], area_m2=area_m2).sum(axis=0)
     labelled = references != NODATA_CODE
     dropped = int((~labelled).sum())
     if dropped:
@@ -99,11 +100,10 @@ def evaluate_sample(config: EvaluateConfig) -> SampleEvaluation:
     k = class_map.num_classes
     counts = np.zeros((k - 1, k - 1), dtype=np.int64)
     np.add.at(counts, (map_codes[labelled] - 1, references[labelled] - 1), 1)
-    pixel_km2 = pixel_area_m2(m) / M2_PER_KM2
     estimate = estimate_area(
         counts,
         mapped[1:],
-        pixel_area=pixel_km2,
+        stratum_areas=area_m2[1:] / M2_PER_KM2,
         codes=[c.code for c in class_map.classes[1:]],
         names=class_map.class_names[1:],
     )

@@ -24,6 +24,7 @@ import rasterio
 from rasterio.windows import Window
 
 from landcover.errors import EvaluationError
+from landcover.view.areas import CellAreas, cell_areas
 from landcover.view.mapfile import MapFile, open_map
 from tiling.classes import NODATA_CODE, ClassMap
 from tiling.shared.urls import is_local
@@ -37,8 +38,8 @@ __all__ = [
     "count_map_classes",
     "draw_sample",
     "open_maps",
-    "pixel_area_m2",
     "require_whole",
+    "window_pixel_m2",
 ]
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,6 @@ class SamplePoints:
     class_map: ClassMap
     mapped_pixels: npt.NDArray[np.int64]
     sample_sizes: npt.NDArray[np.int64]
-    pixel_area_m2: float
     maps: tuple[str, ...]
     seed: int
 
@@ -178,17 +178,33 @@ def _read_codes(ds: rasterio.DatasetReader, window: Window, m: MapFile) -> npt.N
     return codes
 
 
-def count_map_classes(maps: Sequence[MapFile]) -> npt.NDArray[np.int64]:
+def count_map_classes(
+    maps: Sequence[MapFile], *, area_m2: npt.NDArray[np.float64] | None = None
+) -> npt.NDArray[np.int64]:
     """Pixels of each class code (0 = nodata included) per block, in the order the maps and
-    their blocks are read: an array (blocks, K)."""
+    their blocks are read: an array (blocks, K). With `area_m2` (K,), each code's area on the
+    ellipsoid (`landcover.view.areas.cell_areas`) is added to it in the same pass."""
     k = maps[0].class_map.num_classes
     rows = []
     for m in maps:
+        cells = cell_areas(m) if area_m2 is not None else None
         with rasterio.open(m.path) as ds:
             for window in _blocks(m):
                 codes = _read_codes(ds, window, m)
                 rows.append(np.bincount(codes.ravel(), minlength=k)[:k].astype(np.int64))
+                if area_m2 is not None and cells is not None:
+                    weights = window_pixel_m2(cells, window).ravel()
+                    area_m2 += np.bincount(codes.ravel(), weights=weights, minlength=k)[:k]
     return np.stack(rows) if rows else np.zeros((0, k), dtype=np.int64)
+
+
+def window_pixel_m2(cells: CellAreas, window: Window) -> npt.NDArray[np.float64]:
+    """The area in m² on the ellipsoid of each pixel of `window` (rows x columns), from the
+    map's `cell_areas`: the one measure of a pixel's area that view, change and evaluate
+    share (a geographic or Web Mercator pixel is not its nominal size)."""
+    rows = np.arange(int(window.row_off), int(window.row_off + window.height)) // cells.rows
+    cols = np.arange(int(window.col_off), int(window.col_off + window.width)) // cells.cols
+    return cells.pixel_m2[np.ix_(rows, cols)]
 
 
 def allocate(
@@ -315,21 +331,9 @@ def draw_sample(config: SampleConfig) -> SamplePoints:
         class_map=class_map,
         mapped_pixels=mapped,
         sample_sizes=sizes,
-        pixel_area_m2=pixel_area_m2(maps[0]),
         maps=tuple(config.maps),
         seed=config.seed,
     )
-
-
-def pixel_area_m2(m: MapFile) -> float:
-    """The area of one pixel of `m` in m²; refuses a geographic CRS (no one pixel area)."""
-    factor = m.crs.linear_units_factor[1] if m.crs.is_projected else None
-    if factor is None:
-        raise EvaluationError(
-            f"{m.given}: its CRS is not projected, so its pixels have no one area; warp it "
-            "onto a projected CRS (e.g. UTM)"
-        )
-    return float(abs(m.transform.a * m.transform.e) * factor * factor)
 
 
 def _ranks_per_block(

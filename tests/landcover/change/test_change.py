@@ -12,9 +12,13 @@ import numpy as np
 import pytest
 import rasterio
 from click.testing import CliRunner
+from rasterio.windows import Window
 
 from landcover.change import Transitions, change_class_map, transitions_png
 from landcover.cli.app import main
+from landcover.evaluation.sampling import window_pixel_m2
+from landcover.view.areas import cell_areas, class_areas
+from landcover.view.mapfile import open_map
 from tests.landcover.change.years import (
     IMPERVIOUS,
     TREE,
@@ -55,13 +59,14 @@ def test_the_transitions_of_two_years_are_exact(
     assert doc["transitions"]["pixels"] == expected.tolist()
     lost = int(expected[TREE - 1, IMPERVIOUS - 1])
     assert lost > 0 and expected.sum() - np.trace(expected) == lost  # the one edit, no other
-    with rasterio.open(first) as ds:
-        pixel_km2 = abs(ds.transform.a * ds.transform.e) / 1e6
+    # areas on the ellipsoid, as view measures them
+    pixel_m2 = window_pixel_m2(cell_areas(open_map(str(first))), Window(0, 0, *before.shape[::-1]))
+    lost_km2 = float(pixel_m2[(before == TREE) & (after == IMPERVIOUS)].sum()) / 1e6
     tree = next(c for c in doc["classes"] if c["code"] == TREE)
-    assert tree["loss_km2"] == pytest.approx(lost * pixel_km2)
-    assert tree["net_km2"] == pytest.approx(-lost * pixel_km2)
+    assert tree["loss_km2"] == pytest.approx(lost_km2)
+    assert tree["net_km2"] == pytest.approx(-lost_km2)
     impervious = next(c for c in doc["classes"] if c["code"] == IMPERVIOUS)
-    assert impervious["gain_km2"] == pytest.approx(lost * pixel_km2)
+    assert impervious["gain_km2"] == pytest.approx(lost_km2)
     with rasterio.open(out / "change.tif") as ds:
         codes = ds.read(1)
         assert ds.colormap(1)[(TREE - 1) * 4 + IMPERVIOUS][:3] == FIVE.classes[IMPERVIOUS].color
@@ -102,7 +107,9 @@ def test_a_tiled_product_in_gives_the_change_of_the_one_cog(tmp_path: Path) -> N
     assert run("change", str(product), str(cog_after), "--out", str(tmp_path / "b"))[0] == 0
     a = json.loads((tmp_path / "a" / "change.json").read_text())
     b = json.loads((tmp_path / "b" / "change.json").read_text())
-    assert a["transitions"] == b["transitions"]
+    assert a["transitions"]["pixels"] == b["transitions"]["pixels"]
+    # the same areas, summed over other blocks
+    assert np.allclose(a["transitions"]["km2"], b["transitions"]["km2"], rtol=1e-12, atol=0)
     # a tiled product out: a change tile per tile and their mosaic, pixel for pixel the COG
     assert a["map"] == "change.tif" and b["map"] == "mosaic.vrt"
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
@@ -207,7 +214,7 @@ def test_class_names_with_dollars_are_plain_text_in_the_plot() -> None:
          ClassInfo(2, "b", (200, 9, 9))),
         {0: 0, 1: 1, 2: 2},
     )  # fmt: skip
-    t = Transitions("a", "b", table, np.array([[5, 1], [0, 3]]), 1e-6)
+    t = Transitions("a", "b", table, np.array([[5, 1], [0, 3]]), np.array([[5, 1], [0, 3]]) * 1e-6)
     assert transitions_png(t)[:4] == b"\x89PNG"
     assert change_class_map(table).class_names[2] == r"cost $\undefined$→b"
 
@@ -215,9 +222,10 @@ def test_class_names_with_dollars_are_plain_text_in_the_plot() -> None:
 def test_the_change_record_round_trips_and_a_newer_one_is_refused() -> None:
     from landcover.errors import ChangeError
 
-    t = Transitions("a.tif", "b.tif", FIVE, np.arange(16).reshape(4, 4), 1e-6)
+    t = Transitions("a.tif", "b.tif", FIVE, np.arange(16).reshape(4, 4), np.ones((4, 4)) / 3)
     back = Transitions.from_json(json.loads(json.dumps(t.to_json())))
     assert np.array_equal(back.pixels, t.pixels) and back.class_map == FIVE
+    assert np.array_equal(back.km2, t.km2)
     newer = {**t.to_json(), "version": 99}
     with pytest.raises(ChangeError, match="upgrade landcover"):
         Transitions.from_json(newer)
@@ -317,3 +325,42 @@ def test_a_change_killed_while_it_replaces_another_leaves_nothing_to_trust(
     ]  # fmt: skip
     record = read_change_record(out)
     assert record is not None and record.files == ("change.tif",)
+
+
+@pytest.mark.parametrize(
+    ("crs", "res", "x0", "y0"),
+    [
+        ("EPSG:32618", RES_M, X0, 4_300_000.0),  # UTM: close to the nominal size
+        ("EPSG:3857", 30.0, -8_500_000.0, 4_700_000.0),  # Web Mercator at 39° N: far from it
+        ("EPSG:4326", 0.001, -77.0, 39.0),  # degrees: no nominal size at all
+    ],
+)
+def test_areas_are_measured_on_the_ellipsoid_as_view_measures_them(
+    tmp_path: Path, crs: str, res: float, x0: float, y0: float
+) -> None:
+    """change's areas before, and evaluate --reference's mapped areas, equal view's class
+    areas (one measure of a pixel's area) in a projected, a Web Mercator and a geographic
+    CRS; before, the geographic map was refused and the others counted at nominal size."""
+    codes = class_blocks(60, 80, seed=5)
+    later = codes.copy()
+    later[5:25, 10:40] = 2
+    before = write_map(tmp_path / "b.tif", codes, crs=crs, res=res, x0=x0, y0=y0)
+    after = write_map(tmp_path / "a.tif", later, crs=crs, res=res, x0=x0, y0=y0)
+    code, text = run("change", str(before), str(after), "--out", str(tmp_path / "c"))
+    assert code == 0, text
+    doc = json.loads((tmp_path / "c" / "change.json").read_text())
+    view = {a.code: a.area_km2 for a in class_areas(open_map(str(before)))}
+    for c in doc["classes"]:
+        assert c["before_km2"] == pytest.approx(view[c["code"]], rel=1e-9)
+    sample = tmp_path / "s.csv"
+    assert run("sample", str(before), "--out", str(sample), "--size", "200",
+               "--min-per-class", "10")[0] == 0  # fmt: skip
+    lines = sample.read_text().splitlines()
+    rows = [line.split(",") for line in lines[1:]]
+    filled = [",".join([*r[:-1], r[5]]) for r in rows]  # reference = map_code
+    sample.write_text("\n".join([lines[0], *filled]) + "\n")
+    code, out = run("evaluate", str(before), "--reference", str(sample), "--json")
+    assert code == 0, out
+    for c in json.loads(out)["classes"]:
+        assert c["mapped_area"] == pytest.approx(view[c["code"]], rel=1e-9)
+        assert c["area"] == pytest.approx(view[c["code"]], rel=1e-9)  # a perfect sample
