@@ -55,6 +55,11 @@ def _view(i: Inputs, out: Path, spare: Path) -> Args:
     return ["view", str(i.prediction), "--out", str(target)], target
 
 
+def _tiled_ranks(i: Inputs, out: Path, spare: Path) -> Args:
+    args, target = _tiled(i, out, spare)
+    return [*args, "--nproc", "2"], target
+
+
 # Every command's writer; demo runs tile, train and predict, each a writer here already.
 EVERY_WRITER = {
     **{name: writer for name, writer in WRITERS.items() if name != "demo"},
@@ -97,7 +102,7 @@ def tmpdir_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
         yield folder
 
 
-@pytest.mark.parametrize("name", list(EVERY_WRITER))
+@pytest.mark.parametrize("name", [*EVERY_WRITER, "predict --out DIR/ --nproc 2"])
 def test_every_output_on_another_file_system_than_tmpdir_is_written(
     name: str,
     inputs: Inputs,  # noqa: F811
@@ -106,7 +111,8 @@ def test_every_output_on_another_file_system_than_tmpdir_is_written(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     quick_runs(name, monkeypatch)
-    args, target = EVERY_WRITER[name](inputs, tmp_path / "out", tmp_path / "spare")
+    writer = EVERY_WRITER.get(name, _tiled_ranks)  # ranks: the catalog after N ranks' tiles
+    args, target = writer(inputs, tmp_path / "out", tmp_path / "spare")
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert target.exists()
@@ -258,6 +264,25 @@ def test_a_directory_at_the_quicklook_is_refused_before_any_work(
     result = CliRunner().invoke(main, [*MAP_WRITERS[name](inputs, out), "--overwrite"])
     assert_one_line_error(result, f"{quicklook} is a directory", "--no-quicklook")
     assert files_under(out) == before
+
+
+def test_a_killed_runs_temp_files_beside_the_one_cog_are_removed_by_the_next_run(
+    inputs: Inputs,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """kill -9 runs no clean-up: the next run into the output (its lock's holder, the only
+    writer of those names) removes them."""
+    out = tmp_path / "out"
+    out.mkdir()
+    left = [out / ".lc.tif.0123abcd.tiles.part.tif", out / ".lc.tif.0123abcd.cog.part.tif"]
+    left.append(Path(f"{left[0]}.aux.xml"))
+    for path in left:
+        path.write_bytes(b"half")
+    kept = out / ".other.tif.0123abcd.tiles.part.tif"  # another output's
+    kept.write_bytes(b"half")
+    result = CliRunner().invoke(main, _one_cog(inputs, out))
+    assert result.exit_code == 0, result.output
+    assert [p for p in left if p.exists()] == [] and kept.exists()
 
 
 # -- a name that says another format ---------------------------------------------------------------
