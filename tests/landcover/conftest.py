@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.landcover.prediction.inputs import pixels, write_image, write_model
 from tiling.synth import SynthConfig, SynthResult, synthesize_scenes
 from tiling.tile import TileConfig, tile
 
@@ -47,3 +48,14 @@ def tiny_store(tiny_scenes: SynthResult, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture()
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="module")
+def scene_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 75 x 90 px scene at 1 m in UTM 18N (not a multiple of the 32 px chip) and a small_unet
+    model file with random weights (seed 7), for the tests that run `predict`."""
+    folder = tmp_path_factory.mktemp("scene-and-model")
+    return (
+        write_image(folder / "scene.tif", pixels(75, 90, seed=1)),
+        write_model(folder / "model.pt", seed=7),
+    )

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner, Result
 
 from landcover.cli.app import main
-from tests.landcover.prediction.inputs import pixels, write_image, write_model
 from tests.support.stageruns import tile_pixels
 
 LOCAL_SPEC = {
@@ -23,18 +22,8 @@ LOCAL_SPEC = {
 }
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A 75 x 90 px scene and a small_unet model file."""
-    folder = tmp_path_factory.mktemp("tiled-cli")
-    return (
-        write_image(folder / "scene.tif", pixels(75, 90, seed=1)),
-        write_model(folder / "model.pt", seed=7),
-    )
-
-
-def predict_args(inputs: tuple[Path, Path], out: str, *extra: str) -> list[str]:
-    scene, model = inputs
+def predict_args(scene_and_model: tuple[Path, Path], out: str, *extra: str) -> list[str]:
+    scene, model = scene_and_model
     return [
         "predict", str(model), str(scene), "--out", out, "--block-px", "40",
         "--batch-size", "3", "--device", "cpu", *extra,
@@ -64,11 +53,15 @@ def run(*args: str) -> Result:
     ],
 )
 def test_a_bad_tile_size_gets_one_line(
-    inputs: tuple[Path, Path], tmp_path: Path, out: str, extra: tuple[str, ...], message: str
+    scene_and_model: tuple[Path, Path],
+    tmp_path: Path,
+    out: str,
+    extra: tuple[str, ...],
+    message: str,
 ) -> None:
     target = f"{tmp_path}/{out}"
     extra = tuple(f"{tmp_path}/{e}" if e.endswith(".tif") else e for e in extra)
-    result = run(*predict_args(inputs, target, *extra))
+    result = run(*predict_args(scene_and_model, target, *extra))
     assert result.exit_code != 0
     expected = message.format(out=target, dir=tmp_path)
     assert result.stderr.startswith(f"error: {expected}"), result.stderr
@@ -79,24 +72,26 @@ def test_a_bad_tile_size_gets_one_line(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_nproc_2_and_a_cluster_launch_write_the_tiles_of_one_process(
-    inputs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scene_and_model: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    one = run(*predict_args(inputs, f"{tmp_path}/one/", "--tile-size", "64"))
+    one = run(*predict_args(scene_and_model, f"{tmp_path}/one/", "--tile-size", "64"))
     assert one.exit_code == 0, one.output
     # 75 x 90 px from (500000, 4000000): the 64 px lattice cuts 2 x 2 tiles.
     assert one.output.startswith(f"wrote {tmp_path}/one/: 4 tile(s) of 64 px (4 predicted, 0 kept)")
     expected = tile_pixels(tmp_path / "one")
     assert len(expected) == 4
     (tmp_path / "many").mkdir()  # an existing directory is a tiled --out too
-    many = run(*predict_args(inputs, f"{tmp_path}/many", "--tile-size", "64", "--nproc", "2"))
+    many = run(
+        *predict_args(scene_and_model, f"{tmp_path}/many", "--tile-size", "64", "--nproc", "2")
+    )
     assert many.exit_code == 0, many.output
     assert tile_pixels(tmp_path / "many") == expected
     cluster_json = tmp_path / "cluster.json"
     cluster_json.write_text(json.dumps(LOCAL_SPEC))
     launched = run(
         "cluster", "launch", str(cluster_json), "--wait", "--",
-        *predict_args(inputs, f"{tmp_path}/launched/", "--tile-size", "64"),
+        *predict_args(scene_and_model, f"{tmp_path}/launched/", "--tile-size", "64"),
     )  # fmt: skip
     assert launched.exit_code == 0, launched.output
     assert tile_pixels(tmp_path / "launched") == expected

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 import rasterio
 from click.testing import CliRunner, Result
 from PIL import Image
@@ -15,21 +14,11 @@ from PIL import Image
 from landcover.cli.app import main
 from landcover.prediction.outgrid import TAG_SOURCES
 from landcover.view import open_map
-from tests.landcover.prediction.inputs import CLASS_MAP, pixels, write_image, write_model
+from tests.landcover.prediction.inputs import CLASS_MAP
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A 75 x 90 px scene and a small_unet model file."""
-    folder = tmp_path_factory.mktemp("quicklook")
-    return (
-        write_image(folder / "scene.tif", pixels(75, 90, seed=1)),
-        write_model(folder / "model.pt", seed=7),
-    )
-
-
-def predict(inputs: tuple[Path, Path], out: str, *extra: str) -> Result:
-    scene, model = inputs
+def predict(scene_and_model: tuple[Path, Path], out: str, *extra: str) -> Result:
+    scene, model = scene_and_model
     args = ["predict", str(model), str(scene), "--out", out, "--block-px", "40"]
     return CliRunner().invoke(main, [*args, "--batch-size", "8", "--device", "cpu", *extra])
 
@@ -46,20 +35,20 @@ def present_colours(raster: str) -> set[tuple[int, int, int]]:
 
 
 def test_predict_writes_a_quicklook_in_the_maps_colours_and_records_its_images(
-    inputs: tuple[Path, Path], tmp_path: Path
+    scene_and_model: tuple[Path, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "lc.tif"
-    result = predict(inputs, str(out))
+    result = predict(scene_and_model, str(out))
     assert result.exit_code == 0, result.output
     quicklook = tmp_path / "lc.tif.quicklook.png"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lc.tif", quicklook.name]
     assert present_colours(str(out)) <= colours_of(quicklook)
     with rasterio.open(out) as ds:
-        assert json.loads(ds.tags()[TAG_SOURCES]) == [str(inputs[0].resolve())]
-    assert open_map(str(out)).sources == (str(inputs[0].resolve()),)
+        assert json.loads(ds.tags()[TAG_SOURCES]) == [str(scene_and_model[0].resolve())]
+    assert open_map(str(out)).sources == (str(scene_and_model[0].resolve()),)
 
     out.unlink()  # the map gone, a quicklook of an earlier run is the user's to keep
-    again = predict(inputs, str(out))
+    again = predict(scene_and_model, str(out))
     assert again.exit_code == 2
     assert again.output == (
         f"error: {quicklook} exists; pass --overwrite to replace the quicklook (or pass "
@@ -69,12 +58,12 @@ def test_predict_writes_a_quicklook_in_the_maps_colours_and_records_its_images(
 
 
 def test_a_tiled_product_gets_a_quicklook_of_its_mosaic(
-    inputs: tuple[Path, Path], tmp_path: Path
+    scene_and_model: tuple[Path, Path], tmp_path: Path
 ) -> None:
     product = tmp_path / "tiles"
-    result = predict(inputs, f"{product}/", "--tile-size", "64")
+    result = predict(scene_and_model, f"{product}/", "--tile-size", "64")
     assert result.exit_code == 0, result.output
     mosaic = open_map(str(product))
     assert len(mosaic.parts) > 1  # several tiles
-    assert mosaic.sources == (str(inputs[0].resolve()),)
+    assert mosaic.sources == (str(scene_and_model[0].resolve()),)
     assert present_colours(mosaic.path) <= colours_of(product / "quicklook.png")
