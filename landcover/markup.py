@@ -1,9 +1,10 @@
 """User strings as data in the documents the project writes.
 
 File and directory names, class names, tags, titles, device and run names reach HTML pages,
-JSON inside a page's `<script>`, Markdown files and matplotlib figures. They go there only
-through these functions, which make each one text that shows as written and is never read as
-markup: no element, script, link, table cell break, emphasis or mathtext comes out of a name.
+JSON inside a page's `<script>`, Markdown files, matplotlib figures and the one-line errors of
+the command line. They go there only through these functions, which make each one text that
+shows as written and is never read as markup: no element, script, link, table cell break,
+emphasis or mathtext comes out of a name, nor a terminal escape sequence or a line of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "plain_figures",
     "plot_text",
     "script_json",
+    "terminal_text",
 ]
 
 # In JSON these appear only inside strings, where the \u escapes mean the same characters; in
@@ -87,3 +89,31 @@ def plain_figures() -> Iterator[None]:
 
     with matplotlib.rc_context({"text.usetex": False}):
         yield
+
+
+def terminal_text(text: object) -> str:
+    """`text` for one line on a terminal: control characters (escape, carriage return,
+    backspace, newline, tab, C1 controls), line and paragraph separators, and invisible format
+    characters (bidirectional overrides, zero-width spaces) are written as Python escapes
+    (`\\x1b`, `\\u202e`), so that a name can neither clear, move or recolour the screen,
+    reorder what is shown, nor start a line of its own; every other character stays."""
+    return "".join(_terminal_char(c) for c in str(text))
+
+
+_TERMINAL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _terminal_char(c: str) -> str:
+    # Not printable: Cc, Cf, Cs, Co, Cn, Zl, Zp, and spaces other than " " (Python's rule).
+    if c.isprintable():
+        return c
+    if c in _TERMINAL_ESCAPES:
+        return _TERMINAL_ESCAPES[c]
+    code = ord(c)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )

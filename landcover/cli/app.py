@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -37,6 +37,7 @@ from cluster.errors import ClusterError
 from cluster.failures import record_worker_error
 from cluster.redact import Redactor
 from landcover.errors import LandcoverError
+from landcover.markup import terminal_text
 from landcover.outputs import write_failure_message
 from landcover.warnlog import WarningLogger
 from tiling.errors import TilingError
@@ -119,6 +120,26 @@ def terminate_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class TerminalFormatter(logging.Formatter):
+    """Log records as lines for a terminal: within each line, the characters a terminal acts
+    on (an escape sequence, a carriage return, a bidirectional override in a file name) are
+    escaped as `landcover.markup.terminal_text` does; the record's own line breaks stay."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.args:  # the values, escaped whole: a line break in a name starts no line
+            record = logging.makeLogRecord({**record.__dict__, "args": _escaped(record.args)})
+        return "\n".join(terminal_text(line) for line in super().format(record).split("\n"))
+
+
+def _escaped(args: Any) -> Any:
+    """A log record's arguments with each text (a str or a path) escaped for a terminal."""
+    if isinstance(args, dict):
+        return {key: _escaped((value,))[0] for key, value in args.items()}
+    return tuple(
+        terminal_text(os.fspath(a)) if isinstance(a, (str, os.PathLike)) else a for a in args
+    )
 
 
 def log_warnings(*, verbose: bool) -> None:
@@ -261,6 +282,20 @@ def _storage_source_named(ctx: click.Context, message: str) -> str:
     )
 
 
+def terminal_line(message: str, typed: Iterable[str] = ()) -> str:
+    """The one line shown for `message`: its first line, with every character that a
+    terminal would act on escaped (`landcover.markup.terminal_text`). A value the user typed
+    (`typed`: the command's arguments, an `--opt=value`'s value too) is escaped where it
+    appears before the line is cut, so a line break inside a file name neither ends the
+    message there nor starts a line of its own."""
+    values = {v for arg in typed for v in (arg, arg.partition("=")[2]) if v}
+    for value in sorted(values, key=len, reverse=True):
+        shown = terminal_text(value)
+        if shown != value:
+            message = message.replace(value, shown)
+    return terminal_text((message.splitlines() or [""])[0])
+
+
 def _leave_rank_error(ctx: click.Context, message: str, *, bad_input: bool = False) -> None:
     """A rank of a tile/predict job leaves its one-line error for the launcher that started
     it (`cluster.failures`), storage secrets scrubbed (an fsspec error may quote them);
@@ -274,10 +309,13 @@ def _leave_rank_error(ctx: click.Context, message: str, *, bad_input: bool = Fal
 
 
 class UserFacingError(click.ClickException):
-    """One line on stderr, no traceback."""
+    """One line on stderr, no traceback: the message's first line, user values in it as text
+    (`terminal_line`)."""
 
     def __init__(self, message: str, *, exit_code: int) -> None:
-        super().__init__(message.splitlines()[0] if message else "error")
+        ctx = click.get_current_context(silent=True)
+        typed = ctx.meta.get(SUBCOMMAND_ARGS, ()) if ctx is not None else ()
+        super().__init__(terminal_line(message, typed) if message else "error")
         self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
@@ -295,9 +333,9 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     ctx.obj["verbose"] = verbose
     ctx.obj["quiet"] = quiet
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
-    logging.basicConfig(
-        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TerminalFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     log_warnings(verbose=verbose > 0)
     # Installed here, in the group's callback, so that it covers every subcommand and a
     # Terminated raised by it passes through LazyGroup.invoke's one-line mapping.

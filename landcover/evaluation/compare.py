@@ -20,7 +20,7 @@ import numpy.typing as npt
 import rasterio
 from shapely.geometry import box
 
-from landcover.errors import EvaluationError
+from landcover.errors import EvaluationError, reason
 from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation, confusion_matrix, scores_from_confusion
 from landcover.prediction.outgrid import TAG_CLASS_MAP, OutputGrid, footprint_in_crs
@@ -140,9 +140,7 @@ def _open_prediction(
             tag = ds.tags().get(TAG_CLASS_MAP)
     except rasterio.errors.RasterioIOError as exc:
         check_remote_file(path, storage_options)  # a 404 or a dead host: say that instead
-        raise EvaluationError(
-            f"{path}: cannot open the prediction ({exc})".splitlines()[0]
-        ) from None
+        raise EvaluationError(f"{path}: cannot open the prediction ({reason(exc)})") from None
     if tag is None:
         logger.info("%s has no class table; assuming %s", path, DEFAULT_CLASS_MAP)
         return grid, get_class_map(DEFAULT_CLASS_MAP), False

@@ -25,7 +25,7 @@ import pyproj
 import rasterio
 from pyproj import Transformer
 
-from landcover.errors import EvaluationError
+from landcover.errors import EvaluationError, reason
 from landcover.evaluation.sampling import SamplePoints
 from landcover.outputs import write_atomic, write_text_atomic
 from tiling.classes import NODATA_CODE, ClassMap
@@ -192,7 +192,7 @@ def _read_gpkg(path: str) -> ReferenceSample:
         meta, _, geometry, data = pyogrio.raw.read(path)
     except Exception as exc:  # pyogrio's DataSourceError and GDAL's own
         raise EvaluationError(
-            f"--reference {path}: cannot read it as a GeoPackage ({exc})".splitlines()[0]
+            f"--reference {path}: cannot read it as a GeoPackage ({reason(exc)})"
         ) from None
     fields = [str(f) for f in meta["fields"]]
     if geometry is None:
@@ -346,7 +346,7 @@ def references_from_raster(
                 raw[i] = int(ds.read(1, window=window)[0, 0])
     except rasterio.errors.RasterioIOError as exc:
         raise EvaluationError(
-            f"--reference-raster {raster}: cannot open it ({exc})".splitlines()[0]
+            f"--reference-raster {raster}: cannot open it ({reason(exc)})"
         ) from None
     codes = np.full(len(xs), NODATA_CODE, dtype=np.int64)
     codes[inside] = class_map.apply(

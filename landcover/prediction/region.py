@@ -27,7 +27,7 @@ from shapely.errors import GEOSException
 from shapely.geometry import box, shape
 from shapely.geometry.base import BaseGeometry
 
-from landcover.errors import RegionError
+from landcover.errors import RegionError, reason
 from tiling.crs import transformer
 
 DEFAULT_REGION_CRS = "EPSG:4326"
@@ -209,7 +209,7 @@ def _geometry_from_mapping(obj: Any, where: str) -> BaseGeometry:
     try:
         return shape(obj)
     except (GEOSException, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        raise RegionError(f"{where}: invalid GeoJSON geometry ({exc})".splitlines()[0]) from None
+        raise RegionError(f"{where}: invalid GeoJSON geometry ({reason(exc)})") from None
 
 
 def _legacy_geojson_crs(obj: Mapping[str, Any], where: str) -> str | None:
@@ -234,7 +234,7 @@ def _region_from_wkt(text: str, crs: str | CRS | None, *, where: str) -> Region:
     try:
         geometry = shapely.from_wkt(text)
     except (GEOSException, ValueError) as exc:
-        raise RegionError(f"{where}: invalid WKT ({exc})".splitlines()[0]) from None
+        raise RegionError(f"{where}: invalid WKT ({reason(exc)})") from None
     return _checked(geometry, parse_crs(crs or DEFAULT_REGION_CRS), where)
 
 

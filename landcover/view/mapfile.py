@@ -27,7 +27,7 @@ import rasterio
 from affine import Affine
 from rasterio.crs import CRS
 
-from landcover.errors import ViewError
+from landcover.errors import ViewError, reason
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
 from tiling.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
 from tiling.shared.urls import is_local, local_path
@@ -128,7 +128,7 @@ def open_map(given: str) -> MapFile:
                 vrt_xml=_without(path, absent) if absent else None,
             )
     except rasterio.errors.RasterioIOError as exc:
-        raise ViewError(f"{given}: cannot open the map ({exc})".splitlines()[0]) from None
+        raise ViewError(f"{given}: cannot open the map ({reason(exc)})") from None
 
 
 def recorded_sources(ds: Any) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from landcover.cli.app import main
-from landcover.markup import markdown_text, plot_text, script_json
+from landcover.markup import markdown_text, plot_text, script_json, terminal_text
 from landcover.scaling.report import write_scaling_report
 from landcover.scaling.runs import load_runs
 from landcover.tuning.results import TrialRow, write_results
@@ -365,3 +365,18 @@ def test_markdown_text_escapes_only_what_would_act(
 def test_plot_text_keeps_dollars_and_underscores_visible() -> None:
     assert plot_text("$x^2$") == "\\$x^2\\$"
     assert plot_text("_water") == " _water"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a\x1b[2Jb", "a\\x1b[2Jb"),  # no escape sequence reaches the terminal
+        ("two\nlines\rback\ttab", "two\\nlines\\rback\\ttab"),
+        ("rtl\u202egpj.tif", "rtl\\u202egpj.tif"),  # no reordering of what follows
+        ("zero\u200bwidth\u2028sep\xa0", "zero\\u200bwidth\\u2028sep\\xa0"),
+        ("plain é 中 [x] $y$ <b>", "plain é 中 [x] $y$ <b>"),  # printable text stays
+    ],
+)
+def test_terminal_text_escapes_only_what_a_terminal_acts_on(text: str, expected: str) -> None:
+    assert terminal_text(text) == expected
+    assert terminal_text(text).isprintable()
