@@ -294,6 +294,11 @@ def run_change(config: ChangeConfig) -> Transitions:
             files = [writer.write(piece) for piece in pieces]
         finally:
             writer.close()
+        if not writer.counts[1:].any():
+            raise ChangeError(
+                f"{before.given} and {after.given} share no pixel that both classify (they do "
+                "not overlap, or one is all nodata there); compare maps of one region"
+            )
         if map_name == MOSAIC:
             files.append(_mosaic(files, pieces, before, work))
         transitions = Transitions.from_change_counts(

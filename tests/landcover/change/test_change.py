@@ -173,6 +173,8 @@ def _counts(before: np.ndarray, after: np.ndarray) -> np.ndarray:
         ("size", "is not on the grid of"),
         ("exists", "--overwrite"),
         ("out-is-file", "exists and is not a directory"),
+        ("apart", "share no pixel that both classify"),
+        ("all-nodata", "share no pixel that both classify"),
     ],
 )
 def test_maps_that_cannot_be_compared_are_refused_in_one_line(
@@ -198,7 +200,12 @@ def test_maps_that_cannot_be_compared_are_refused_in_one_line(
         (out / "change.md").write_text("earlier")
     elif bad == "out-is-file":
         out.write_text("a file")
-    code, text = run("change", str(before), str(after), "--out", str(out))
+    elif bad == "apart":  # warped onto BEFORE's grid, a map of another place is all nodata
+        after = write_map(tmp_path / "other.tif", codes, crs="EPSG:32617")
+    elif bad == "all-nodata":
+        after = write_map(tmp_path / "other.tif", np.zeros_like(codes))
+    resample = ["--resample"] if bad == "apart" else []
+    code, text = run("change", str(before), str(after), "--out", str(out), *resample)
     assert code == 2 and message in text and text.count("\n") == 1, text
     if bad == "exists":
         assert sorted(p.name for p in out.iterdir()) == ["change.md"]
