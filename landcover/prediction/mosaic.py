@@ -51,8 +51,10 @@ _WARP_MARGIN_PX = 3
 # from the grid's origin): small enough that the cells past a block's edge cost little, large
 # enough that GDAL's per-call set-up does not dominate.
 WARP_CELL_PX = 256
-# The warped cells one reader keeps, in bytes: the cells along one block's edge, for the next.
+# The warped cells one reader keeps, in bytes: the cells along one block's edge, for the next;
+# and in number (cells a source does not cover are kept as None, of no size).
 _CELL_CACHE_BYTES = 32 * 1024 * 1024
+_CELL_CACHE_ENTRIES = 1024
 
 # (bands, height, width) values and the (height, width) mask of the pixels with data
 Pixels = tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]
@@ -162,8 +164,9 @@ def _intersection(a: Window, b: Window) -> Window:
 
 
 class _CellCache:
-    """The warped cells one reader made last, up to `_CELL_CACHE_BYTES` (least recently used
-    first out); one per reader, so a cell is never taken from another run's files."""
+    """The warped cells one reader made last, up to `_CELL_CACHE_BYTES` and
+    `_CELL_CACHE_ENTRIES` (least recently used first out); one per reader, so a cell is never
+    taken from another run's files."""
 
     def __init__(self, reader: RasterReader) -> None:
         self._reader = weakref.ref(reader)
@@ -194,7 +197,9 @@ class _CellCache:
             if key not in self._cells:
                 self._cells[key] = got
                 self._bytes += _pixels_bytes(got)
-            while self._bytes > _CELL_CACHE_BYTES and len(self._cells) > 1:
+            while len(self._cells) > 1 and (
+                self._bytes > _CELL_CACHE_BYTES or len(self._cells) > _CELL_CACHE_ENTRIES
+            ):
                 _, old = self._cells.popitem(last=False)
                 self._bytes -= _pixels_bytes(old)
         return got

@@ -170,3 +170,25 @@ def test_ranks_write_the_one_process_cog_of_a_reprojected_source_byte_for_byte(
         for future in futures:
             future.result(timeout=300)
     assert Path(one.out).read_bytes() == Path(many.out).read_bytes()
+
+
+def test_the_cells_a_reader_keeps_are_bounded_and_their_eviction_changes_no_pixel(
+    utm17_scene: Path, small_cells: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = open_images([str(utm17_scene)])
+    plan = plan_output_grid(sources, None, resolution_m=1.0, crs=rasterio.CRS.from_epsg(32618))
+    whole = plan.grid.window
+    reader = RasterReader()
+    try:
+        expected = read_mosaic(plan, reader, whole)
+        monkeypatch.setattr(mosaic, "_CELL_CACHE_ENTRIES", 3)
+        small = RasterReader()
+        got = [read_mosaic(plan, small, block) for block in whole.blocks(20)]
+        assert len(mosaic._CellCache.of(small)._cells) <= 3
+        for block, (data, valid) in zip(whole.blocks(20), got, strict=True):
+            rows, cols = block.slices(whole)
+            np.testing.assert_array_equal(data, expected[0][:, rows, cols])
+            np.testing.assert_array_equal(valid, expected[1][rows, cols])
+        small.close()
+    finally:
+        reader.close()
