@@ -86,11 +86,12 @@ def evaluate_command(
 def _map_of(prediction: str) -> str:
     """PREDICTION as a raster: a tiled product's directory stands for its mosaic
     (DIR/mosaic.vrt); another directory is refused in one line saying what to give."""
-    from landcover.prediction.tilecatalog import MOSAIC
     from tiling.shared.urls import is_local, local_path
 
     if not is_local(prediction) or not local_path(prediction).is_dir():
         return prediction
+    # the product's own name for it; its module imports torch, paid only for a directory
+    from landcover.prediction.tilecatalog import MOSAIC
     from landcover.view.mapfile import product_mosaic
 
     mosaic = local_path(prediction) / MOSAIC

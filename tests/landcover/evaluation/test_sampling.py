@@ -394,3 +394,34 @@ def test_a_class_of_one_pixel_is_a_census_stratum(codes: np.ndarray, tmp_path: P
     assert barren["mapped_pixels"] == 1 and barren["sample_size"] == 1
     assert barren["area"] == pytest.approx(RES_M**2 / 1e6, rel=1e-3) and barren["area_se"] == 0.0
     assert barren["users_accuracy"] == 1.0 and barren["users_accuracy_se"] == 0.0
+
+
+IMPORTS_TORCH = """
+import sys
+from click.testing import CliRunner
+from landcover.cli.app import main
+result = CliRunner().invoke(main, sys.argv[1:])
+assert result.exit_code == 0, result.output
+print("torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("command", ["sample", "evaluate --reference"])
+def test_sampling_a_map_file_does_not_import_torch(
+    command: str, cog: Path, codes: np.ndarray, tmp_path: Path
+) -> None:
+    """No model is involved: the command does not pay torch's import (seconds, and most of
+    its memory)."""
+    import subprocess
+    import sys
+
+    sample = tmp_path / "s.csv"
+    args = ["sample", str(cog), "--out", str(sample), "--size", "300"]
+    if command != "sample":
+        assert run(*args)[0] == 0
+        _fill(sample, tmp_path / "f.csv", codes)
+        args = ["evaluate", str(cog), "--reference", str(tmp_path / "f.csv")]
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS_TORCH, *args], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "False"
