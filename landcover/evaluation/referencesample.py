@@ -26,7 +26,7 @@ import rasterio
 from pyproj import Transformer
 
 from landcover.errors import EvaluationError, reason
-from landcover.evaluation.sampling import SamplePoints
+from landcover.evaluation.sampling import SamplePoints, values_at
 from landcover.outputs import write_atomic, write_text_atomic
 from tiling.classes import NODATA_CODE, ClassMap
 
@@ -337,13 +337,11 @@ def references_from_raster(
             )
             rx, ry = to_raster.transform(xs, ys)
             rows, cols = rasterio.transform.rowcol(ds.transform, rx, ry)
-            rows, cols = np.asarray(rows), np.asarray(cols)
+            rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
             inside = (rows >= 0) & (rows < ds.height) & (cols >= 0) & (cols < ds.width)
             raw = np.zeros(len(xs), dtype=np.int64)
             nodata = ds.nodata
-            for i in np.flatnonzero(inside):
-                window = rasterio.windows.Window(int(cols[i]), int(rows[i]), 1, 1)
-                raw[i] = int(ds.read(1, window=window)[0, 0])
+            raw[inside] = values_at(ds, rows[inside], cols[inside])
     except rasterio.errors.RasterioIOError as exc:
         raise EvaluationError(
             f"--reference-raster {raster}: cannot open it ({reason(exc)})"

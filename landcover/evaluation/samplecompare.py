@@ -29,7 +29,7 @@ from landcover.evaluation.referencesample import (
     references_from_raster,
     sample_in_crs,
 )
-from landcover.evaluation.sampling import count_map_classes, open_maps
+from landcover.evaluation.sampling import count_map_classes, open_maps, values_at
 from landcover.view.mapfile import MapFile
 from tiling.classes import NODATA_CODE, ClassMap, get_class_map
 from tiling.errors import TilingError
@@ -122,13 +122,11 @@ def _map_codes_at(
 ) -> npt.NDArray[np.int64]:
     """The map's class under each point; refuses points off the map or on its nodata."""
     rows, cols = rasterio.transform.rowcol(m.transform, xs, ys)
-    rows, cols = np.asarray(rows), np.asarray(cols)
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
     inside = (rows >= 0) & (rows < m.height) & (cols >= 0) & (cols < m.width)
     codes = np.zeros(len(xs), dtype=np.int64)
     with rasterio.open(m.path) as ds:
-        for i in np.flatnonzero(inside):
-            window = rasterio.windows.Window(int(cols[i]), int(rows[i]), 1, 1)
-            codes[i] = int(ds.read(1, window=window)[0, 0])
+        codes[inside] = values_at(ds, rows[inside], cols[inside])
     pixel = rows.astype(np.int64) * m.width + cols
     _, first, seen = np.unique(pixel[inside], return_index=True, return_counts=True)
     if (seen > 1).any():

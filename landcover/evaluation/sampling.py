@@ -39,6 +39,7 @@ __all__ = [
     "draw_sample",
     "open_maps",
     "require_whole",
+    "values_at",
     "window_pixel_m2",
 ]
 
@@ -196,6 +197,27 @@ def count_map_classes(
                     weights = window_pixel_m2(cells, window).ravel()
                     area_m2 += np.bincount(codes.ravel(), weights=weights, minlength=k)[:k]
     return np.stack(rows) if rows else np.zeros((0, k), dtype=np.int64)
+
+
+def values_at(
+    ds: rasterio.DatasetReader, rows: npt.NDArray[np.int64], cols: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """Band 1 of `ds` at the pixels (`rows`, `cols`), all inside it: each block of the file
+    that holds a point is read once, whatever the number of points in it (a point at a time
+    decodes a block per point)."""
+    values = np.zeros(len(rows), dtype=np.int64)
+    if not len(rows):
+        return values
+    bh, bw = (max(int(v), 1) for v in ds.block_shapes[0])
+    block = (rows // bh) * ((ds.width + bw - 1) // bw) + cols // bw
+    order = np.argsort(block, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(block[order]) != 0])
+    for group in np.split(order, starts[1:]):
+        r0, c0 = int(rows[group[0]] // bh) * bh, int(cols[group[0]] // bw) * bw
+        window = Window(c0, r0, min(bw, ds.width - c0), min(bh, ds.height - r0))
+        data = ds.read(1, window=window)
+        values[group] = data[rows[group] - r0, cols[group] - c0]
+    return values
 
 
 def window_pixel_m2(cells: CellAreas, window: Window) -> npt.NDArray[np.float64]:

@@ -425,3 +425,27 @@ def test_sampling_a_map_file_does_not_import_torch(
         [sys.executable, "-c", IMPORTS_TORCH, *args], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_values_at_points_read_each_block_once(cog: Path, codes: np.ndarray) -> None:
+    """The map (and a truth raster) under the sample's points: the values of a read per
+    point, but each block of the file that holds points is read once."""
+    from landcover.evaluation.sampling import values_at
+
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, HEIGHT, 2_000)
+    cols = rng.integers(0, WIDTH, 2_000)
+    with rasterio.open(cog) as ds:
+        reads = []
+        read = ds.read
+
+        def counted(*args: object, **kwargs: object) -> np.ndarray:
+            reads.append(kwargs.get("window"))
+            return read(*args, **kwargs)  # type: ignore[arg-type]
+
+        ds.read = counted  # type: ignore[method-assign]
+        values = values_at(ds, rows, cols)
+        bh, bw = ds.block_shapes[0]
+    assert np.array_equal(values, codes[rows, cols])
+    blocks = {(r // bh, c // bw) for r, c in zip(rows.tolist(), cols.tolist(), strict=True)}
+    assert len(reads) == len(blocks) < len(rows)
