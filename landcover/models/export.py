@@ -47,7 +47,13 @@ from torch import nn
 
 from landcover.errors import ExportError, LandcoverError, ModelFileError
 from landcover.models.modelfile import ModelMeta, load_model_file, meta_from_json, meta_to_json
-from landcover.outputs import check_output_file, require_distinct, write_atomic, write_bytes_atomic
+from landcover.outputs import (
+    check_output_file,
+    check_output_format,
+    require_distinct,
+    write_atomic,
+    write_bytes_atomic,
+)
 from tiling.shared.flags import flag, option
 from tiling.shared.urls import check_storage_options
 
@@ -205,6 +211,8 @@ def export(config: ExportConfig) -> ExportResult:
         )
     require_distinct([("--out", os.fspath(out))], inputs=[("model", model_url)])
     name_like = "model.onnx" if format == "onnx" else "model.torchscript"
+    suffixes = (".onnx",) if format == "onnx" else (".torchscript", ".pt", ".ts")
+    check_output_format(os.fspath(out), option="--out", expected=suffixes, example=name_like)
     check_output_file(out, option="--out", overwrite=overwrite, example=name_like)
     if format == "onnx":
         for module in ("onnx", "onnxscript"):

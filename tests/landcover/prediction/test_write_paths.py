@@ -13,8 +13,8 @@ inside itself:
   half-made that a rerun would trust; a quicklook.png that is a directory is refused before
   any work;
 - an output whose name says another format (lc.png for the GeoTIFF, map.png for the page,
-  chips.tif for the chip store, lc.tif for the STAC item) is refused in one line, before any
-  work, nothing written.
+  chips.tif for the chip store, item.tif for the STAC item, model.png for an export) is
+  refused in one line, before any work, nothing written.
 """
 
 from __future__ import annotations
@@ -294,6 +294,8 @@ def _named(option_args: list[str]) -> Callable[[Inputs, Path], list[str]]:
         if given[0] in ("view", "tile"):
             source = str(i.prediction) if given[0] == "view" else str(i.scene)
             return [given[0], source, *given[1:]]
+        if given[0] == "export":
+            return ["export", str(i.model), *given[1:]]
         base = ["predict", str(i.model), str(i.scene), "--device", "cpu"]
         if "--out" not in given:
             base += ["--out", str(out / "lc.tif")]
@@ -318,6 +320,16 @@ OTHER_FORMATS = {
         "TIFF",
     ),
     "view --out map.png": (_named(["view", "--out", "{out}/map.png"]), "--out", "PNG"),
+    "export --format onnx --out model.png": (
+        _named(["export", "--format", "onnx", "--out", "{out}/model.png"]),
+        "--out",
+        "PNG",
+    ),
+    "export --format torchscript --out model.onnx": (
+        _named(["export", "--format", "torchscript", "--out", "{out}/model.onnx"]),
+        "--out",
+        "ONNX",
+    ),
     "tile --out chips.tif": (
         _named(["tile", "--out", "{out}/chips.tif", "--chip-size", "32"]),
         "--out",
