@@ -441,7 +441,7 @@ def test_values_at_points_read_each_block_once(cog: Path, codes: np.ndarray) -> 
 
         def counted(*args: object, **kwargs: object) -> np.ndarray:
             reads.append(kwargs.get("window"))
-            return read(*args, **kwargs)  # type: ignore[arg-type]
+            return read(*args, **kwargs)  # type: ignore[arg-type,no-any-return]
 
         ds.read = counted  # type: ignore[method-assign]
         values = values_at(ds, rows, cols)
