@@ -55,6 +55,16 @@ def _view(i: Inputs, out: Path, spare: Path) -> Args:
     return ["view", str(i.prediction), "--out", str(target)], target
 
 
+def _change(i: Inputs, out: Path, spare: Path) -> Args:
+    target = out / "change"
+    return ["change", str(i.prediction), str(i.prediction), "--out", str(target)], target
+
+
+def _sample(i: Inputs, out: Path, spare: Path) -> Args:
+    target = out / "sample.csv"
+    return ["sample", str(i.prediction), "--out", str(target), "--size", "20"], target
+
+
 def _tiled_ranks(i: Inputs, out: Path, spare: Path) -> Args:
     args, target = _tiled(i, out, spare)
     return [*args, "--nproc", "2"], target
@@ -65,6 +75,8 @@ EVERY_WRITER = {
     **{name: writer for name, writer in WRITERS.items() if name != "demo"},
     "predict --out DIR/ --tile-size": _tiled,
     "view": _view,
+    "change": _change,
+    "sample": _sample,
 }
 
 
