@@ -50,6 +50,7 @@ SAMPLE_COLUMNS = (
 )
 SAMPLE_SUFFIXES = (".gpkg", ".csv")
 LAYER = "sample"
+GPKG_DATE = "1970-01-01T00:00:00.000Z"  # the timestamps GDAL writes into a GeoPackage
 
 
 def check_sample_suffix(path: str | os.PathLike[str], *, option: str) -> str:
@@ -103,6 +104,15 @@ def write_sample(points: SamplePoints, path: str | os.PathLike[str], *, overwrit
         # GDAL wants the .gpkg suffix on the file it creates; renamed onto the temp name
         staged = f"{tmp}.gpkg"
         Path(staged).unlink(missing_ok=True)
+        # the GeoPackage's last_change stamps: fixed, so one seed gives one file, byte for byte
+        pyogrio.set_gdal_config_options({"OGR_CURRENT_DATE": GPKG_DATE})
+        try:
+            _write_gpkg(staged)
+        finally:
+            pyogrio.set_gdal_config_options({"OGR_CURRENT_DATE": None})
+        os.replace(staged, tmp)
+
+    def _write_gpkg(staged: str) -> None:
         pyogrio.raw.write(
             staged,
             geometry,
@@ -113,7 +123,6 @@ def write_sample(points: SamplePoints, path: str | os.PathLike[str], *, overwrit
             geometry_type="Point",
             layer=LAYER,
         )
-        os.replace(staged, tmp)
 
     write_atomic(path, write, overwrite=overwrite)
 
