@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,7 +241,10 @@ def _text(value: object) -> str:
 def _read_csv(path: str) -> ReferenceSample:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.DictReader(f))
+            # column names as a spreadsheet may leave them: "Reference", " x "
+            rows = [
+                {(k or "").strip().lower(): v for k, v in row.items()} for row in csv.DictReader(f)
+            ]
             header = rows[0].keys() if rows else set()
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise EvaluationError(f"--reference {path}: cannot read it as CSV ({exc})") from None
@@ -253,13 +257,15 @@ def _read_csv(path: str) -> ReferenceSample:
             f"--reference {path}: needs columns x, y (the map's CRS) or lon, lat (WGS 84); "
             f"found {', '.join(header)}"
         )
-    try:
-        x = np.array([float(r[keys[0]]) for r in rows])
-        y = np.array([float(r[keys[1]]) for r in rows])
-    except (TypeError, ValueError):
+    x, y = (np.array([_coordinate(r.get(k)) for r in rows]) for k in keys)
+    bad = np.flatnonzero(~(np.isfinite(x) & np.isfinite(y)))
+    if bad.size:
+        row = rows[int(bad[0])]
         raise EvaluationError(
-            f"--reference {path}: a {keys[0]}/{keys[1]} value is not a number"
-        ) from None
+            f"--reference {path}: row {int(bad[0]) + 1} has {keys[0]} {row.get(keys[0])!r}, "
+            f"{keys[1]} {row.get(keys[1])!r}: not numbers ({bad.size} such rows); give every "
+            "point its coordinates"
+        )
     has = REFERENCE_COLUMN in header
     return ReferenceSample(
         path=path,
@@ -275,6 +281,14 @@ def _read_csv(path: str) -> ReferenceSample:
             else None
         ),
     )
+
+
+def _coordinate(text: object) -> float:
+    """A coordinate cell as a number; NaN when it is blank or not a number."""
+    try:
+        return float(str(text).strip()) if text is not None else math.nan
+    except ValueError:
+        return math.nan
 
 
 def parse_references(sample: ReferenceSample, class_map: ClassMap) -> npt.NDArray[np.int64]:

@@ -227,6 +227,8 @@ def test_class_names_are_escaped_in_the_page_and_the_markdown(
         ("off-map", "1 of 300 points lie outside"),
         ("duplicate", "rows 1 and 301 are the same pixel"),
         ("other-map", "1 of 300 points have a map_code other than the class of"),
+        ("blank-x", "row 1 has x '', y"),
+        ("text-y", "row 1 has x"),
     ],
 )
 def test_a_bad_sample_is_refused_in_one_line(
@@ -249,6 +251,10 @@ def test_a_bad_sample_is_refused_in_one_line(
         ]
     elif edit == "off-map":
         rows[0]["x"] = str(X0 - 10)
+    elif edit == "blank-x":
+        rows[0]["x"] = ""
+    elif edit == "text-y":
+        rows[0]["y"] = "n/a"
     elif edit == "duplicate":
         rows.append(dict(rows[0], id="301"))
     elif edit == "other-map":  # a sample of another map: its strata are not this map's
@@ -451,3 +457,18 @@ def test_values_at_points_read_each_block_once(cog: Path, codes: np.ndarray) -> 
     assert np.array_equal(values, codes[rows, cols])
     blocks = {(r // bh, c // bw) for r, c in zip(rows.tolist(), cols.tolist(), strict=True)}
     assert len(reads) == len(blocks) < len(rows)
+
+
+def test_column_names_are_read_as_a_spreadsheet_may_leave_them(
+    cog: Path, codes: np.ndarray, tmp_path: Path
+) -> None:
+    """ "Reference", " X " are the columns reference and x."""
+    sample, filled = tmp_path / "s.csv", tmp_path / "f.csv"
+    assert run("sample", str(cog), "--out", str(sample), "--size", "300")[0] == 0
+    _fill(sample, filled, codes)
+    lines = filled.read_text().splitlines()
+    header = lines[0].replace("reference", "Reference").replace(",x,", ", X ,")
+    filled.write_text("\n".join([header, *lines[1:]]) + "\n")
+    code, out = run("evaluate", str(cog), "--reference", str(filled), "--json")
+    assert code == 0, out
+    assert json.loads(out)["overall_accuracy"] == 1.0
