@@ -116,16 +116,20 @@ def worker_command(verbose: int, quiet: bool, **params: Any) -> None:
         )
         with terminate_on_sigterm():  # a launcher's stop: checkpoints and temp files close
             train(config_from_params(params), dist_env=env)
-    except USER_ERRORS as exc:
-        _leave_error(str(exc), rank, params)
+    except USER_ERRORS as exc:  # this rank refused its input: the job's cause, whenever it ends
+        _leave_error(str(exc), rank, params, bad_input=True)
         raise UserFacingError(str(exc), exit_code=2) from exc
     except Exception as exc:  # a bug: the traceback stays in this worker's log
         _leave_error(f"internal error: {type(exc).__name__}: {exc}", rank, params)
         raise
 
 
-def _leave_error(message: str, rank: int | None, params: Mapping[str, Any]) -> None:
+def _leave_error(
+    message: str, rank: int | None, params: Mapping[str, Any], *, bad_input: bool = False
+) -> None:
     """This worker's one-line error, for the launcher that asked for it (cluster.failures);
-    storage secrets scrubbed, since an fsspec error may quote them."""
+    storage secrets scrubbed, since an fsspec error may quote them. `bad_input`: one of our
+    errors about the input (a damaged shard), which the launcher reports before the other
+    ranks' lost connections, however the ranks' clocks order them."""
     secrets = collect_secret_values(params.get("storage_options") or {})
-    record_worker_error(Redactor(secrets).text(message), rank=rank)
+    record_worker_error(Redactor(secrets).text(message), rank=rank, bad_input=bad_input)

@@ -19,7 +19,10 @@ import distributed
 import pytest
 import rasterio
 import rasterio.shutil
+from click.testing import CliRunner
 
+from cluster.failures import first_worker_error, read_worker_errors, record_worker_error
+from landcover.cli.train import worker_command
 from tests.support.stageruns import run, tile_args
 from tests.tiling.rasters import image_pixels, write_raster
 
@@ -127,3 +130,33 @@ def test_an_error_in_a_unit_is_the_line_of_one_process(
     assert "See previous exception" not in lines["one process"]
     assert lines["--nproc 2"] == lines["one process"], lines
     assert lines["dask tasks"] == lines["one process"], lines
+
+
+def test_a_train_rank_that_refuses_its_input_is_the_cause_whatever_the_clocks_say(
+    tmp_path: Path,
+) -> None:
+    """Before: a train rank's own error (a damaged shard) was recorded as a crash, so the
+    launcher reported whichever record was older; the peer's "Connection closed by peer"
+    (gloo) was often written first, while the failing rank tore down its process group, and
+    `cluster launch` printed that as an internal error."""
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    store = tmp_path / "missing.zarr"
+    env = {"LANDCOVER_ERROR_DIR": str(errors), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0"}  # fmt: skip
+    result = CliRunner(env=env).invoke(
+        worker_command, [str(store), "--out", str(tmp_path / "run"), "--model", "small_unet"]
+    )
+    assert result.exit_code == 2, result.output
+    record_worker_error(  # the peer, earlier
+        "internal error: RuntimeError: Connection closed by peer",
+        rank=1,
+        environ={"LANDCOVER_ERROR_DIR": str(errors)},
+    )
+    peer = errors / "rank-1.error"
+    record = json.loads(peer.read_text())
+    peer.write_text(json.dumps({**record, "time_s": 0.0}))
+    assert len(read_worker_errors(errors)) == 2
+    cause = first_worker_error(errors)
+    assert cause is not None and cause.rank == 0 and cause.bad_input, cause
+    assert cause.message.startswith(f"{store}: ") and "internal error" not in cause.message
