@@ -1,4 +1,4 @@
-"""Fixtures of the tiling tests: generated scenes (the Azurite blob emulator is tests/conftest.py's)."""
+"""Fixtures of the tiling tests: generated scenes (Azurite is a fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
