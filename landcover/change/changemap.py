@@ -56,6 +56,7 @@ from landcover.errors import ChangeError, OutputExistsError
 from landcover.evaluation.sampling import require_whole, window_pixel_m2
 from landcover.outputs import (
     check_can_create_in,
+    raster_write_errors,
     refuse_existing,
     write_files_atomic,
     write_text_atomic,
@@ -285,6 +286,7 @@ def run_change(config: ChangeConfig) -> Transitions:
     out = Path(config.out_dir)
     old = _check_directory(out, overwrite=config.overwrite)
     with (
+        raster_write_errors(out),  # a full disk or a size limit: one line, after the clean-up
         _claimed(out, [*names, *CHANGE_REPORTS, *old]),
         tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=out) as work,
         rasterio.Env(GDAL_CACHEMAX=128 * 1024 * 1024),

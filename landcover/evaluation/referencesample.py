@@ -17,6 +17,7 @@ import csv
 import io
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import pyproj
 import rasterio
 from pyproj import Transformer
 
-from landcover.errors import EvaluationError, reason
+from landcover.errors import EvaluationError, OutputError, reason
 from landcover.evaluation.sampling import SamplePoints, values_at
 from landcover.outputs import write_atomic, write_text_atomic
 from tiling.classes import NODATA_CODE, ClassMap
@@ -109,6 +110,11 @@ def write_sample(points: SamplePoints, path: str | os.PathLike[str], *, overwrit
         pyogrio.set_gdal_config_options({"OGR_CURRENT_DATE": GPKG_DATE})
         try:
             _write_gpkg(staged)
+        except Exception as exc:
+            Path(staged).unlink(missing_ok=True)  # GDAL leaves the half-written file
+            if not type(exc).__module__.startswith("pyogrio"):
+                raise
+            raise OutputError(_gpkg_failure(path, exc)) from None
         finally:
             pyogrio.set_gdal_config_options({"OGR_CURRENT_DATE": None})
         os.replace(staged, tmp)
@@ -126,6 +132,20 @@ def write_sample(points: SamplePoints, path: str | os.PathLike[str], *, overwrit
         )
 
     write_atomic(path, write, overwrite=overwrite)
+
+
+def _gpkg_failure(path: str | os.PathLike[str], exc: Exception) -> str:
+    """One line for GDAL's failure to write the GeoPackage `path` (it says no errno)."""
+    try:
+        free: int | None = shutil.disk_usage(Path(path).absolute().parent).free
+    except OSError:
+        free = None
+    if free is not None and free < 1024 * 1024:
+        return (
+            f"{path}: cannot write it (No space left on device, {free:,} bytes free); free "
+            "some space there or choose another output"
+        )
+    return f"{path}: GDAL could not write the GeoPackage ({reason(exc)}); or write a .csv"
 
 
 def _csv_text(columns: dict[str, npt.NDArray[np.generic]]) -> str:

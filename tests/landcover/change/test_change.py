@@ -371,3 +371,44 @@ def test_areas_are_measured_on_the_ellipsoid_as_view_measures_them(
     for c in json.loads(out)["classes"]:
         assert c["mapped_area"] == pytest.approx(view[c["code"]], rel=1e-9)
         assert c["area"] == pytest.approx(view[c["code"]], rel=1e-9)  # a perfect sample
+
+
+def _limited_to(size_bytes: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size_bytes, resource.RLIM_INFINITY))
+
+
+@pytest.mark.parametrize("command", ["change", "sample .gpkg", "sample .csv"])
+def test_a_write_the_file_system_refuses_is_one_line_and_leaves_nothing(
+    command: str, tmp_path: Path
+) -> None:
+    """`ulimit -f` (EFBIG, as a full disk; Python ignores SIGXFSZ) in a process of its own:
+    one line naming the output, no traceback, and nothing of the output left (GDAL's
+    half-written GeoPackage was left beside it, and change said 'internal error')."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    noisy = rng.integers(1, 5, size=(600, 600)).astype(np.uint8)  # compresses badly
+    before = write_map(tmp_path / "b.tif", noisy)
+    after = write_map(tmp_path / "a.tif", np.roll(noisy, 1, axis=0))
+    out = tmp_path / "out"
+    if command == "change":
+        args = ["change", str(before), str(after), "--out", str(out)]
+    else:
+        out.mkdir()
+        target = out / f"s{command.split()[1]}"
+        args = ["sample", str(before), "--out", str(target), "--size", "8000"]
+    done = subprocess.run(
+        [sys.executable, "-m", "landcover.cli.app", "-q", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=lambda: _limited_to(64 * 1024),
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in errors[0], done.stderr
+    assert str(out) in errors[0]
+    assert not out.exists() or list(out.iterdir()) == []
