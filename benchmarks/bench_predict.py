@@ -16,6 +16,13 @@
    (non-overlapping chips, each run alone). Accuracy against the labels for pixels within
    16 px of a window edge vs the interior, and agreement with full-image inference (the model
    run on the whole scene at once) for the same two groups.
+4. Backends and precisions (`--only backends`): for small_unet and unet_resnet18 (smp's Unet
+   on resnet18, random weights), each backend (torch eager, onnxruntime through the cached
+   ONNX export) and precision (fp32; bf16 where the CPU has it) side by side in one run:
+   km²/min of `predict_region` end to end against the same backend and precision running
+   only the forward passes on pre-made batches of the sizes ours ran (the machine's limit for
+   that choice), and each against torch eager fp32; the one-time export's seconds; then the
+   class agreement with torch fp32 and the accuracy of a small_unet trained here.
 
 Usage: python benchmarks/bench_predict.py [--quick] [--train-seconds S] [--only SECTION ...]
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -48,9 +56,11 @@ from machine import load_average
 import landcover.prediction.windows as prediction_windows
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
+from landcover.prediction.backends import cached_onnx, cpu_features
 from landcover.prediction.blend import window_starts
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.runner import predict_region
+from landcover.prediction.runtime import load_window_model
 from landcover.training.distributed import cpu_model_name
 from tiling.classes import get_class_map
 from tiling.synth import SynthConfig, synthesize_scenes
@@ -60,7 +70,7 @@ OVERLAP = CHIP // 4  # predict's default
 EDGE_PX = 16
 CLASS_MAP = get_class_map("chesapeake7to5")
 BANDS = ("red", "green", "blue", "nir")
-SECTIONS = ["throughput", "profile", "memory", "seams"]
+SECTIONS = ["throughput", "profile", "memory", "seams", "backends"]
 
 
 def main() -> None:
@@ -92,6 +102,11 @@ def main() -> None:
         if "seams" in args.only:
             print()
             seams(work, scene_px=512 if quick else 1024, train_s=train_s)
+        if "backends" in args.only:
+            print()
+            backends(work, side_px=2048 if quick else 4096, block_px=1024 if quick else 2048)
+            print()
+            backend_agreement(work, scene_px=512 if quick else 1024, steps=150 if quick else 400)
 
 
 # -- 1. throughput -------------------------------------------------------------------------------
@@ -138,6 +153,7 @@ def throughput(work: Path, *, side_px: int, block_px: int, repeats: int) -> None
                     overlap_px=overlap,
                     block_px=block_px,
                     device=device,
+                    backend="torch",  # the model alone below is torch's forward
                     overwrite=True,
                     progress=False,
                 )
@@ -269,6 +285,7 @@ def stage_profile(work: Path, *, side_px: int, block_px: int) -> None:
                 probabilities=str(work / "prof-p.tif"),
                 block_px=block_px,
                 device="cpu",
+                backend="torch",
                 overwrite=True,
                 progress=False,
                 pipeline=pipeline,
@@ -547,7 +564,11 @@ def _train(
     mean: tuple[float, ...],
     std: tuple[float, ...],
     seconds: float,
+    *,
+    steps: int | None = None,
 ) -> tuple[torch.nn.Module, int, float]:
+    """small_unet trained for `seconds`, or for `steps` steps where given (a count that does
+    not shrink when the machine is busy)."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     model = build_model("small_unet", num_classes=CLASS_MAP.num_classes)
@@ -555,9 +576,9 @@ def _train(
     xs = [torch.from_numpy(_normalise(im, mean, std)) for im in images]
     ys = [torch.from_numpy(lab.astype(np.int64)) for lab in labels]
     crop, batch = 128, 8
-    started, steps, loss_value = time.perf_counter(), 0, float("nan")
+    started, done, loss_value = time.perf_counter(), 0, float("nan")
     model.train()
-    while time.perf_counter() - started < seconds:
+    while done < steps if steps is not None else time.perf_counter() - started < seconds:
         bx, by = [], []
         for _ in range(batch):
             k = int(rng.integers(len(xs)))
@@ -570,10 +591,10 @@ def _train(
         optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
-        steps += 1
+        done += 1
         value = float(loss.detach())
-        loss_value = 0.9 * loss_value + 0.1 * value if steps > 1 else value
-    return model.eval(), steps, loss_value
+        loss_value = 0.9 * loss_value + 0.1 * value if done > 1 else value
+    return model.eval(), done, loss_value
 
 
 def _naive_chips(model: torch.nn.Module, x: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
@@ -609,6 +630,149 @@ def _normalise(
     m = np.asarray(mean, dtype=np.float32)[:, None, None]
     s = np.asarray(std, dtype=np.float32)[:, None, None]
     return ((image.astype(np.float32) - m) / s).astype(np.float32)
+
+
+# -- 4. backends and precisions ------------------------------------------------------------------
+
+
+def _runs() -> list[tuple[str, str]]:
+    """(backend, precision) of every way a model file runs here."""
+    runs = [("torch", "fp32")]
+    if _onnx_installed():
+        runs.append(("onnxruntime", "fp32"))
+    if cpu_features().bf16:
+        runs.append(("torch", "bf16"))
+    return runs
+
+
+def _onnx_installed() -> bool:
+    return all(importlib.util.find_spec(m) for m in ("onnxruntime", "onnx", "onnxscript"))
+
+
+def backends(work: Path, *, side_px: int, block_px: int) -> None:
+    """Ours against the model alone per backend and precision, and each against torch fp32."""
+    scenes = synthesize_scenes(SynthConfig(work / "be", scenes=1, size_px=side_px, seed=11))
+    image = str(scenes.image_paths[0])
+    km2 = side_px * side_px / 1e6
+    runs = _runs()
+    print(
+        f"## Backends and precisions: one {side_px} x {side_px} px scene ({km2:.2f} km²), "
+        f"chip {CHIP}, overlap {OVERLAP}, blocks of {block_px} px, CPU "
+        f"({cpu_features().describe()})"
+    )
+    print()
+    print(
+        "| model | backend | precision | export once, s | km²/min: ours / model alone "
+        "| ours vs torch fp32 | model alone vs torch fp32 | classes = torch fp32 |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for name in ("small_unet", "unet_resnet18"):
+        model_path = work / f"be-{name}.pt"
+        torch.manual_seed(0)
+        _save(model_path, build_model(name, num_classes=CLASS_MAP.num_classes), name,
+              (110.0,) * 4, (60.0,) * 4)  # fmt: skip
+        export_s = math.nan
+        if _onnx_installed():
+            started = time.perf_counter()
+            cached_onnx(str(model_path))  # the one-time cost, outside the timed runs
+            export_s = time.perf_counter() - started
+        results: dict[tuple[str, str], tuple[float, float, npt.NDArray[np.uint8]]] = {}
+        for backend, precision in runs:
+            out = work / f"be-{name}-{backend}-{precision}.tif"
+            config = PredictConfig(
+                str(model_path), (image,), str(out), block_px=block_px, device="cpu",
+                backend=backend, precision=precision, overwrite=True, progress=False,
+            )  # fmt: skip
+            with _recorded_batches() as batches:
+                started = time.perf_counter()
+                predict_region(config)
+                ours_s = time.perf_counter() - started
+            alone_s = _backend_forward_seconds(model_path, backend, precision, batches)
+            results[backend, precision] = (km2 / ours_s * 60, km2 / alone_s * 60, _read(out)[0])
+        base_ours, base_alone, base_map = results["torch", "fp32"]
+        for (backend, precision), (ours, alone, classes) in results.items():
+            export = f"{export_s:.1f}" if backend == "onnxruntime" else "–"
+            agreement = float((classes == base_map).mean())
+            print(
+                f"| {name} | {backend} | {precision} | {export} | {_ratio(ours, alone)} "
+                f"| **{ours / base_ours:.2f}** | {alone / base_alone:.2f} | {agreement:.5f} |"
+            )
+    print()
+    print(
+        "ours: `predict_region` end to end with that --backend and --precision (read, "
+        "normalise, infer, blend, argmax, COG). Model alone: the same backend and precision "
+        "(`load_window_model`: the same export, the same batch padding) running only the "
+        "forward passes of the batches ours ran, on random chips made beforehand; its km²/min "
+        "is the scene's area over those seconds. ours vs torch fp32: the speed-up of that "
+        "choice over predict with torch eager fp32. Export: seconds of the one-time ONNX "
+        "export, cached by the model file's digest and not in the timed runs. Classes: the "
+        "share of the scene's pixels whose class equals torch fp32's (random weights, so near-"
+        "ties are many; see the next table for a trained model). Each run once, in this order, "
+        "on a machine that may be shared: compare the ratios within a row."
+    )
+
+
+def _backend_forward_seconds(
+    model_path: Path, backend: str, precision: str, batches: list[int]
+) -> float:
+    """Seconds for the model alone, run by `backend` in `precision`, to run batches of random
+    normalised chips of these sizes (made before the clock starts)."""
+    model, _ = load_window_model(
+        str(model_path), backend=backend, precision=precision, device=torch.device("cpu")
+    )
+    generator = torch.Generator().manual_seed(0)
+    chips = [torch.randn(size, 4, CHIP, CHIP, generator=generator) for size in batches]
+    model(chips[0])  # warm up: the first call builds kernels, sessions and caches
+    started = time.perf_counter()
+    for x in chips:
+        model(x)
+    return time.perf_counter() - started
+
+
+def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
+    """A small_unet trained here, on a held-out scene: class agreement of each backend and
+    precision with torch fp32, and accuracy against the labels."""
+    synth = synthesize_scenes(SynthConfig(work / "agree", scenes=3, size_px=scene_px, seed=5))
+    images = [_read(p) for p in synth.image_paths]
+    labels = [CLASS_MAP.apply(_read(p)[0], nodata=15) for p in synth.label_paths]
+    stack = np.stack(images[:2]).astype(np.float64)
+    mean = tuple(float(v) for v in stack.mean(axis=(0, 2, 3)))
+    std = tuple(float(v) for v in stack.std(axis=(0, 2, 3)))
+    model, steps, loss = _train(images[:2], labels[:2], mean, std, math.inf, steps=steps)
+    model_path = work / "agree.pt"
+    _save(model_path, model, "small_unet", mean, std)
+    print(
+        f"## Agreement of the backends: small_unet trained here ({steps} steps of 8 chips of "
+        f"128 px, final loss {loss:.3f}) on 2 synthetic {scene_px} px scenes, tested on a third"
+    )
+    print()
+    print("| backend | precision | classes = torch fp32 | accuracy | accuracy − torch fp32 |")
+    print("|---|---|---:|---:|---:|")
+    maps = {}
+    for backend, precision in _runs():
+        out = work / f"agree-{backend}-{precision}.tif"
+        predict_region(
+            PredictConfig(
+                str(model_path), (str(synth.image_paths[2]),), str(out), device="cpu",
+                backend=backend, precision=precision, progress=False,
+            )
+        )  # fmt: skip
+        maps[backend, precision] = _read(out)[0]
+    base = maps["torch", "fp32"]
+    labelled = (labels[2] > 0) & (base > 0)
+    base_accuracy = _share(base == labels[2], labelled)
+    for (backend, precision), classes in maps.items():
+        accuracy = _share(classes == labels[2], labelled)
+        print(
+            f"| {backend} | {precision} | {float((classes == base).mean()):.5f} "
+            f"| {accuracy:.4f} | {accuracy - base_accuracy:+.4f} |"
+        )
+    print()
+    print(
+        "`--precision auto` would pick bf16 only where its classes agree with fp32 on at least "
+        "0.999 of the pixels with no loss of accuracy; it stays fp32 (landcover.prediction."
+        "runtime). Agreement over every pixel of the scene, accuracy over its labelled ones."
+    )
 
 
 # -- helpers -------------------------------------------------------------------------------------
