@@ -143,6 +143,30 @@ def _load_cached_weights(path: str, model_name: str) -> dict[str, torch.Tensor]:
     return dict(state)
 
 
+# How a file that torch.save wrote begins: a zip archive (the format since torch 1.6), or a
+# pickle (protocol 2 and above start with the PROTO opcode).
+_TORCH_SAVE_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def unreadable_reason(path: str, exc: Exception) -> str:
+    """Why the weights file at `path` could not be read, in a user's terms: not a file of
+    torch.save at all (a text, an image, random bytes), one that holds objects other than
+    tensors (which only running its code would rebuild, refused), or one cut short or damaged;
+    torch's own first sentence (such as 'list index out of range') only with the last."""
+    if path.lower().endswith(".safetensors"):
+        return f"not a readable safetensors file: {_first_reason(exc)}"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    if not head.startswith(_TORCH_SAVE_STARTS):
+        return "not a file written by torch.save, nor safetensors"
+    if "weights only load failed" in str(exc).lower():
+        return "it holds objects other than tensors, which would need running its code"
+    return f"the file is truncated or corrupt: {_first_reason(exc)}"
+
+
 def _first_reason(exc: Exception) -> str:
     """The first sentence of an exception's message, on one line."""
     return (str(exc).strip().split(". ")[0] or type(exc).__name__).splitlines()[0]
@@ -263,8 +287,9 @@ def read_weights_file(path: str, model_name: str) -> dict[str, torch.Tensor]:
         else:
             payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch/safetensors raise RuntimeError, UnpicklingError, EOFError…
+        why = unreadable_reason(path, exc)
         raise TrainingError(
-            f"{model_name}: cannot read pretrained weights {path} ({_first_reason(exc)}); give "
+            f"{model_name}: cannot read pretrained weights {path} ({why}); give "
             "a state dict saved with torch.save or safetensors"
         ) from None
     if isinstance(payload, dict) and isinstance(payload.get("state_dict"), dict):

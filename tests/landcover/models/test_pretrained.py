@@ -303,3 +303,34 @@ def test_pretrained_refusals_speak_in_flags(
     result = CliRunner().invoke(cli.main, args)
     assert result.exit_code == 2 and result.output.startswith(f"error: {message}")
     assert "pretrained=" not in result.output and "None" not in result.output
+
+
+class _NotATensor:
+    """An object torch.save pickles but a weights-only load refuses."""
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda p: p.write_text("root:x:0:0:root:/root:/bin/bash\n"), "not a file written by"),
+        (lambda p: p.write_bytes(bytes(range(101))), "not a file written by torch.save"),
+        (lambda p: torch.save({"w": _NotATensor()}, p), "it holds objects other than tensors"),
+        (
+            lambda p: (torch.save({"w": torch.zeros(3)}, p), p.write_bytes(p.read_bytes()[:200])),
+            "the file is truncated or corrupt: ",
+        ),
+    ],
+    ids=["text", "bytes", "objects", "cut short"],
+)
+def test_an_unreadable_weights_file_says_why_in_a_users_words(
+    tmp_path: Path, make: Any, reason: str
+) -> None:
+    """Before: torch's first words, such as '(list index out of range)' for a text file,
+    '(101)' for bytes and '(Weights only load failed)'."""
+    path = tmp_path / "weights.pt"
+    make(path)
+    with pytest.raises(TrainingError) as info:
+        build_model("unet_resnet18", num_classes=5, pretrained=str(path))
+    prefix = f"unet_resnet18: cannot read pretrained weights {path} ({reason}"
+    assert str(info.value).startswith(prefix), str(info.value)
+    assert "\n" not in str(info.value)
