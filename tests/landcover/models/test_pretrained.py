@@ -309,16 +309,19 @@ class _NotATensor:
     """An object torch.save pickles but a weights-only load refuses."""
 
 
+def _cut_short(path: Path) -> None:
+    """A weights file whose copy stopped after its first 200 bytes."""
+    torch.save({"w": torch.zeros(3)}, path)
+    path.write_bytes(path.read_bytes()[:200])
+
+
 @pytest.mark.parametrize(
     ("make", "reason"),
     [
         (lambda p: p.write_text("root:x:0:0:root:/root:/bin/bash\n"), "not a file written by"),
         (lambda p: p.write_bytes(bytes(range(101))), "not a file written by torch.save"),
         (lambda p: torch.save({"w": _NotATensor()}, p), "it holds objects other than tensors"),
-        (
-            lambda p: (torch.save({"w": torch.zeros(3)}, p), p.write_bytes(p.read_bytes()[:200])),
-            "the file is truncated or corrupt: ",
-        ),
+        (_cut_short, "the file is truncated or corrupt: "),
     ],
     ids=["text", "bytes", "objects", "cut short"],
 )
