@@ -93,6 +93,7 @@ def _with_change_maps(maps: tuple[str, ...]) -> tuple[tuple[str, ...], str | Non
     """The maps with each `landcover change` output directory replaced by its change map and
     the two maps it compares (a layer each), and a title for a page of one change."""
     from landcover.change.transitions import read_change_record
+    from landcover.view.mapfile import local_map
 
     expanded: list[str] = []
     title = None
@@ -101,6 +102,16 @@ def _with_change_maps(maps: tuple[str, ...]) -> tuple[tuple[str, ...], str | Non
         if record is None:
             expanded.append(given)
             continue
-        expanded += [str(Path(given) / record.map_name), record.before, record.after]
+        compared = [record.before, record.after]
+        shown = [m for m in compared if local_map(m)]
+        if len(shown) < len(compared):
+            logger.warning(
+                "%s: its change record names maps that are not local files or directories "
+                "(%s); they are not read (a file's content never makes this command fetch "
+                "anything): pass them as MAPs to show them",
+                given,
+                ", ".join(repr(m) for m in compared if m not in shown),
+            )
+        expanded += [str(Path(given) / record.map_name), *shown]
         title = f"Change from {Path(record.before).name} to {Path(record.after).name}"
     return tuple(expanded), title if len(maps) == 1 else None

@@ -32,7 +32,14 @@ from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
 from tiling.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
 from tiling.shared.urls import is_local, local_path
 
-__all__ = ["MapFile", "local_image", "open_map", "product_mosaic", "recorded_sources"]
+__all__ = [
+    "MapFile",
+    "local_image",
+    "local_map",
+    "open_map",
+    "product_mosaic",
+    "recorded_sources",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +180,13 @@ def local_image(path: str) -> bool:
     except OSError:
         return False
     return not start.startswith((b"<", b"{", b"["))
+
+
+def local_map(path: str) -> bool:
+    """Whether `path`, as named by a file (a change record's maps), may be opened as a map: an
+    existing local file or directory, not a URL, GDAL virtual path or connection string."""
+    file = _plain_local(path)
+    return file is not None and os.path.exists(file)
 
 
 def _plain_local(path: str) -> str | None:

@@ -430,3 +430,30 @@ def test_a_products_own_tiles_and_links_among_them_are_read(
     mosaic = folder / "mosaic.vrt"
     mosaic.write_text(mosaic.read_text().replace(f">{tiles[1].name}<", ">alias.tif<"))
     assert [a.pixels for a in class_areas(open_map(str(folder)))] == _counts(*codes)
+
+
+def test_a_change_records_maps_that_are_urls_are_not_fetched(
+    listener: tuple[str, list[str]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: `view CHANGE_DIR` opened the before and after maps its change.json names,
+    a URL too (a read receipt for whoever sent the directory)."""
+    codes = class_blocks(SIZE, SIZE, seed=5)
+    before = write_map(tmp_path / "before.tif", codes)
+    after = write_map(tmp_path / "after.tif", np.where(codes == 1, 2, codes).astype(np.uint8))
+    out = tmp_path / "change"
+    assert (
+        CliRunner().invoke(main, ["change", str(before), str(after), "--out", str(out)]).exit_code
+        == 0
+    )
+    base, seen = listener
+    record = json.loads((out / "change.json").read_text())
+    (out / "change.json").write_text(json.dumps({**record, "before": f"{base}/before.tif"}))
+    page = tmp_path / "page.html"
+    with caplog.at_level(logging.WARNING):
+        result = CliRunner().invoke(main, ["view", str(out), "--out", str(page)])
+    assert result.exit_code == 0, result.output
+    assert seen == []
+    assert (
+        f"names maps that are not local files or directories ('{base}/before.tif')" in caplog.text
+    )
+    assert result.output.startswith(f"wrote {page}: 2 map(s)")  # the change and after
