@@ -84,7 +84,7 @@ TORCHSCRIPT_EXTRA_FILE = "landcover.json"
 INPUT_NAME = "pixels"
 OUTPUT_NAME = "logits"
 DYNAMIC_AXES = ("batch", "height", "width")
-ONNX_EXTRA = "pip install 'landcover[onnx]'"
+ONNX_EXTRA = "pip install onnx onnxruntime onnxscript (dependencies of landcover)"
 # What export takes, for the messages about other files
 EXPORT_SOURCE = "the model.pt of its training run (RUN_DIR/model.pt from `landcover train`)"
 

@@ -212,8 +212,8 @@ def test_onnxruntime_missing_is_one_line_saying_what_to_install(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert result.output == (
-        "error: --backend onnxruntime: onnxruntime is not installed; pip install "
-        "'landcover[onnx]'; or use --backend torch\n"
+        "error: --backend onnxruntime: onnxruntime is not installed; pip install onnx "
+        "onnxruntime onnxscript (dependencies of landcover); or use --backend torch\n"
     )
     assert list(tmp_path.iterdir()) == []
 
