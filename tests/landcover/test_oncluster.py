@@ -71,9 +71,10 @@ def test_a_fake_task_engine_runs_tile_train_and_predict(
         assert one.profile == two.profile
         assert one.read().tobytes() == two.read().tobytes()
 
-    landcover.predict(model, images[0], tmp_path / "one", tile_px=160, **options)
+    whole_tiles: dict[str, Any] = {"batch_size": 3, "device": "cpu"}  # a tile in one block
+    landcover.predict(model, images[0], tmp_path / "one", tile_px=160, **whole_tiles)
     tiled = landcover.predict(
-        model, images[0], tmp_path / "tiles", tile_px=160, cluster=fake_cluster, **options
+        model, images[0], tmp_path / "tiles", tile_px=160, cluster=fake_cluster, **whole_tiles
     )
     expected = tile_pixels(tmp_path / "one")
     assert len(expected) > 1 and tile_pixels(tmp_path / "tiles") == expected

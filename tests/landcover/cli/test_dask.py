@@ -160,7 +160,8 @@ def test_ddp_on_the_workers_equals_torchrun_and_records_the_workers(
 
 
 def test_a_failing_rank_is_one_line(dask_json: Path, tmp_path: Path) -> None:
-    """A rank that refuses its input ends the job with that rank's line, no traceback."""
+    """A rank that refuses its input ends the job with that rank's own line (what one process
+    prints), no traceback."""
     missing = tmp_path / "absent.zarr"
     result = run(
         "cluster", "launch", str(dask_json), "--", "train", str(missing), "--out",
@@ -168,7 +169,8 @@ def test_a_failing_rank_is_one_line(dask_json: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code != 0
     last = result.output.strip().splitlines()[-1]
-    assert last.startswith("error: dask job failed: ") and str(missing) in last, result.output
+    fix = f"create one with `landcover tile IMAGES --out {missing}`"
+    assert last == f"error: {missing}: no chip store there; {fix}", result.output
     assert "Traceback" not in result.output
 
 
