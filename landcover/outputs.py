@@ -3,7 +3,10 @@ for atomic writes.
 
 `refuse_existing` is the one overwrite policy (as rasterio's `resolve_inout` with
 `FileOverwriteError`): an output that exists (a symlink too, even a dangling one) is replaced
-only when `--overwrite` was given. `check_output_file`, `check_can_create` and
+only when `--overwrite` was given. A directory output (a report) holds one product:
+`check_directory_output` refuses a directory holding anything without `--overwrite`, and
+with it `finish_directory_output` removes what is left of the old product, so nothing of it
+remains beside the new one. `check_output_file`, `check_can_create` and
 `check_can_create_in` tell before any work whether an output can be written where it was asked
 for (a directory that takes new files, not a directory where a file goes), and
 `require_distinct` that no two outputs of one command, nor an output and an input, are one file.
@@ -31,8 +34,10 @@ from tiling.shared.atomic import FULL_ERRNOS, WRITE_FAILURE_ERRNOS, Writer
 __all__ = [
     "check_can_create",
     "check_can_create_in",
+    "check_directory_output",
     "check_output_file",
     "check_output_format",
+    "finish_directory_output",
     "local_output",
     "output_errors",
     "publish",
@@ -412,3 +417,43 @@ def _same_file(a: str, b: str) -> bool:
         return first.exists() and second.exists() and first.samefile(second)
     except OSError:  # a symlink loop, an unreadable directory: compared as written
         return os.path.abspath(first) == os.path.abspath(second)
+
+
+def check_directory_output(
+    out_dir: str | os.PathLike[str],
+    *,
+    overwrite: bool,
+    what: str,
+    owned: Callable[[str], bool],
+    option: str = "--out",
+) -> set[str]:
+    """Refuse the output directory `out_dir` of `option` before any work when it holds
+    anything (hidden files aside) and `overwrite` is not set: a directory output is one
+    product (`what`, e.g. "evaluation report"), never mixed with other files. Returns the
+    names of the product's files already there (those `owned(name)` recognises), which
+    `finish_directory_output` removes once the new product is in place; files of no product
+    are left alone."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{option} {out}: exists and is not a directory; choose another {option}")
+    if not out.is_dir():
+        return set()
+    entries = sorted(e.name for e in out.iterdir() if not e.name.startswith("."))
+    if entries and not overwrite:
+        more = f" (and {len(entries) - 1} more)" if len(entries) > 1 else ""
+        raise OutputExistsError(
+            f"{out / entries[0]} exists{more}; {option} {out} is for one {what}: choose a new "
+            f"directory, or pass --overwrite to replace the {what} there"
+        )
+    return {name for name in entries if owned(name)}
+
+
+def finish_directory_output(
+    out_dir: str | os.PathLike[str], old: Iterable[str], new: Iterable[str]
+) -> None:
+    """After the product's files `new` are in place in `out_dir`: remove the old product's
+    files (`old`, from `check_directory_output`) that the new one does not have."""
+    out = Path(out_dir)
+    with output_errors():
+        for name in sorted(set(old) - set(new)):
+            (out / name).unlink(missing_ok=True)

@@ -52,10 +52,11 @@ from landcover.change.transitions import (
     transitions_png,
 )
 from landcover.classes import colormap
-from landcover.errors import ChangeError, OutputExistsError
+from landcover.errors import ChangeError
 from landcover.evaluation.sampling import require_whole, window_pixel_m2
 from landcover.outputs import (
     check_can_create_in,
+    check_directory_output,
     raster_write_errors,
     refuse_existing,
     write_files_atomic,
@@ -340,15 +341,10 @@ def _check_directory(out: Path, *, overwrite: bool) -> set[str]:
     `overwrite`: a change directory holds one change. Files of no change are left alone."""
     if not out.is_dir():
         return set()
-    entries = sorted(e.name for e in out.iterdir() if not e.name.startswith("."))
-    if entries and not overwrite:
-        more = f" (and {len(entries) - 1} more)" if len(entries) > 1 else ""
-        raise OutputExistsError(
-            f"{out / entries[0]} exists{more}; --out {out} is for one change: choose a new "
-            "directory, or pass --overwrite to replace the change there"
-        )
     owned = _change_files(out)
-    kept = [name for name in entries if name not in owned]
+    # the one rule of a directory output (outputs): refused when it holds anything
+    mine = check_directory_output(out, overwrite=overwrite, what="change", owned=owned.__contains__)
+    kept = [e.name for e in out.iterdir() if not e.name.startswith(".") and e.name not in mine]
     if kept:
         logger.warning("keeping %d file(s) that are not the change's in %s", len(kept), out)
     return owned

@@ -11,9 +11,15 @@ from pathlib import Path
 
 from landcover.errors import EvaluationError
 from landcover.evaluation.areaestimate import Z_95, AreaEstimate
+from landcover.evaluation.report import check_report_directory
 from landcover.evaluation.samplecompare import SampleEvaluation
 from landcover.markup import html_text, markdown_text
-from landcover.outputs import check_can_create_in, refuse_existing, write_files_atomic
+from landcover.outputs import (
+    check_can_create_in,
+    finish_directory_output,
+    refuse_existing,
+    write_files_atomic,
+)
 from tiling.shared.atomic import text_writer
 
 __all__ = [
@@ -37,7 +43,8 @@ def check_area_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool
             f"{', '.join(AREA_REPORT_FILES)}"
         )
     paths = [target / name for name in AREA_REPORT_FILES]
-    refuse_existing(paths, overwrite=overwrite)
+    refuse_existing(paths, overwrite=overwrite)  # a report there: the plain message
+    check_report_directory(target, overwrite=overwrite)
     check_can_create_in(target, option="--out")
     return paths
 
@@ -47,14 +54,17 @@ def write_area_report(
 ) -> list[Path]:
     """metrics.json, metrics.md and report.html of `evaluation` in `out_dir`."""
     paths = check_area_report_target(out_dir, overwrite=overwrite)
+    old = check_report_directory(out_dir, overwrite=overwrite)
     texts = (
         json.dumps(evaluation.to_json(), indent=2) + "\n",
         area_markdown(evaluation),
         area_report_html(evaluation),
     )
+    new = [p.name for p in paths]
     write_files_atomic(
         [(p, text_writer(t)) for p, t in zip(paths, texts, strict=True)], overwrite=overwrite
     )
+    finish_directory_output(out_dir, old, new)
     return paths
 
 

@@ -23,6 +23,8 @@ from landcover.evaluation.scores import Evaluation
 from landcover.markup import markdown_text, plain_figures, plot_text
 from landcover.outputs import (
     check_can_create_in,
+    check_directory_output,
+    finish_directory_output,
     refuse_existing,
     write_bytes_atomic,
     write_files_atomic,
@@ -49,13 +51,28 @@ def panel_name(number: int) -> str:
     return f"panel-{number:02d}.png"
 
 
+def is_report_file(name: str) -> bool:
+    """Whether `name` is a file of an evaluation report (either mode's): what --overwrite
+    removes from a report directory."""
+    return name in {*REPORT_FILES, *PICTURE_FILES, "report.html"} or Path(name).match(PANEL_GLOB)
+
+
+def check_report_directory(out_dir: str | os.PathLike[str], *, overwrite: bool) -> set[str]:
+    """`outputs.check_directory_output` for an evaluation report: `out_dir` holds one report
+    (of either mode), refused when it holds anything else without `overwrite`; returns the
+    names of the old report's files."""
+    return check_directory_output(
+        out_dir, overwrite=overwrite, what="evaluation report", owned=is_report_file
+    )
+
+
 def check_report_target(
     out_dir: str | os.PathLike[str], *, overwrite: bool, pictures: bool = False
 ) -> list[Path]:
     """The report's file paths in `out_dir`, refused when `out_dir` is not a directory,
-    unless `overwrite` already holds one of them (with `pictures`, also classes.png,
-    report.html or a panel-NN.png), or takes no new files. Cheap: call it before
-    evaluating."""
+    holds anything (another report, a user's file) without `overwrite`
+    (`check_report_directory`), or takes no new files. `pictures` (the panels are asked
+    for) changes nothing since any content is refused. Cheap: call it before evaluating."""
     target = Path(out_dir)
     if target.exists() and not target.is_dir():
         raise EvaluationError(
@@ -63,10 +80,8 @@ def check_report_target(
             f"{', '.join(REPORT_FILES)}"
         )
     paths = [target / name for name in REPORT_FILES]
-    refuse_existing(paths, overwrite=overwrite)
-    if pictures:
-        earlier = sorted(target.glob(PANEL_GLOB)) if target.is_dir() else []
-        refuse_existing([*(target / name for name in PICTURE_FILES), *earlier], overwrite=overwrite)
+    refuse_existing(paths, overwrite=overwrite)  # a report there: the plain message
+    check_report_directory(target, overwrite=overwrite)
     check_can_create_in(target, option="--out")
     return paths
 
@@ -83,6 +98,7 @@ def write_report(
     all are rendered and written (a failing plot or a full disk replaces nothing; without
     `overwrite`, a file that appeared since the check is never replaced)."""
     paths = check_report_target(out_dir, overwrite=overwrite, pictures=panels is not None)
+    old = check_report_directory(out_dir, overwrite=overwrite)
     png = confusion_png(evaluation)
     pictures = [] if panels is None else _pictures(evaluation, png, panels)
     try:
@@ -90,6 +106,7 @@ def write_report(
     except OSError as exc:
         raise EvaluationError(f"--out {out_dir}: cannot create it ({exc.strerror})") from None
     texts = (json.dumps(evaluation.to_json(), indent=2) + "\n", _markdown_report(evaluation))
+    new = [*(p.name for p in paths), *(name for name, _ in pictures)]
     write_files_atomic(
         [
             (paths[0], lambda tmp: Path(tmp).write_text(texts[0], encoding="utf-8")),
@@ -99,6 +116,7 @@ def write_report(
         ],
         overwrite=overwrite,
     )
+    finish_directory_output(out_dir, old, new)
     return [*paths, *(Path(out_dir) / name for name, _ in pictures)]
 
 

@@ -18,7 +18,12 @@ from pathlib import Path
 from cluster.vmsizes import Network
 from landcover.comm.counts import CommCounts
 from landcover.errors import ReportError
-from landcover.outputs import refuse_existing, write_bytes_atomic
+from landcover.outputs import (
+    check_directory_output,
+    finish_directory_output,
+    refuse_existing,
+    write_bytes_atomic,
+)
 from landcover.scaling.advice import payoff_blocks
 from landcover.scaling.curves import (
     DEFAULT_PROJECT_TO,
@@ -157,6 +162,9 @@ def write_report_files(
         raise ReportError(f"--out {out}: exists and is not a directory; choose another --out")
     pages = (out / MARKDOWN_FILE, out / HTML_FILE)
     refuse_existing(pages, overwrite=overwrite, what="the scaling report")
+    old = check_directory_output(
+        out, overwrite=overwrite, what="scaling report", owned=_is_report_file
+    )
     # matplotlib takes about a second to import: only writing the figures pays for it
     from landcover.scaling.plots import projection_png, scaling_png
 
@@ -166,7 +174,7 @@ def write_report_files(
         curves = report.curves_of(device)
         images[scaling_name] = scaling_png(curves, device)
         images[projection_name] = projection_png(curves, device, report.project_to)
-    out.mkdir(parents=True, exist_ok=True)
+    new = [*images, MARKDOWN_FILE, HTML_FILE]
     # pages first out, last in: a report.md/report.html on disk means its images are complete
     for stale in [*pages, *out.glob("scaling-*.png"), *out.glob("projection-*.png")]:
         if stale.name not in images:
@@ -177,6 +185,7 @@ def write_report_files(
     # without --overwrite, a page that appeared since the check above is kept, not replaced
     write_bytes_atomic(out / MARKDOWN_FILE, render_markdown(blocks).encode(), overwrite=overwrite)
     write_bytes_atomic(out / HTML_FILE, render_html(blocks, images).encode(), overwrite=overwrite)
+    finish_directory_output(out, old, new)
     logger.info("wrote the scaling report to %s", out)
     return ReportPaths(out_dir=out, images=tuple(out / name for name in images))
 
@@ -184,6 +193,13 @@ def write_report_files(
 def report_markdown(report: ScalingReport) -> str:
     """The report as Markdown text without image links, for printing."""
     return render_markdown(_document(report, figures={}))
+
+
+def _is_report_file(name: str) -> bool:
+    """Whether `name` is a file of a scaling report (its pages and figures)."""
+    return name in (MARKDOWN_FILE, HTML_FILE) or bool(
+        re.fullmatch(r"(scaling|projection)-.*\.png", name)
+    )
 
 
 def _figure_names(devices: Sequence[str]) -> dict[str, tuple[str, str]]:

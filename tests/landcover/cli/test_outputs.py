@@ -463,3 +463,72 @@ def test_overwriting_a_plan_for_another_engine_leaves_only_the_new_plans_files(
     # no job.yaml left for `az ml job create -f` to submit; nothing of the user's removed
     assert files_under(plan_dir) == ["environment/mine.txt", "notes.md", "plan.txt", "torchrun.sh"]
     assert (plan_dir / "notes.md").read_text() == USER_TEXT
+
+
+# -- a directory output holds one product ----------------------------------------------------
+
+
+def _evaluate_no_panels(i: Inputs, out: Path, spare: Path) -> Args:
+    args, target = _evaluate(i, out, spare)
+    return [*args, "--no-panels"], target
+
+
+def _at(writer: Writer, target: Path) -> Writer:
+    """`writer` with its output directory at `target`."""
+
+    def at(i: Inputs, out: Path, spare: Path) -> Args:
+        args, own = writer(i, out, spare)
+        return [str(target) if a == str(own) else a for a in args], target
+
+    return at
+
+
+def _report_scaling_of_another_device(i: Inputs, out: Path, spare: Path) -> Args:
+    runs = spare / "gpu-runs"
+    if not runs.exists():
+        write_run(runs, "workers-1", workers=1, epoch_times=[9.0, 8.0], device="NVIDIA H100")
+    target = out / "report"
+    return ["report", "scaling", str(runs), "--out", str(target)], target
+
+
+# Each directory output, and a product of the same command that it replaces under --overwrite:
+# a truth-mode report with panels by one without and by a sample-mode report, a scaling
+# report of another device's runs (other figures), a change by a change.
+DIRECTORY_OUTPUTS: dict[str, tuple[Writer, Writer]] = {
+    "evaluate": (_evaluate_no_panels, _evaluate),
+    "evaluate --reference": (_evaluate_reference, _evaluate),
+    "report scaling": (_report_scaling, _report_scaling_of_another_device),
+    "change": (_change, _change),
+}
+
+
+@pytest.mark.parametrize("name", list(DIRECTORY_OUTPUTS))
+def test_a_directory_output_holds_one_product(inputs: Inputs, tmp_path: Path, name: str) -> None:
+    """A user's file in the directory is refused in one line without --overwrite and kept;
+    with --overwrite nothing of the product that was there remains (before: evaluate wrote
+    beside any file, and a sample-mode report left a truth-mode report's panel-NN.png)."""
+    writer, other = DIRECTORY_OUTPUTS[name]
+    spare = tmp_path / "spare"
+    fresh_args, fresh = writer(inputs, tmp_path / "fresh", spare)
+    made = invoke(*fresh_args)
+    assert made.exit_code == 0, made.output
+    args, target = writer(inputs, tmp_path / "out", spare)
+
+    target.mkdir(parents=True)
+    (target / "notes.md").write_text(USER_TEXT)
+    refused = invoke(*args)
+    assert_one_line_error(refused, str(target / "notes.md"), "--overwrite")
+    assert files_under(target) == ["notes.md"]
+    assert (target / "notes.md").read_text() == USER_TEXT
+
+    (target / "notes.md").unlink()
+    old_args, _ = _at(other, target)(inputs, tmp_path / "old", spare)
+    old = invoke(*old_args)
+    assert old.exit_code == 0, old.output
+    (target / "notes.md").write_text(USER_TEXT)
+    replaced = invoke(*args, "--overwrite")
+    assert replaced.exit_code == 0, replaced.output
+    visible = [f for f in files_under(target) if not Path(f).name.startswith(".")]
+    expected = [f for f in files_under(fresh) if not Path(f).name.startswith(".")]
+    assert visible == sorted([*expected, "notes.md"])
+    assert (target / "notes.md").read_text() == USER_TEXT

@@ -158,10 +158,13 @@ def test_panels_are_refused_over_an_earlier_report_without_overwrite(
     out = tmp_path / "report"
     out.mkdir()
     (out / "panel-07.png").write_bytes(b"mine")
-    result = evaluate(prediction, truths[:1], out)
-    assert result.exit_code == 2
-    assert result.output == (
-        f"error: {out / 'panel-07.png'} exists; pass --overwrite to replace it\n"
-    )
-    assert sorted(p.name for p in out.iterdir()) == ["panel-07.png"]
-    assert evaluate(prediction, truths[:1], out, "--no-panels").exit_code == 0
+    for panels in ("--panels", "--no-panels"):  # a report directory holds one report
+        result = evaluate(prediction, truths[:1], out, panels)
+        assert result.exit_code == 2
+        assert result.output == (
+            f"error: {out / 'panel-07.png'} exists; --out {out} is for one evaluation report: "
+            "choose a new directory, or pass --overwrite to replace the evaluation report there\n"
+        )
+        assert sorted(p.name for p in out.iterdir()) == ["panel-07.png"]
+    assert evaluate(prediction, truths[:1], out, "--no-panels", "--overwrite").exit_code == 0
+    assert not (out / "panel-07.png").exists()  # nothing of the old report stays
