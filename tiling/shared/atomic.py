@@ -3,8 +3,8 @@
 A reader sees the old file or the whole new one, never half of either, and a crash cannot
 leave a renamed but empty file behind:
 
-1. write to a temp file in the target's directory (`.<name>.<random>.tmp`; a rename is only
-   atomic within one file system),
+1. write to a temp file in the target's directory (`.<name>.<host>-<pid>.<random>.tmp`; a
+   rename is only atomic within one file system),
 2. flush it to the disk (fsync),
 3. give it the permissions a plain `open(path, "w")` would: the mode asked for, else the
    existing file's mode when it replaces one, else 0o666 masked by the process umask (a temp
@@ -15,9 +15,14 @@ leave a renamed but empty file behind:
    appeared there since the caller's check: that file is never replaced.
 
 Any failure (an exception, Ctrl-C, SIGTERM) removes the temp file and leaves the old target
-untouched. A file system's refusal (full, read-only, no permission: `WRITE_FAILURE_ERRNOS`)
-is raised as an OSError of the same errno naming the target, not the temp file, for the one
-line a CLI prints; landcover turns it into its own `OutputError` (`landcover.outputs`).
+untouched. A process killed outright (SIGKILL, the OOM killer, a lost node) cannot: the first
+write of a later process into that directory removes the temp files (and their side files,
+`<temp>.*`) of writers of this host whose process is gone (`remove_dead_writers_temps`); a
+live writer's, another host's, and any other file are left alone.
+
+A file system's refusal (full, read-only, no permission: `WRITE_FAILURE_ERRNOS`) is raised
+as an OSError of the same errno naming the target, not the temp file, for the one line a CLI
+prints; landcover turns it into its own `OutputError` (`landcover.outputs`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import socket
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,6 +46,7 @@ __all__ = [
     "Writer",
     "default_file_mode",
     "publish",
+    "remove_dead_writers_temps",
     "replaced_when_done",
     "text_writer",
     "write_atomic",
@@ -170,9 +178,60 @@ def default_file_mode() -> int:
     return 0o666 & ~_current_umask()
 
 
+# `.<name>.<host>-<pid>.<random>.tmp`, and side files a writer made beside it (GDAL's
+# `<temp>.gpkg`, its journal): `<temp>.<anything>`. A host name holds no dot here.
+_TEMP_NAME = re.compile(r"\..+\.(?P<host>[A-Za-z0-9-]*)-(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp(?:\..*)?")
+_swept: set[str] = set()  # the directories this process has swept (once each)
+
+
+def _writer_id() -> str:
+    """`<host>-<pid>` of this process (dots and other characters of the host name as `-`)."""
+    return f"{re.sub(r'[^A-Za-z0-9-]', '-', socket.gethostname())}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's live process
+        return True
+    return True
+
+
+def remove_dead_writers_temps(directory: str | os.PathLike[str]) -> list[str]:
+    """Remove the temp files in `directory` (and their side files) that writers of this host
+    left when they were killed: those named by this module whose process no longer runs.
+    Returns the names removed. Called once per directory and process by every write."""
+    host = _writer_id().rsplit("-", 1)[0]
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.fullmatch(entry.name)
+        if match is None or match["host"] != host or _alive(int(match["pid"])):
+            continue
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.name)
+    if removed:
+        logger.info("removed %d temp file(s) of killed writers in %s", len(removed), directory)
+    return removed
+
+
 def _temp_beside(target: Path) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    key = os.path.abspath(target.parent)
+    if key not in _swept:
+        remove_dead_writers_temps(target.parent)
+        _swept.add(key)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}.{_writer_id()}.", suffix=".tmp", dir=target.parent
+    )
     os.close(fd)
     return tmp
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -532,3 +535,40 @@ def test_a_directory_output_holds_one_product(inputs: Inputs, tmp_path: Path, na
     expected = [f for f in files_under(fresh) if not Path(f).name.startswith(".")]
     assert visible == sorted([*expected, "notes.md"])
     assert (target / "notes.md").read_text() == USER_TEXT
+
+
+# -- a writer killed outright ---------------------------------------------------------------
+
+_KILLED_WHILE_WRITING = """
+import os, signal, sys
+from tiling.shared import atomic
+def killed(*args, **kwargs):  # the temp file is written, not yet in place
+    os.kill(os.getpid(), signal.SIGKILL)
+atomic._finish = killed
+from landcover.cli.app import main
+sys.argv = ["landcover", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("name", ["sample .csv", "sample .gpkg", "evaluate --reference"])
+def test_a_rerun_removes_the_temp_files_of_a_killed_writer(
+    inputs: Inputs, tmp_path: Path, name: str
+) -> None:
+    """A real SIGKILL while the output's temp file is written leaves it (nothing can remove
+    it then); the rerun of the command removes it (before: hidden temp files stayed for ever)."""
+    out = tmp_path / "out"
+    args, target = WRITERS[name](inputs, out, tmp_path / "spare")
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_WHILE_WRITING, *args],
+        cwd=Path(__file__).parents[3],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert leftovers(out), files_under(out)  # what the kill left
+    rerun = invoke(*args, "--overwrite")
+    assert rerun.exit_code == 0, rerun.output
+    assert target.exists()
+    assert leftovers(out) == []

@@ -6,10 +6,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tiling.shared import atomic
 from tiling.shared.atomic import (
     publish,
     replaced_when_done,
@@ -96,3 +99,20 @@ def test_publish_puts_a_finished_file_in_place_and_names_the_target(
     with pytest.raises(OSError, match="No space left") as info:
         publish(finished, tmp_path / "part.bin")
     assert info.value.filename == str(tmp_path / "part.bin")
+
+
+def test_only_dead_writers_temps_of_this_host_are_removed(tmp_path: Path) -> None:
+    """The sweep a write makes: a killed writer's temp file and its side file go; a live
+    writer's (this process), another host's, and a user's file of a like name stay."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(dead.stdout)
+    me = atomic._writer_id()
+    host = me.rsplit("-", 1)[0]
+    gone = [f".a.tif.{host}-{pid}.abc123_x.tmp", f".b.gpkg.{host}-{pid}.q1w2e3r4.tmp.gpkg"]
+    kept = [f".a.tif.{me}.zz9y8x7w.tmp", f".a.tif.otherhost{host}-{pid}.abcdefgh.tmp",
+            f"a.tif.{host}-{pid}.abcdefgh.tmp", ".a.tif.abcdefgh.tmp", "a.tif"]  # fmt: skip
+    for name in [*gone, *kept]:
+        (tmp_path / name).write_text("x")
+    assert sorted(atomic.remove_dead_writers_temps(tmp_path)) == sorted(gone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
