@@ -90,7 +90,7 @@ def _map_of(prediction: str) -> str:
 
     if not is_local(prediction) or not local_path(prediction).is_dir():
         return prediction
-    # the product's own name for it; its module imports torch, paid only for a directory
+    # the product's own name for it (its module is loaded only for a directory)
     from landcover.prediction.tilecatalog import MOSAIC
     from landcover.view.mapfile import product_mosaic
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rasterio
 import rasterio.shutil
@@ -32,7 +32,6 @@ from rasterio.enums import ColorInterp
 
 from landcover.classes import NODATA_CODE, colormap
 from landcover.errors import LandcoverError, OutputError, PredictionError
-from landcover.models.modelfile import ModelMeta
 from landcover.outputs import (
     GEOTIFF_SUFFIXES,
     check_output_file,
@@ -52,6 +51,9 @@ from landcover.prediction.outgrid import (
     sources_tag,
 )
 from tiling.shared.urls import filesystem, is_local, storage_errors
+
+if TYPE_CHECKING:  # modelfile imports torch, which writing files never needs
+    from landcover.models.modelfile import ModelMeta
 
 # Probabilities are stored as round(p * 254); 255 marks pixels outside the region.
 PROBABILITY_SCALE = 254

@@ -20,7 +20,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pystac
 import rasterio.shutil
@@ -30,11 +30,13 @@ from pystac.extensions.projection import ProjectionExtension
 from pystac.extensions.raster import RasterExtension
 from pystac.layout import CustomLayoutStrategy
 
-from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outgrid import TAG_SOURCES, OutputGrid
 from landcover.prediction.stacitem import ASSET_KEY, COG_MEDIA_TYPE
 from landcover.prediction.tilerecords import TAG_PRODUCT, ProductDir, TileRecord
 from tiling.shared.urls import is_local
+
+if TYPE_CHECKING:  # modelfile imports torch, which writing files never needs
+    from landcover.models.modelfile import ModelMeta
 
 COLLECTION = "collection.json"
 MOSAIC = "mosaic.vrt"
