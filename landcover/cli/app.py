@@ -20,6 +20,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import select
@@ -322,6 +325,71 @@ class UserFacingError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
+def quiet_libtiff() -> None:
+    """Silence libtiff's process-wide error and warning handlers, which print straight to
+    stderr: GDAL (3.7+, with libtiff 4.5+) handles libtiff's messages per file, but its own
+    I/O callbacks report through the process-wide ones ("_tiffSeekProc: File too large."
+    under ulimit -f or on a full disk). GDAL still reports the failure as its own error, which
+    becomes the command's one line. Done once rasterio is imported (set before its GDAL is
+    loaded, the handlers are not the ones GDAL's libtiff uses), so commands that never read a
+    raster do not pay rasterio's import."""
+    if "rasterio" in sys.modules:
+        _silence_libtiff()
+    elif not any(isinstance(finder, _AfterRasterio) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterRasterio())
+
+
+def _silence_libtiff() -> None:
+    """Set the handlers of the libtiff that rasterio's GDAL uses (its wheel's copy, else the
+    system's) to none."""
+    import ctypes
+    import ctypes.util
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("rasterio")
+    locations = (spec.submodule_search_locations or []) if spec else []
+    paths = [
+        path
+        for location in locations
+        for path in sorted(glob.glob(os.path.join(location + ".libs", "libtiff*.so*")))
+    ]
+    if not paths:
+        system = ctypes.util.find_library("tiff")
+        paths = [system] if system else []
+    for path in paths:
+        try:
+            libtiff = ctypes.CDLL(path)
+            libtiff.TIFFSetErrorHandler(None)
+            libtiff.TIFFSetWarningHandler(None)
+        except (OSError, AttributeError):
+            continue
+
+
+class _AfterRasterio(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; when rasterio is imported, wraps its loader so that libtiff's
+    handlers are silenced right after (`quiet_libtiff`), then steps out of sys.meta_path."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "rasterio":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = None if spec is None else spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _silence_libtiff()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
@@ -337,6 +405,11 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     handler.setFormatter(TerminalFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
     log_warnings(verbose=verbose > 0)
+    # GDAL's own words (its errors at INFO, libtiff's on stderr) only with -v: without it,
+    # they came before the one line that says what failed
+    logging.getLogger("rasterio").setLevel(logging.NOTSET if verbose else logging.WARNING)
+    if not verbose:
+        quiet_libtiff()
     # Installed here, in the group's callback, so that it covers every subcommand and a
     # Terminated raised by it passes through LazyGroup.invoke's one-line mapping.
     ctx.with_resource(terminate_on_sigterm())
