@@ -207,9 +207,17 @@ def reshaped(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], s
     return changed, key
 
 
-@pytest.mark.parametrize("source", ["file", "imagenet cache"])
+# smp's imagenet weights come from the Hugging Face cache, tested in test_smp_models
+SOURCES = [
+    (name, source)
+    for name in LOADERS
+    for source in ("file", "imagenet cache")
+    if source == "file" or not name.startswith("smp:")
+]
+
+
 @pytest.mark.parametrize("fault", ["another encoder", "wrong shapes"])
-@pytest.mark.parametrize("name", LOADERS)
+@pytest.mark.parametrize(("name", "source"), SOURCES)
 def test_weights_that_are_not_the_encoders_are_refused_in_one_line(
     name: str, fault: str, source: str, no_network: list[str], tmp_path: Path
 ) -> None:
@@ -223,8 +231,6 @@ def test_weights_that_are_not_the_encoders_are_refused_in_one_line(
         state, key = reshaped(encoder_weights(own))
     if source == "file":
         path = tmp_path / "encoder.pth"
-    elif name.startswith("smp:"):
-        pytest.skip("smp's imagenet is the Hugging Face cache: tested in test_smp_models")
     else:
         path = tmp_path / "torch" / "hub" / "checkpoints" / os.path.basename(WEIGHTS_OF[name].url)
         path.parent.mkdir(parents=True)
