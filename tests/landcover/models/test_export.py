@@ -173,8 +173,10 @@ def test_onnx_file_without_landcover_metadata_is_refused(
         predict_region(PredictConfig(str(junk), (str(scene),), str(tmp_path / "o.tif")))
 
 
-def test_missing_onnx_library_names_the_extra() -> None:
+def test_missing_onnx_library_names_what_to_install() -> None:
     with pytest.raises(
-        ExportError, match=r"no_such_onnx_lib is not installed; pip install 'landcover\[onnx\]'"
+        ExportError,
+        match=r"no_such_onnx_lib is not installed; pip install onnx onnxruntime onnxscript "
+        r"\(dependencies of landcover\)",
     ):
         require_onnx("no_such_onnx_lib")
