@@ -9,15 +9,12 @@ import json
 import os
 from pathlib import Path
 
-from landcover.errors import EvaluationError
 from landcover.evaluation.areaestimate import Z_95, AreaEstimate
-from landcover.evaluation.report import check_report_directory
+from landcover.evaluation.report import check_report_directory, check_report_target
 from landcover.evaluation.samplecompare import SampleEvaluation
 from landcover.markup import html_text, markdown_text
 from landcover.outputs import (
-    check_can_create_in,
     finish_directory_output,
-    refuse_existing,
     write_files_atomic,
 )
 from tiling.shared.atomic import text_writer
@@ -36,17 +33,7 @@ AREA_REPORT_FILES = ("metrics.json", "metrics.md", "report.html")
 def check_area_report_target(out_dir: str | os.PathLike[str], *, overwrite: bool) -> list[Path]:
     """The report's paths in `out_dir`; refused before any work when `out_dir` is a file, or
     holds one of them without `overwrite`, or takes no new files."""
-    target = Path(out_dir)
-    if target.exists() and not target.is_dir():
-        raise EvaluationError(
-            f"--out {target}: exists and is not a directory; give a directory for "
-            f"{', '.join(AREA_REPORT_FILES)}"
-        )
-    paths = [target / name for name in AREA_REPORT_FILES]
-    refuse_existing(paths, overwrite=overwrite)  # a report there: the plain message
-    check_report_directory(target, overwrite=overwrite)
-    check_can_create_in(target, option="--out")
-    return paths
+    return check_report_target(out_dir, overwrite=overwrite, names=AREA_REPORT_FILES)
 
 
 def write_area_report(

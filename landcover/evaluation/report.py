@@ -67,19 +67,23 @@ def check_report_directory(out_dir: str | os.PathLike[str], *, overwrite: bool) 
 
 
 def check_report_target(
-    out_dir: str | os.PathLike[str], *, overwrite: bool, pictures: bool = False
+    out_dir: str | os.PathLike[str],
+    *,
+    overwrite: bool,
+    pictures: bool = False,
+    names: Sequence[str] = REPORT_FILES,
 ) -> list[Path]:
-    """The report's file paths in `out_dir`, refused when `out_dir` is not a directory,
-    holds anything (another report, a user's file) without `overwrite`
+    """The paths of the report files `names` in `out_dir`, refused when `out_dir` is not a
+    directory, holds anything (another report, a user's file) without `overwrite`
     (`check_report_directory`), or takes no new files. `pictures` (the panels are asked
     for) changes nothing since any content is refused. Cheap: call it before evaluating."""
     target = Path(out_dir)
     if target.exists() and not target.is_dir():
         raise EvaluationError(
             f"--out {target}: exists and is not a directory; give a directory for "
-            f"{', '.join(REPORT_FILES)}"
+            f"{', '.join(names)}"
         )
-    paths = [target / name for name in REPORT_FILES]
+    paths = [target / name for name in names]
     refuse_existing(paths, overwrite=overwrite)  # a report there: the plain message
     check_report_directory(target, overwrite=overwrite)
     check_can_create_in(target, option="--out")
