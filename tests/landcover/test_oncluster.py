@@ -38,6 +38,7 @@ def fake_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
     yield FakeCluster(workers=2)
 
 
+@pytest.mark.slow  # tile, two training ranks and predict through the fake engine
 def test_a_fake_task_engine_runs_tile_train_and_predict(
     fake_cluster: FakeCluster, tiny_scenes: SynthResult, tiny_store: str, tmp_path: Path
 ) -> None:

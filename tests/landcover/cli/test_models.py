@@ -49,6 +49,7 @@ def test_models_lists_registered_and_smp_models_with_counts(
     assert lines[-1].startswith("tu-NAME: any timm model")
 
 
+@pytest.mark.slow  # trains, exports to ONNX and predicts an smp U-Net
 def test_smp_model_trains_exports_and_predicts(tiny_store: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(
@@ -102,6 +103,7 @@ def test_tune_space_takes_smp_model_names() -> None:
     assert parse_space(str(space)) == space
 
 
+@pytest.mark.slow  # two training processes for each kind
 @pytest.mark.parametrize(
     "comm", [("--compression", "powersgd:1"), ("--compression", "onebit"), ("--block-momentum",)]
 )

@@ -44,6 +44,7 @@ def meta_for(name: str) -> ModelMeta:
     )
 
 
+@pytest.mark.slow  # each family trains a few steps
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_family_trains_saves_and_loads(name: str, tmp_path: Path) -> None:
     """Logits of the input's size (any size: padded to the stride and cropped), a finite

@@ -119,6 +119,7 @@ def test_a_model_file_is_exported_once_beside_it_and_found_again(
     assert sorted(p.name for p in model_dir.iterdir()) == sorted(["model.pt", path.name])
 
 
+@pytest.mark.slow  # three ONNX exports
 def test_a_changed_model_is_exported_again_and_a_stale_export_never_trusted(
     tmp_path: Path, model_dir: Path
 ) -> None:
@@ -333,6 +334,7 @@ def test_ranks_and_tiles_write_the_one_process_map_for_every_backend(
     assert mosaic_tags["LANDCOVER_BACKEND"] == backend
 
 
+@pytest.mark.slow  # an export and two rank processes
 def test_nproc_ranks_export_once_and_write_the_one_process_map(
     scene: Path, model_dir: Path, tmp_path: Path
 ) -> None:
