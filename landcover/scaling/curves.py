@@ -235,12 +235,26 @@ def _finished(rows: Sequence[ScalingRow]) -> tuple[ScalingRow, ...]:
 
 
 def _rows_of(members: Sequence[RunSummary]) -> tuple[list[ScalingRow], int]:
-    """Rows of one curve and its baseline worker count: the smallest among finished runs."""
+    """Rows of one curve and its baseline worker count: the smallest among finished runs.
+
+    A speed-up belongs to a worker count: repeated finished runs at one count share the median
+    of their samples per second, so a repeat that happened to be faster than the baseline's
+    median reads as the same 100 % as the others, not as over 100 % efficiency. An
+    unfinished run keeps its own rate."""
     finished = [r for r in members if r.complete is not False] or list(members)
     baseline_workers = min(r.workers for r in finished)
-    baseline = statistics.median(r.samples_per_s for r in finished if r.workers == baseline_workers)
+    rate_at = {
+        n: statistics.median(r.samples_per_s for r in finished if r.workers == n)
+        for n in {r.workers for r in finished}
+    }
+    baseline = rate_at[baseline_workers]
     rows = [
-        ScalingRow(r, r.samples_per_s / baseline, r.workers / baseline_workers) for r in members
+        ScalingRow(
+            r,
+            (rate_at[r.workers] if r in finished else r.samples_per_s) / baseline,
+            r.workers / baseline_workers,
+        )
+        for r in members
     ]
     return rows, baseline_workers
 

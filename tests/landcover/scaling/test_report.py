@@ -270,6 +270,20 @@ def test_speedup_and_efficiency_compare_samples_per_second(tmp_path: Path) -> No
     assert w8.efficiency == pytest.approx(96 / 12.5 / 8)
 
 
+@pytest.mark.parametrize("counts", [(2, 2), (2, 2, 4, 4)])
+def test_repeated_runs_at_one_worker_count_share_its_speedup(
+    tmp_path: Path, counts: tuple[int, ...]
+) -> None:
+    # repeats at a count: one faster than the median read as over 100 % efficiency
+    for i, n in enumerate(counts):
+        rate = n * 10.0 * (1.1 if i % 2 else 0.9)
+        write_run(tmp_path, f"r{i}", workers=n, epoch_times=[10.0, 10.0], samples_per_s=rate)
+    (curve,) = build_scaling_report(load_runs([tmp_path])).curves
+    assert max(r.efficiency for r in curve.rows) == pytest.approx(1.0)
+    for n in set(counts):
+        assert len({r.speedup for r in curve.rows if r.run.workers == n}) == 1
+
+
 # --- oversubscription ------------------------------------------------------------------------
 
 
