@@ -52,6 +52,7 @@ __all__ = [
     "build_scaling_report",
     "curve_key",
     "scaling_table",
+    "speedup_by_workers",
 ]
 
 
@@ -234,24 +235,29 @@ def _finished(rows: Sequence[ScalingRow]) -> tuple[ScalingRow, ...]:
     return finished or tuple(rows)
 
 
+def speedup_by_workers(rates: Sequence[tuple[int, float]]) -> dict[int, float]:
+    """The speed-up of each worker count in `rates` ((workers, samples per second) of runs):
+    the median rate of its runs over the median rate at the smallest count. A speed-up
+    belongs to a worker count, so repeated runs at one count share it, and a repeat that
+    happened to be faster than the others never reads as over 100 % efficiency."""
+    counts = {n for n, _ in rates}
+    median_at = {n: statistics.median(rate for m, rate in rates if m == n) for n in counts}
+    baseline = median_at[min(counts)]
+    return {n: rate / baseline for n, rate in median_at.items()}
+
+
 def _rows_of(members: Sequence[RunSummary]) -> tuple[list[ScalingRow], int]:
     """Rows of one curve and its baseline worker count: the smallest among finished runs.
-
-    A speed-up belongs to a worker count: repeated finished runs at one count share the median
-    of their samples per second, so a repeat that happened to be faster than the baseline's
-    median reads as the same 100 % as the others, not as over 100 % efficiency. An
-    unfinished run keeps its own rate."""
+    Finished runs take their worker count's speed-up (`speedup_by_workers`); an unfinished
+    run keeps its own rate."""
     finished = [r for r in members if r.complete is not False] or list(members)
     baseline_workers = min(r.workers for r in finished)
-    rate_at = {
-        n: statistics.median(r.samples_per_s for r in finished if r.workers == n)
-        for n in {r.workers for r in finished}
-    }
-    baseline = rate_at[baseline_workers]
+    speedup_at = speedup_by_workers([(r.workers, r.samples_per_s) for r in finished])
+    baseline = statistics.median(r.samples_per_s for r in finished if r.workers == baseline_workers)
     rows = [
         ScalingRow(
             r,
-            (rate_at[r.workers] if r in finished else r.samples_per_s) / baseline,
+            speedup_at[r.workers] if r in finished else r.samples_per_s / baseline,
             r.workers / baseline_workers,
         )
         for r in members

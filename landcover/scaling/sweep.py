@@ -33,7 +33,7 @@ import logging
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -49,6 +49,7 @@ from cluster.engines import engine_info
 from cluster.errors import ClusterError, LaunchError
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec, ElasticSpec, local_spec
+from landcover.scaling.curves import speedup_by_workers
 from landcover.scaling.metricsfile import read_finished_epochs
 from landcover.scaling.sweepfile import (
     SWEEP_FILE,
@@ -369,14 +370,15 @@ def format_sweep_table(result: SweepResult) -> str:
         "efficiency",
         "note",
     )
-    base = next((r for r in result.runs if r.epoch_time_s), None)
+    speedup_at = _speedups(result.runs)
+    base_workers = min(speedup_at, default=1)
     rows: list[tuple[str, ...]] = []
     for run in result.runs:
         speedup = efficiency = "-"
-        s = _speedup(base, run) if base is not None else None
-        if base is not None and s is not None:
+        s = speedup_at.get(run.workers) if run.epoch_time_s else None
+        if s is not None:
             speedup = f"{s:.2f}"
-            efficiency = f"{100 * s / (run.workers / base.workers):.0f}%"
+            efficiency = f"{100 * s / (run.workers / base_workers):.0f}%"
         note: str = run.status if run.status != "done" else ""
         if run.oversubscribed:
             note = (note + "; " if note else "") + (
@@ -404,12 +406,15 @@ def format_sweep_table(result: SweepResult) -> str:
     return "\n".join([line(header), *(line(r) for r in rows)])
 
 
-def _speedup(base: SweepRun, run: SweepRun) -> float | None:
-    if base.samples_per_s and run.samples_per_s:
-        return run.samples_per_s / base.samples_per_s
-    if base.epoch_time_s and run.epoch_time_s:
-        return base.epoch_time_s / run.epoch_time_s
-    return None
+def _speedups(runs: Sequence[SweepRun]) -> dict[int, float]:
+    """Each measured worker count's speed-up (`speedup_by_workers`), from samples per second,
+    or from epoch times where a run recorded no samples per second."""
+    timed = [r for r in runs if r.epoch_time_s]
+    if not timed:
+        return {}
+    if all(r.samples_per_s for r in timed):
+        return speedup_by_workers([(r.workers, r.samples_per_s or 0.0) for r in timed])
+    return speedup_by_workers([(r.workers, 1 / (r.epoch_time_s or 1.0)) for r in timed])
 
 
 def _now() -> str:

@@ -265,6 +265,18 @@ def test_table_of_epoch_time_against_workers(tmp_path: Path) -> None:
     ]
 
 
+def test_repeated_worker_counts_share_their_speedup_in_the_table(tmp_path: Path) -> None:
+    # the second run at 2 workers was measured faster than the first: relative to the first
+    # run it read as over 100 % efficiency
+    runs = (run(2, 10.0), run(2, 8.0), run(4, 6.0), run(4, 5.0))
+    table = format_sweep_table(SweepResult(tmp_path / "sweep.json", 2, runs)).splitlines()
+    speedups = [line.split()[7] for line in table[1:]]  # "1 x 2" is three words
+    efficiencies = [line.split()[8] for line in table[1:]]
+    assert speedups[0] == speedups[1] == "1.00"
+    assert speedups[2] == speedups[3]
+    assert max(int(e.rstrip("%")) for e in efficiencies) == 100
+
+
 def test_secret_environment_reaches_every_run_and_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
