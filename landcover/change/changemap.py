@@ -57,7 +57,6 @@ from landcover.evaluation.sampling import require_whole, window_pixel_m2
 from landcover.outputs import (
     check_can_create_in,
     check_directory_output,
-    raster_write_errors,
     refuse_existing,
     write_files_atomic,
     write_text_atomic,
@@ -66,6 +65,7 @@ from landcover.prediction.outfiles import to_cog
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES
 from landcover.view.areas import cell_areas
 from landcover.view.mapfile import MapFile, open_map
+from landcover.writefailures import raster_write_errors
 from tiling.classes import NODATA_CODE
 from tiling.shared.atomic import text_writer
 from tiling.shared.urls import is_local

@@ -41,8 +41,8 @@ from cluster.failures import record_worker_error
 from cluster.redact import Redactor
 from landcover.errors import LandcoverError
 from landcover.markup import terminal_text
-from landcover.outputs import write_failure_message
 from landcover.warnlog import WarningLogger
+from landcover.writefailures import write_failure_message
 from tiling.errors import TilingError
 from tiling.shared.atomic import WRITE_FAILURE_ERRNOS
 

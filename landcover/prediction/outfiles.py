@@ -38,7 +38,6 @@ from landcover.outputs import (
     check_output_format,
     local_output,
     publish,
-    raster_write_refusal,
     refuse_existing,
     require_distinct,
 )
@@ -50,6 +49,7 @@ from landcover.prediction.outgrid import (
     OutputGrid,
     sources_tag,
 )
+from landcover.writefailures import raster_write_refusal
 from tiling.shared.urls import filesystem, is_local, storage_errors
 
 if TYPE_CHECKING:  # modelfile imports torch, which writing files never needs

@@ -42,7 +42,6 @@ from pystac.extensions.file import FileExtension
 
 from landcover.errors import OutputExistsError, PredictionError
 from landcover.outputlock import exclusive_outputs
-from landcover.outputs import raster_write_errors
 from landcover.prediction.assemble import PART_POLL  # tile records: as parts
 from landcover.prediction.blocks import block_schedule, require_predicted_pixels
 from landcover.prediction.blockstages import (
@@ -76,6 +75,7 @@ from landcover.prediction.tileplan import (
 from landcover.prediction.tilerecords import RECORDS_DIR, TAG_PRODUCT, ProductDir, TileRecord
 from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import WindowRunner
+from landcover.writefailures import raster_write_errors
 from tiling.reader import RasterReader
 from tiling.staged import wait_for_records
 from tiling.units import UnitRunner
