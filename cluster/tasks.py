@@ -20,12 +20,13 @@ A task engine gives:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from cluster.engines import ENGINES, engine_info, load
 from cluster.errors import ClusterError
+from tiling.shared.units import UnitRunner
 
 if TYPE_CHECKING:
     from cluster.engine import Job, Plan
@@ -34,19 +35,8 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 
-class TaskRunner(Protocol):
-    """Runs `fn(*shared, unit)` for every unit as a task and returns the results in unit
-    order; `shared` values are sent once, not with every unit; `what` names the units. (The
-    same shape as `tiling.units.UnitRunner`, which the stages take.)"""
-
-    def __call__(
-        self,
-        fn: Callable[..., R],
-        units: Sequence[Any],
-        *,
-        shared: Sequence[Any] = (),
-        what: str = "units",
-    ) -> list[R]: ...
+# a task engine runs units in the shape the stages hand them out in
+TaskRunner = UnitRunner
 
 
 @runtime_checkable

@@ -11,21 +11,6 @@ byte-identical to one process's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from tiling.shared.units import UnitRunner
 
-R = TypeVar("R")
-
-
-class UnitRunner(Protocol):
-    """Runs `fn(*shared, unit)` for every unit, anywhere, and returns the results in unit
-    order; `shared` values are sent once, not with every unit; `what` names the units."""
-
-    def __call__(
-        self,
-        fn: Callable[..., R],
-        units: Sequence[Any],
-        *,
-        shared: Sequence[Any] = (),
-        what: str = "units",
-    ) -> list[R]: ...
+__all__ = ["UnitRunner"]
