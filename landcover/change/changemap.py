@@ -18,17 +18,13 @@ no record beside files it did not finish; the next run removes its leftovers.
 from __future__ import annotations
 
 import copy
-import fcntl
-import glob
 import json
 import logging
 import math
 import os
-import shutil
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +37,14 @@ from rasterio.enums import Resampling
 from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
+from landcover.change.changedir import (
+    CHANGE_REPORTS,
+    MOSAIC,
+    PENDING,
+    SCRATCH_PREFIX,
+    check_change_directory,
+    claimed,
+)
 from landcover.change.transitions import (
     CHANGE_MAP,
     CHANGE_RECORD,
@@ -48,7 +52,6 @@ from landcover.change.transitions import (
     change_class_map,
     change_codes,
     check_same_classes,
-    read_change_record,
     transitions_png,
 )
 from landcover.classes import colormap
@@ -56,7 +59,6 @@ from landcover.errors import ChangeError
 from landcover.evaluation.sampling import require_whole, window_pixel_m2
 from landcover.outputs import (
     check_can_create_in,
-    check_directory_output,
     refuse_existing,
     write_files_atomic,
     write_text_atomic,
@@ -82,12 +84,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CHANGE_REPORTS = (CHANGE_RECORD, "change.md", "change.png")
 CHANGE_FILES = (CHANGE_MAP, *CHANGE_REPORTS)
-MOSAIC = "mosaic.vrt"  # the change map of a tiled product: a VRT over a change tile per tile
-LOCK = ".change.lock"  # held while a run writes the directory
-SCRATCH_PREFIX = ".change-"  # a run's work directory inside the output directory
-PENDING = ".change.pending.json"  # the files a run replaces or removes, until it is done
 BLOCK_PX = 1024
 M2_PER_KM2 = 1e6
 # Grids agree when origins and pixel sizes differ by less than this share of a pixel.
@@ -285,10 +282,10 @@ def run_change(config: ChangeConfig) -> Transitions:
     names = [*(p.name for p in pieces), *([MOSAIC] if map_name == MOSAIC else [])]
     rasters = check_change_target(config.out_dir, overwrite=config.overwrite, names=names)
     out = Path(config.out_dir)
-    old = _check_directory(out, overwrite=config.overwrite)
+    old = check_change_directory(out, overwrite=config.overwrite)
     with (
         raster_write_errors(out),  # a full disk or a size limit: one line, after the clean-up
-        _claimed(out, [*names, *CHANGE_REPORTS, *old]),
+        claimed(out, [*names, *CHANGE_REPORTS, *old]),
         tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=out) as work,
         rasterio.Env(GDAL_CACHEMAX=128 * 1024 * 1024),
     ):
@@ -333,78 +330,6 @@ def run_change(config: ChangeConfig) -> Transitions:
             (out / name).unlink(missing_ok=True)  # the old change's files the new one lacks
         pending.unlink()
     return transitions
-
-
-def _check_directory(out: Path, *, overwrite: bool) -> set[str]:
-    """The files of the change already in `out` (its record's, and those of a run that died
-    while replacing it); refuses an `out` that holds anything (hidden files aside) without
-    `overwrite`: a change directory holds one change. Files of no change are left alone."""
-    if not out.is_dir():
-        return set()
-    owned = _change_files(out)
-    # the one rule of a directory output (outputs): refused when it holds anything
-    mine = check_directory_output(out, overwrite=overwrite, what="change", owned=owned.__contains__)
-    kept = [e.name for e in out.iterdir() if not e.name.startswith(".") and e.name not in mine]
-    if kept:
-        logger.warning("keeping %d file(s) that are not the change's in %s", len(kept), out)
-    return owned
-
-
-def _change_files(out: Path) -> set[str]:
-    """The names of the change's files in `out`: those its record lists (for a tiled change
-    without that list, the sources of its mosaic), and those a run that died while replacing
-    it meant to write or remove (its pending list)."""
-    names: set[str] = set()
-    try:
-        listed = json.loads((out / PENDING).read_text(encoding="utf-8"))
-        names |= {str(n) for n in listed if Path(str(n)).name == str(n)}
-    except (OSError, ValueError, TypeError):
-        pass
-    try:
-        record = read_change_record(out)
-    except ChangeError:
-        record = None
-    if record is not None:
-        names |= {*CHANGE_REPORTS, record.map_name, *record.files}
-        if record.map_name == MOSAIC and not record.files:
-            names |= _vrt_sources(out / MOSAIC)
-    return names
-
-
-def _vrt_sources(vrt: Path) -> set[str]:
-    """The names of the files beside `vrt` that it reads."""
-    try:
-        root = ET.parse(vrt).getroot()
-    except (OSError, ET.ParseError):
-        return set()
-    names = {(e.text or "").strip() for e in root.iter("SourceFilename")}
-    return {n for n in names if n and Path(n).name == n}
-
-
-@contextmanager
-def _claimed(out: Path, names: Sequence[str]) -> Iterator[None]:
-    """`out` held by this run alone (an flock on its hidden LOCK file, removed at the end);
-    once held, what a run killed there left behind is removed: its scratch directories and
-    the temp files of the change's `names`."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / LOCK, "a+b") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ChangeError(
-                f"--out {out}: another `landcover change` is writing it; wait for it to end, "
-                "or choose another --out"
-            ) from None
-        for entry in out.glob(f"{SCRATCH_PREFIX}*"):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-        for name in {*names, PENDING}:
-            for leftover in out.glob(f".{glob.escape(name)}.*.tmp"):
-                leftover.unlink(missing_ok=True)
-        try:
-            yield
-        finally:
-            (out / LOCK).unlink(missing_ok=True)  # still held: no other run waits on it
 
 
 def _mover(made: str) -> Callable[[str], object]:
