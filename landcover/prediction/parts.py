@@ -47,6 +47,7 @@ from tiling.staged import (
     files_intact,
     publish_record,
     read_record,
+    record_header,
     staging_url,
 )
 
@@ -72,9 +73,7 @@ class PartRecord:
     file_bytes: Mapping[str, int]  # CLASSES / PROBABILITIES -> size; empty for no rows
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": PART_FORMAT,
-            "version": PART_VERSION,
+        return record_header(PART_FORMAT, PART_VERSION) | {
             "rank": self.rank,
             "world_size": self.world_size,
             "key": self.key,
@@ -117,9 +116,7 @@ def part_key(
 ) -> str:
     """The hash naming a rank's part: `settings` (JSON values: grid, region, options), the
     model's and the read images' fingerprints (in reading order), the rows and world size."""
-    content = {
-        "format": PART_FORMAT,
-        "version": PART_VERSION,
+    content = record_header(PART_FORMAT, PART_VERSION) | {
         "settings": settings,
         "model": model.to_json(),
         "images": [[path, fp.to_json()] for path, fp in images],

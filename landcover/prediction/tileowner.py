@@ -33,7 +33,7 @@ from landcover.outputs import output_errors
 from landcover.prediction.tilecatalog import COLLECTION, MOSAIC, QUICKLOOK
 from landcover.prediction.tilerecords import RECORDS_DIR, ProductDir, TileRecord
 from tiling.staged.keys import content_key
-from tiling.staged.record import check_format, publish_record, read_record
+from tiling.staged.record import check_format, publish_record, read_record, record_header
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +58,7 @@ class ProductClaim:
     tiles: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": PRODUCT_FORMAT,
-            "version": PRODUCT_VERSION,
+        return record_header(PRODUCT_FORMAT, PRODUCT_VERSION) | {
             "key": self.key,
             "tiles": self.tiles,
         }
@@ -74,7 +72,7 @@ class ProductClaim:
 def product_key(tile_keys: Mapping[str, str]) -> str:
     """The key of the product whose tiles (name → tile key) are `tile_keys`."""
     return content_key(
-        {"format": PRODUCT_FORMAT, "version": PRODUCT_VERSION, "tiles": sorted(tile_keys.items())}
+        record_header(PRODUCT_FORMAT, PRODUCT_VERSION) | {"tiles": sorted(tile_keys.items())}
     )
 
 

@@ -21,7 +21,13 @@ from landcover.prediction.gridwindow import Window
 from tiling.shared.fingerprint import Fingerprint
 from tiling.staged.folder import StagedFolder
 from tiling.staged.keys import content_key
-from tiling.staged.record import check_format, files_intact, publish_record, read_record
+from tiling.staged.record import (
+    check_format,
+    files_intact,
+    publish_record,
+    read_record,
+    record_header,
+)
 
 TILE_FORMAT = "landcover-map-tile"
 TILE_VERSION = 1
@@ -48,9 +54,7 @@ class TileRecord:
         return bool(self.item)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": TILE_FORMAT,
-            "version": TILE_VERSION,
+        return record_header(TILE_FORMAT, TILE_VERSION) | {
             "name": self.name,
             "key": self.key,
             "rect": list(self.rect),
@@ -84,9 +88,7 @@ def tile_key(
 ) -> str:
     """The hash of what a tile's pixels depend on: `settings` (JSON values: grid, region,
     options), the tile size and rectangle, the model's and the read images' fingerprints."""
-    content = {
-        "format": TILE_FORMAT,
-        "version": TILE_VERSION,
+    content = record_header(TILE_FORMAT, TILE_VERSION) | {
         "settings": settings,
         "tile_px": tile_px,
         "rect": list(rect),

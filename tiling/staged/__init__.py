@@ -20,7 +20,13 @@ is the contract. In five steps:
 
 from tiling.staged.folder import StagedFolder, staging_url
 from tiling.staged.keys import content_key
-from tiling.staged.record import check_format, files_intact, publish_record, read_record
+from tiling.staged.record import (
+    check_format,
+    files_intact,
+    publish_record,
+    read_record,
+    record_header,
+)
 from tiling.staged.wait import WAIT_LOG_EVERY_S, PollSchedule, poll, wait_for_records, wait_until
 
 __all__ = [
@@ -33,6 +39,7 @@ __all__ = [
     "poll",
     "publish_record",
     "read_record",
+    "record_header",
     "staging_url",
     "wait_for_records",
     "wait_until",

@@ -4,7 +4,8 @@ A part's record is published after the files it vouches for, with the part's key
 file's size. A reader trusts a part only through its record: no record, no part (a
 half-written part has none); a record that does not parse, names another part or key, or
 whose files are missing or of other sizes is ignored, logged, and the part made again. Each
-stage defines its record type (`to_json` / `from_json`, opening with `check_format`).
+stage defines its record type (`to_json` opening with `record_header`, `from_json` with
+`check_format`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from tiling.staged.folder import StagedFolder
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+
+def record_header(format_name: str, version: int) -> dict[str, Any]:
+    """The opening fields of a record (or key content) of `format_name` at `version`: what
+    `check_format` reads back."""
+    return {"format": format_name, "version": version}
 
 
 def check_format(obj: Mapping[str, Any], format_name: str, version: int) -> None:
