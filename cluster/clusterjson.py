@@ -65,7 +65,6 @@ otherwise; `minNodes`/`maxNodes` default to `targetNodeCount`.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import re
 from collections.abc import Mapping
@@ -92,6 +91,7 @@ from cluster.specfile import (
     validate_document,
 )
 from cluster.vmsizes import LOCAL, known_vm_sizes, lookup_vm_size
+from tiling.shared.jsontext import parse_json
 from tiling.shared.machine import local_cpu_count, local_gpu_count
 
 logger = logging.getLogger(__name__)
@@ -109,13 +109,12 @@ def load_cluster_spec(path: str | Path) -> ClusterSpec:
         raise ClusterSpecError(f"{source}: no such file; pass the path of a cluster.json") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise ClusterSpecError(f"{source}: cannot read it ({exc.__class__.__name__})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ClusterSpecError(
-            f"{source}: not valid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
-            "fix the syntax (trailing commas and comments are not JSON)"
-        ) from None
+    data = parse_json(
+        text,
+        where=source,
+        fix="fix the syntax (trailing commas and comments are not JSON)",
+        error=ClusterSpecError,
+    )
     return parse_cluster_spec(data, source=source)
 
 

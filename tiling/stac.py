@@ -41,6 +41,7 @@ from shapely import STRtree
 from shapely.geometry.base import BaseGeometry
 
 from tiling.errors import SourceFormatError, SourceNotFoundError, TilingError
+from tiling.shared.jsontext import parse_json
 from tiling.shared.urls import is_local, local_path, remote_failure, storage_errors
 from tiling.stacdoc import asset_href, check_document
 from tiling.stacquery import StacOptions, StacSource
@@ -107,13 +108,13 @@ class FsspecStacIO(DefaultStacIO):
         that a catalog links, is one line naming it and the field."""
         href = str(source.href if isinstance(source, pystac.Link) else source)
         text = self.read_text(source, *args, **kwargs)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SourceFormatError(
-                f"{href}: not JSON ({exc.msg} at line {exc.lineno}); pass a STAC "
-                "ItemCollection, item, catalog.json or collection.json"
-            ) from None
+        data = parse_json(
+            text,
+            where=href,
+            problem="not JSON",
+            fix="pass a STAC ItemCollection, item, catalog.json or collection.json",
+            error=SourceFormatError,
+        )
         check_document(data, href)
         return data  # type: ignore[no-any-return]
 

@@ -29,6 +29,7 @@ from tiling.errors import (
     StorageAccessError,
     TilingError,
 )
+from tiling.shared.jsontext import json_syntax
 from tiling.shared.urls import remote_failure
 from tiling.stacdoc import check_item, describe_json
 from tiling.stacquery import StacSearch
@@ -160,7 +161,7 @@ def _read_page(
             page = io.read_json(request, method=method, parameters=parameters)
     except json.JSONDecodeError as exc:
         raise SourceFormatError(
-            f"{where}: the answer is not JSON ({exc.msg} at line {exc.lineno}); check that "
+            f"{where}: the answer is not JSON ({json_syntax(exc)}); check that "
             "--stac-api is the root of a STAC API"
         ) from None
     if not isinstance(page, Mapping):

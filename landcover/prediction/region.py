@@ -8,7 +8,6 @@ close to its true curved outline once it is in UTM metres.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import RegionError, reason
 from tiling.crs import transformer
+from tiling.shared.jsontext import parse_json
 
 DEFAULT_REGION_CRS = "EPSG:4326"
 # Edge segments per side when reprojecting: enough that a 1-degree box in UTM is within
@@ -126,13 +126,13 @@ def parse_region(text: str | os.PathLike[str], *, crs: str | CRS | None = None) 
         raise RegionError(f"{source}: cannot read region file ({exc.__class__.__name__})") from None
     if _looks_like_wkt(body.strip()):
         return _region_from_wkt(body.strip(), crs, where=source)
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise RegionError(
-            f"{source}: invalid GeoJSON ({exc.msg} at line {exc.lineno}); "
-            "give a Feature, FeatureCollection or geometry"
-        ) from None
+    obj = parse_json(
+        body,
+        where=source,
+        problem="invalid GeoJSON",
+        fix="give a Feature, FeatureCollection or geometry",
+        error=RegionError,
+    )
     return region_from_geojson(obj, crs=crs, where=source)
 
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from landcover.errors import ReportError
 from landcover.training.records import EpochRecord
+from tiling.shared.jsontext import parse_json
 
 __all__ = ["is_int", "parse_metrics_line", "read_epoch_records", "read_finished_epochs"]
 
@@ -81,13 +82,13 @@ def _by_epoch(path: Path, lines: list[str], *, skip_bad: bool) -> list[EpochReco
 
 def parse_metrics_line(path: Path, number: int, line: str) -> EpochRecord:
     """Line `number` of metrics.jsonl `path` as an EpochRecord; ReportError naming the fix."""
-    try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ReportError(
-            f"{path}: line {number} is not valid JSON ({exc.msg}); delete that line or "
-            "rerun the training"
-        ) from None
+    raw = parse_json(
+        line,
+        where=str(path),
+        problem=f"line {number} is not valid JSON",
+        fix="delete that line or rerun the training",
+        error=ReportError,
+    )
     if not isinstance(raw, dict):
         raise ReportError(f"{path}: line {number} is not a JSON object; delete that line")
     try:

@@ -18,7 +18,6 @@ worker count.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -40,6 +39,7 @@ from landcover.training.records import (
     steady_samples_per_s,
 )
 from landcover.training.rundir import METRICS_FILE, RUN_FILE
+from tiling.shared.jsontext import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -227,13 +227,10 @@ def _load_sweep(sweep_dir: Path) -> _Sweep:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); restore it or delete it"
-        ) from None
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: cannot be read ({exc})") from None
+    return parse_json(text, where=str(path), fix="restore it or delete it", error=ReportError)
 
 
 def _summarise(source: _Source) -> RunSummary:

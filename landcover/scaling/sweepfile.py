@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from landcover.errors import ReportError
 from landcover.outputs import write_text_atomic
+from tiling.shared.jsontext import json_syntax
 
 __all__ = [
     "LAUNCH_FILE",
@@ -162,7 +163,7 @@ def read_sweep(path: Path) -> SweepRecord:
     try:
         return SweepRecord.model_validate(migrate(json.loads(path.read_text(encoding="utf-8"))))
     except json.JSONDecodeError as exc:
-        reason = f"not valid JSON ({exc.msg} at line {exc.lineno})"
+        reason = f"not valid JSON ({json_syntax(exc)})"
     except (OSError, UnicodeDecodeError) as exc:
         reason = f"cannot be read ({exc})"
     except ValidationError as exc:

@@ -124,7 +124,7 @@ def test_the_current_version_passes_the_migration_unchanged() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("{not json", r"not valid JSON \(.* at line 1\)"),
+        ("{not json", r"not valid JSON \(.* at line 1 column 2\)"),
         ('{"runs": {"workers": 1}}', r"expected a list of run objects"),
         (
             '{"format": "landcover-sweep", "version": 2, "runs": []}',
