@@ -39,6 +39,7 @@ __all__ = [
     "check_output_format",
     "finish_directory_output",
     "local_output",
+    "output_directory",
     "output_errors",
     "publish",
     "refuse_existing",
@@ -311,6 +312,21 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.abspath(first) == os.path.abspath(second)
 
 
+def output_directory(
+    out_dir: str | os.PathLike[str],
+    *,
+    fix: str,
+    error: Callable[[str], Exception] = OutputError,
+    option: str = "--out",
+) -> Path:
+    """The directory `option` names, as a Path; refused (`error`, naming `fix`) before any
+    work when it exists and is not a directory."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise error(f"{option} {out}: exists and is not a directory; {fix}")
+    return out
+
+
 def check_directory_output(
     out_dir: str | os.PathLike[str],
     *,
@@ -325,9 +341,7 @@ def check_directory_output(
     names of the product's files already there (those `owned(name)` recognises), which
     `finish_directory_output` removes once the new product is in place; files of no product
     are left alone."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"{option} {out}: exists and is not a directory; choose another {option}")
+    out = output_directory(out_dir, fix=f"choose another {option}", option=option)
     if not out.is_dir():
         return set()
     entries = sorted(e.name for e in out.iterdir() if not e.name.startswith("."))

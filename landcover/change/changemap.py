@@ -59,6 +59,7 @@ from landcover.errors import ChangeError
 from landcover.evaluation.sampling import require_whole, window_pixel_m2
 from landcover.outputs import (
     check_can_create_in,
+    output_directory,
     refuse_existing,
     write_files_atomic,
     write_text_atomic,
@@ -107,12 +108,9 @@ def check_change_target(
 ) -> list[Path]:
     """The paths of the files `names` in `out_dir`, refused before any work when `out_dir` is
     a file, holds one of them without `overwrite`, or takes no new files."""
-    target = Path(out_dir)
-    if target.exists() and not target.is_dir():
-        raise ChangeError(
-            f"--out {target}: exists and is not a directory; give a directory for "
-            f"{', '.join(CHANGE_FILES)}"
-        )
+    target = output_directory(
+        out_dir, fix=f"give a directory for {', '.join(CHANGE_FILES)}", error=ChangeError
+    )
     paths = [target / name for name in names]
     refuse_existing(paths, overwrite=overwrite)
     check_can_create_in(target, option="--out")

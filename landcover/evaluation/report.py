@@ -25,6 +25,7 @@ from landcover.outputs import (
     check_can_create_in,
     check_directory_output,
     finish_directory_output,
+    output_directory,
     refuse_existing,
     write_bytes_atomic,
     write_files_atomic,
@@ -77,12 +78,9 @@ def check_report_target(
     directory, holds anything (another report, a user's file) without `overwrite`
     (`check_report_directory`), or takes no new files. `pictures` (the panels are asked
     for) changes nothing since any content is refused. Cheap: call it before evaluating."""
-    target = Path(out_dir)
-    if target.exists() and not target.is_dir():
-        raise EvaluationError(
-            f"--out {target}: exists and is not a directory; give a directory for "
-            f"{', '.join(names)}"
-        )
+    target = output_directory(
+        out_dir, fix=f"give a directory for {', '.join(names)}", error=EvaluationError
+    )
     paths = [target / name for name in names]
     refuse_existing(paths, overwrite=overwrite)  # a report there: the plain message
     check_report_directory(target, overwrite=overwrite)

@@ -21,6 +21,7 @@ from landcover.errors import ReportError
 from landcover.outputs import (
     check_directory_output,
     finish_directory_output,
+    output_directory,
     refuse_existing,
     write_bytes_atomic,
 )
@@ -157,9 +158,7 @@ def write_report_files(
 ) -> ReportPaths:
     """Write `report` to `out_dir` (see write_scaling_report); refuses to replace an
     existing report unless `overwrite`."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ReportError(f"--out {out}: exists and is not a directory; choose another --out")
+    out = output_directory(out_dir, fix="choose another --out", error=ReportError)
     pages = (out / MARKDOWN_FILE, out / HTML_FILE)
     refuse_existing(pages, overwrite=overwrite, what="the scaling report")
     old = check_directory_output(

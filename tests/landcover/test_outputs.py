@@ -6,16 +6,19 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from landcover.errors import OutputError, OutputExistsError
+from landcover.change.changemap import check_change_target
+from landcover.errors import ChangeError, EvaluationError, OutputError, OutputExistsError
+from landcover.evaluation.report import check_report_target
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.outputs import (
+    check_directory_output,
     check_output_file,
     refuse_existing,
     require_distinct,
@@ -204,3 +207,37 @@ def test_an_output_file_is_checked_before_the_work(tmp_path: Path) -> None:
         check_output_file("/proc/x/lc.tif", option="--out", overwrite=False, example="lc.tif")
     check_output_file(tmp_path / "new" / "lc.tif", option="--out", overwrite=False, example="x")
     assert list(tmp_path.iterdir()) == [tmp_path / "dangling.tif"]  # the probe is gone
+
+
+@pytest.mark.parametrize(
+    ("check", "error", "fix"),
+    [
+        (
+            lambda out: check_directory_output(out, overwrite=False, what="x", owned=bool),
+            OutputError,
+            "choose another --out",
+        ),
+        (
+            lambda out: check_change_target(out, overwrite=False),
+            ChangeError,
+            "give a directory for change.tif",
+        ),
+        (
+            lambda out: check_report_target(out, overwrite=False),
+            EvaluationError,
+            "give a directory for metrics.json",
+        ),
+    ],
+    ids=["directory-output", "change", "evaluation-report"],
+)
+def test_an_output_directory_that_is_a_file_is_one_line_of_the_commands_error(
+    tmp_path: Path, check: Callable[[Path], object], error: type[Exception], fix: str
+) -> None:
+    """`output_directory` is every directory output's check: a file at --out is refused with
+    the command's own error class, naming the option and the fix."""
+    taken = tmp_path / "taken"
+    taken.write_text("a user's file")
+    with pytest.raises(error) as caught:
+        check(taken)
+    assert str(caught.value).startswith(f"--out {taken}: exists and is not a directory; {fix}")
+    assert taken.read_text() == "a user's file"
