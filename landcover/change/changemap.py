@@ -54,7 +54,7 @@ from landcover.change.transitions import (
     check_same_classes,
     transitions_png,
 )
-from landcover.classes import colormap
+from landcover.classes import colormap, unknown_codes
 from landcover.errors import ChangeError
 from landcover.evaluation.sampling import require_whole, window_pixel_m2
 from landcover.outputs import (
@@ -254,8 +254,8 @@ class _ChangeWriter:
                 )
                 old = self.old.read(1, window=window)
                 new = self.source.read(1, window=window)
-                _check_codes(old, self.before, self.k)
-                _check_codes(new, self.after, self.k)
+                _check_codes(old, self.before)
+                _check_codes(new, self.after)
                 codes = change_codes(old, new, self.k)
                 self.counts += np.bincount(codes.ravel(), minlength=256)
                 weights = window_pixel_m2(self.cells, window).ravel()
@@ -383,11 +383,7 @@ def _title(before: MapFile, after: MapFile) -> str:
     return f"Change from {before.name} to {after.name}"
 
 
-def _check_codes(codes: np.ndarray, m: MapFile, k: int) -> None:
-    if codes.size and int(codes.max()) >= k:
-        outside = np.flatnonzero(np.bincount(codes.ravel(), minlength=256)[k:]) + k
-        raise ChangeError(
-            f"{m.given}: holds class codes {', '.join(str(int(c)) for c in outside[:8])} "
-            f"outside its class table {m.class_map.name!r} (codes 0-{k - 1}); compare maps "
-            "written by `landcover predict`"
-        )
+def _check_codes(codes: np.ndarray, m: MapFile) -> None:
+    unknown = unknown_codes(codes, m.class_map)
+    if unknown is not None:
+        raise ChangeError(f"{m.given}: {unknown}; compare maps written by `landcover predict`")

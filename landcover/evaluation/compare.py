@@ -20,6 +20,7 @@ import numpy.typing as npt
 import rasterio
 from shapely.geometry import box
 
+from landcover.classes import unknown_codes
 from landcover.errors import EvaluationError, reason
 from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation, confusion_matrix, scores_from_confusion
@@ -99,18 +100,13 @@ def _check_codes(
 ) -> None:
     """Refuse predicted codes outside the class table (see the module docstring); the first
     block that holds any fails the evaluation before the rest is read."""
-    k = class_map.num_classes
-    outside = np.flatnonzero(np.bincount(predicted.ravel(), minlength=256)[k:]) + k
-    if outside.size == 0:
+    assumed = f"the class table {class_map.name!r} assumed for want of a {TAG_CLASS_MAP} tag"
+    unknown = unknown_codes(predicted, class_map, table=None if tagged else assumed)
+    if unknown is None:
         return
-    if tagged:
-        table = f"its class table {class_map.name!r}"
-    else:
-        table = f"the class table {class_map.name!r} assumed for want of a {TAG_CLASS_MAP} tag"
     raise EvaluationError(
-        f"{path}: holds class codes {', '.join(str(int(c)) for c in outside[:8])} outside "
-        f"{table} (codes 0-{k - 1}); leaving those pixels out would inflate the scores: "
-        "evaluate a map written by `landcover predict`"
+        f"{path}: {unknown}; leaving those pixels out would inflate the scores: evaluate a map "
+        "written by `landcover predict`"
     )
 
 

@@ -23,6 +23,7 @@ import numpy.typing as npt
 import rasterio
 from rasterio.windows import Window
 
+from landcover.classes import unknown_codes
 from landcover.errors import EvaluationError
 from landcover.view.areas import CellAreas, cell_areas
 from landcover.view.mapfile import MapFile, open_map
@@ -168,13 +169,11 @@ def _blocks(m: MapFile) -> list[Window]:
 
 def _read_codes(ds: rasterio.DatasetReader, window: Window, m: MapFile) -> npt.NDArray[np.uint8]:
     codes: npt.NDArray[np.uint8] = ds.read(1, window=window)
-    k = m.class_map.num_classes
-    if codes.size and int(codes.max()) >= k:
-        outside = np.flatnonzero(np.bincount(codes.ravel(), minlength=256)[k:]) + k
+    unknown = unknown_codes(codes, m.class_map)
+    if unknown is not None:
         raise EvaluationError(
-            f"{m.given}: holds class codes {', '.join(str(int(c)) for c in outside[:8])} "
-            f"outside its class table {m.class_map.name!r} (codes 0-{k - 1}); sample a map "
-            "written by `landcover predict` or `landcover change`"
+            f"{m.given}: {unknown}; sample a map written by `landcover predict` or "
+            "`landcover change`"
         )
     return codes
 

@@ -175,6 +175,7 @@ def _counts(before: np.ndarray, after: np.ndarray) -> np.ndarray:
         ("out-is-file", "exists and is not a directory"),
         ("apart", "share no pixel that both classify"),
         ("all-nodata", "share no pixel that both classify"),
+        ("unknown-codes", "holds class codes 7, 9 outside its class table"),
     ],
 )
 def test_maps_that_cannot_be_compared_are_refused_in_one_line(
@@ -204,6 +205,10 @@ def test_maps_that_cannot_be_compared_are_refused_in_one_line(
         after = write_map(tmp_path / "other.tif", codes, crs="EPSG:32617")
     elif bad == "all-nodata":
         after = write_map(tmp_path / "other.tif", np.zeros_like(codes))
+    elif bad == "unknown-codes":
+        strange = codes.copy()
+        strange[0, :3] = (9, 7, 9)
+        after = write_map(tmp_path / "other.tif", strange)
     resample = ["--resample"] if bad == "apart" else []
     code, text = run("change", str(before), str(after), "--out", str(out), *resample)
     assert code == 2 and message in text and text.count("\n") == 1, text
