@@ -12,12 +12,17 @@ sparse sample and no edge chip is added.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from affine import Affine
 
 from tiling.errors import TilingError
+
+if TYPE_CHECKING:
+    from rasterio.windows import Window
 
 GRID_TOLERANCE_PX = 1e-3
 """Two pixel grids are one grid when, over the raster, no pixel edge of one lies further than
@@ -158,3 +163,30 @@ def snap_px(rounding: Callable[[float], int], value_px: float) -> int:
     if abs(value_px - nearest) < GRID_TOLERANCE_PX:
         return int(nearest)
     return int(rounding(value_px))
+
+
+def north_up_bounds(
+    transform: Affine, width: int, height: int
+) -> tuple[float, float, float, float]:
+    """(left, bottom, right, top) of the north-up grid of `width` x `height` pixels whose
+    `transform` maps (col, row) to coordinates."""
+    left, top = transform.c, transform.f
+    return (left, top + height * transform.e, left + width * transform.a, top)
+
+
+def covering_window(
+    bounds: tuple[float, float, float, float], transform: Affine, height: int, width: int
+) -> Window | None:
+    """The pixels of the `height` x `width` raster under `transform` that cover `bounds`
+    (left, bottom, right, top), plus a pixel of margin on each side for resampling, clipped
+    to the raster; None when the raster does not reach `bounds`."""
+    from rasterio.windows import Window, from_bounds  # rasterio: only when a raster is read
+
+    window = from_bounds(*bounds, transform=transform)
+    row0 = max(0, math.floor(window.row_off) - 1)
+    col0 = max(0, math.floor(window.col_off) - 1)
+    row1 = min(height, math.ceil(window.row_off + window.height) + 1)
+    col1 = min(width, math.ceil(window.col_off + window.width) + 1)
+    if row1 <= row0 or col1 <= col0:
+        return None
+    return Window(col0, row0, col1 - col0, row1 - row0)

@@ -15,7 +15,6 @@ GDAL handles are not thread-safe: a `RasterReader` keeps a few open handles per 
 
 from __future__ import annotations
 
-import math
 import threading
 import warnings
 from collections import OrderedDict
@@ -34,6 +33,7 @@ from rasterio.crs import CRS
 from rasterio.enums import Resampling
 
 from tiling.classes import NODATA_CODE, ClassMap
+from tiling.grid import covering_window
 from tiling.labels import grid_offset, label_codes
 from tiling.shared.urls import is_local
 from tiling.sources import Bounds, RasterInfo, open_raster
@@ -233,14 +233,9 @@ class RasterReader:
                 dst_crs, lab.crs, *dst_bounds, densify_pts=21
             )
             bounds = (left, bottom, right, top)
-        win = rasterio.windows.from_bounds(*bounds, transform=lab.transform)
-        row0 = max(0, math.floor(win.row_off) - 1)
-        col0 = max(0, math.floor(win.col_off) - 1)
-        row1 = min(lab.height, math.ceil(win.row_off + win.height) + 1)
-        col1 = min(lab.width, math.ceil(win.col_off + win.width) + 1)
-        if row1 <= row0 or col1 <= col0:
+        read_win = covering_window(bounds, lab.transform, lab.height, lab.width)
+        if read_win is None:
             return None
-        read_win = rasterio.windows.Window(col0, row0, col1 - col0, row1 - row0)
         with self._dataset(lab.path) as ds:
             raw = ds.read(1, window=read_win)
         transform = rasterio.windows.transform(read_win, lab.transform)

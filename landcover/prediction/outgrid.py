@@ -27,7 +27,7 @@ from landcover.prediction.choices import (
 )
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.region import Region, reproject_geometry
-from tiling.grid import same_pixel_size, snap_px
+from tiling.grid import north_up_bounds, same_pixel_size, snap_px
 from tiling.sources import RasterInfo
 
 logger = logging.getLogger(__name__)
@@ -68,13 +68,8 @@ class OutputGrid:
 
     @property
     def bounds(self) -> tuple[float, float, float, float]:
-        left, top = self.transform.c, self.transform.f
-        return (
-            left,
-            top + self.height * self.transform.e,
-            left + self.width * self.transform.a,
-            top,
-        )
+        """(left, bottom, right, top) in `crs`."""
+        return north_up_bounds(self.transform, self.width, self.height)
 
     @property
     def window(self) -> Window:

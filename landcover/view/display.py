@@ -28,6 +28,7 @@ from rasterio.crs import CRS
 from rasterio.enums import ColorInterp, Resampling
 
 from landcover.classes import NODATA_CODE, ClassMap
+from tiling.grid import covering_window, north_up_bounds
 
 __all__ = [
     "DisplayGrid",
@@ -59,13 +60,7 @@ class DisplayGrid:
     @property
     def bounds(self) -> tuple[float, float, float, float]:
         """(left, bottom, right, top) in `crs`."""
-        left, top = self.transform.c, self.transform.f
-        return (
-            left,
-            top + self.height * self.transform.e,
-            left + self.width * self.transform.a,
-            top,
-        )
+        return north_up_bounds(self.transform, self.width, self.height)
 
     @classmethod
     def fitting(
@@ -226,22 +221,18 @@ def _decimated(
     bounds = grid.bounds
     if src.crs != grid.crs:
         bounds = rasterio.warp.transform_bounds(grid.crs, src.crs, *bounds, densify_pts=21)
-    window = rasterio.windows.from_bounds(*bounds, transform=src.transform)
-    row0 = max(0, math.floor(window.row_off) - 1)
-    col0 = max(0, math.floor(window.col_off) - 1)
-    row1 = min(src.height, math.ceil(window.row_off + window.height) + 1)
-    col1 = min(src.width, math.ceil(window.col_off + window.width) + 1)
-    if row1 <= row0 or col1 <= col0:
+    read_window = covering_window(bounds, src.transform, src.height, src.width)
+    if read_window is None:
         return None
     # The display pixel measured in source pixels: how much the read may be decimated.
+    window = rasterio.windows.from_bounds(*bounds, transform=src.transform)
     per_display_px = max(
         (window.width / max(grid.width, 1)),
         (window.height / max(grid.height, 1)),
     )
     factor = max(1.0, per_display_px)
-    height, width = row1 - row0, col1 - col0
+    height, width = int(read_window.height), int(read_window.width)
     out_h, out_w = max(1, round(height / factor)), max(1, round(width / factor))
-    read_window = rasterio.windows.Window(col0, row0, width, height)
     data = src.read(
         bands, window=read_window, out_shape=(len(bands), out_h, out_w), resampling=resampling
     )

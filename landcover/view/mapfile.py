@@ -30,6 +30,7 @@ from rasterio.crs import CRS
 from landcover.errors import ViewError, reason
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
 from tiling.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
+from tiling.grid import north_up_bounds
 from tiling.shared.urls import is_local, local_path
 
 __all__ = [
@@ -80,10 +81,7 @@ class MapFile:
     @property
     def bounds(self) -> tuple[float, float, float, float]:
         """(left, bottom, right, top) in `crs`."""
-        left, top = self.transform.c, self.transform.f
-        right = left + self.width * self.transform.a
-        bottom = top + self.height * self.transform.e
-        return (left, bottom, right, top)
+        return north_up_bounds(self.transform, self.width, self.height)
 
 
 def open_map(given: str) -> MapFile:

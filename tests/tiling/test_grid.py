@@ -21,6 +21,8 @@ from tiling.grid import (
     aligned_offset,
     chip_grid,
     chip_offsets,
+    covering_window,
+    north_up_bounds,
     snap_px,
 )
 from tiling.labels import grid_offset
@@ -170,3 +172,27 @@ def test_labels_on_the_image_grid_up_to_the_tolerance_are_read_not_warped() -> N
     noisy = UTM @ Affine.translation(-10 + 1e-4, 0)
     assert grid_offset(info(UTM), info(noisy)) == (0, 10)
     assert grid_offset(info(UTM), info(noisy, "EPSG:32618")) is None
+
+
+def test_north_up_bounds_are_left_bottom_right_top() -> None:
+    transform = Affine(0.6, 0.0, 1000.0, 0.0, -0.6, 5000.0)
+    assert north_up_bounds(transform, 10, 5) == (1000.0, 5000.0 - 3.0, 1000.0 + 6.0, 5000.0)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "expected"),
+    [
+        ((12.0, 80.0, 18.0, 88.0), (11, 11, 8, 10)),  # inside: a pixel of margin each side
+        ((-5.0, 60.0, 3.0, 100.0), (0, 0, 4, 30)),  # over the corner: clipped to the raster
+        ((200.0, 0.0, 210.0, 10.0), None),  # beyond the raster
+    ],
+)
+def test_covering_window_adds_a_pixel_of_margin_and_clips_to_the_raster(
+    bounds: tuple[float, float, float, float], expected: tuple[int, int, int, int] | None
+) -> None:
+    transform = Affine(1.0, 0.0, 0.0, 0.0, -1.0, 100.0)  # 40 x 30 px from (0, 100)
+    window = covering_window(bounds, transform, 30, 40)
+    found = (
+        None if window is None else (window.col_off, window.row_off, window.width, window.height)
+    )
+    assert found == expected  # (col, row, width, height)
