@@ -1,7 +1,7 @@
 """The end-to-end state-count run of `bench_state.py`: tile, then tiled predict, as ranks.
 
 For a synthetic state mosaic of `n` small sources (`statemosaic`), every stage runs as `ranks`
-processes started the way any engine starts them (`python -m landcover STAGE ... --rank-from-env`
+processes started the way any engine starts them (`python -m landcover stage-rank URL`
 with RANK / WORLD_SIZE in the environment), each rank's peak RSS read as its own (VmHWM). The
 predict half is one function (`predict_tiled`), switched off with `--no-predict`. `estimate`
 projects a state from the measured rates.
@@ -48,11 +48,22 @@ class StageRun:
 
 
 def run_ranks(argv: list[str], ranks: int, workdir: Path) -> tuple[float, tuple[int, ...], str]:
-    """`python -m landcover ARGV --rank-from-env` as `ranks` processes; wall seconds, each
-    rank's peak RSS (bytes) and the first failing rank's last stderr line ('' if none).
+    """`landcover ARGV` as `ranks` processes started as an engine starts them: the stage that
+    line builds is published once (`landcover.stagerun`: its inputs resolved here, before the
+    clock starts), then each process runs `python -m landcover stage-rank URL`; wall seconds,
+    each rank's peak RSS (bytes) and the first failing rank's last stderr line ('' if none).
 
     The peak is the process's own VmHWM, read every 0.1 s while it runs (the rusage of a
     child would count the parent's memory at the fork: Linux carries it over)."""
+    import click
+
+    from landcover.cli.app import main
+    from landcover.cli.cluster import cluster_stage
+    from landcover.stageconfig import publish_stage
+
+    stage = cluster_stage(click.Context(main, info_name="landcover", obj={}), argv)
+    assert stage is not None, argv
+    url = publish_stage(stage)
     procs = []
     start = time.perf_counter()
     for rank in range(ranks):
@@ -63,7 +74,7 @@ def run_ranks(argv: list[str], ranks: int, workdir: Path) -> tuple[float, tuple[
             "LANDCOVER_ERROR_DIR": str(workdir),
         }  # fmt: skip
         err = (workdir / f"rank-{rank}.stderr").open("w")
-        cmd = [sys.executable, "-m", "landcover", "-q", *argv, "--rank-from-env"]
+        cmd = [sys.executable, "-m", "landcover", "-q", "stage-rank", url]
         procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err), err))
     peaks = [0] * ranks
     while any(proc.poll() is None for proc, _ in procs):

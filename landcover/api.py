@@ -11,8 +11,10 @@ landcover.predict(run.run_dir / "model.pt", "naip/*.tif", "map.tif", bbox=(-76.6
 Each call takes the options of its command (`landcover tile`, `landcover train`,
 `landcover predict`) as keyword arguments named like the config fields (`chip_size=`,
 `batch_size=`, `block_px=`; typed by `landcover.apioptions`, their defaults the config's),
-builds the same frozen config the CLI builds and runs the same library function, so a script
-and a command line give the same store, run and map. Bad input raises the package's error
+builds the same frozen config the CLI builds (for `tile` and `predict`, the same stage,
+`landcover.stageconfig`, its inputs resolved once) and runs it the same way
+(`landcover.stagerun.run_stage`), so a script and a command line give the same store, run and
+map. Bad input raises the package's error
 (`tiling.errors.TilingError`, `landcover.errors.LandcoverError`) with the one-line message the
 CLI would print.
 """
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
     from landcover.prediction.runner import PredictResult
     from landcover.prediction.tiled import TiledResult
+    from landcover.stagerun import Executor
     from landcover.training.trainer import TrainResult
     from tiling.tile import TileResult
 
@@ -58,17 +61,19 @@ def tile(
     `cluster`: a cluster.json path (engine "dask") or a `distributed.Client`; each source is
     then cut by a task on that Dask cluster, and the store is the one this process writes.
     """
+    from landcover.stageconfig import TileStage
+    from landcover.stagerun import run_stage
     from tiling.config import TileConfig
-    from tiling.tile import tile as write_store
+    from tiling.inputs import resolve_inputs
 
     config = _config(
         TileConfig, images=_strings(images), out=os.fspath(out), labels=_strings(labels), **options
     )
-    if cluster is not None:
-        from landcover.oncluster import tile_on_cluster
-
-        return tile_on_cluster(config, cluster)
-    return write_store(config)
+    executor = _executor(cluster, "tile")
+    inputs = resolve_inputs(config.images, storage_options=config.storage_options)
+    stage = TileStage(dataclasses.replace(config, images=inputs.paths))
+    result: TileResult = run_stage(stage, executor).result
+    return result
 
 
 def train(
@@ -120,9 +125,9 @@ def predict(
     product's tiles are tasks of their own.
     """
     from landcover.prediction.config import PredictConfig
-    from landcover.prediction.runner import predict_region
-    from landcover.prediction.tiled import predict_product
-    from landcover.prediction.tileplan import TiledSetup, tiled_output
+    from landcover.stageconfig import PredictStage, check_predict_outputs
+    from landcover.stagerun import run_stage
+    from tiling.inputs import resolve_inputs
 
     _check_types({"tile_px": tile_px}, {"tile_px": "int | None"}, "predict")
     config = _config(
@@ -131,21 +136,27 @@ def predict(
         images=_strings(images),
         out=_out_text(out, tile_px),
         region=_region(region, bbox, region_crs),
+        tile_px=tile_px,
         **options,
     )
-    tile = tiled_output(config.out, tile_px, config.max_pixels)  # the CLI's one check
-    if tile is not None:
-        setup = TiledSetup(config, tile)
-        if cluster is None:
-            return predict_product(setup)
-        from landcover.oncluster import predict_tiles_on_cluster
+    check_predict_outputs(config, stac_item=None)  # the CLI's checks, before the inputs
+    executor = _executor(cluster, "predict")
+    inputs = resolve_inputs(config.images, storage_options=config.storage_options)
+    stage = PredictStage(dataclasses.replace(config, images=inputs.paths), inputs.stac_items)
+    result: PredictResult | TiledResult = run_stage(stage, executor).result
+    return result
 
-        return predict_tiles_on_cluster(setup, cluster)
-    if cluster is not None:
-        from landcover.oncluster import predict_on_cluster
 
-        return predict_on_cluster(config, cluster)
-    return predict_region(config)
+def _executor(cluster: Any, stage: str) -> Executor:
+    """How a call runs its stage: in this process, or as tasks on `cluster`
+    (`landcover.oncluster`)."""
+    if cluster is None:
+        from landcover.stagerun import InProcess
+
+        return InProcess()
+    from landcover.oncluster import tasks_on
+
+    return tasks_on(cluster, stage)
 
 
 def _out_text(out: PathLike, tile_px: object) -> str:

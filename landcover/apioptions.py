@@ -76,8 +76,8 @@ class TrainOptions(TypedDict, total=False):
 
 
 class PredictOptions(TypedDict, total=False):
-    """`landcover.prediction.config.PredictConfig` fields but model, images, out and
-    region."""
+    """`landcover.prediction.config.PredictConfig` fields but model, images, out, region
+    and tile_px (arguments of `landcover.predict` of their own)."""
 
     dst_crs: str | None
     resolution: float | None
@@ -87,6 +87,7 @@ class PredictOptions(TypedDict, total=False):
     backend: Backend
     precision: Precision
     tta: TtaMode
+    adapt: str  # --adapt: METHOD[:STRENGTH] (landcover.prediction.adaptspec)
     probabilities: str | None
     overwrite: bool
     block_px: int

@@ -1,7 +1,7 @@
 """Where this process sits in the job, and what torch.distributed needs from the launcher.
 
 `read_dist_env` is the ONE place a stage reads its place in the job: the training worker, and
-`landcover tile|predict --rank-from-env` (the ranks of a distributed tile or predict job). The
+`landcover stage-rank URL` (the ranks of a distributed tile or predict job). The
 variables and their parsing are the shared contract (`tiling.shared.rankenv`: torchrun's
 names, or SLURM's under srun); a bad value is a `LaunchEnvError` here. No torch here: the
 environment is checked before anything heavy is imported.

@@ -3,10 +3,11 @@ engine's cluster through a client object the caller holds (a notebook's `distrib
 
 `train_on_cluster` launches the training job and waits for it (the same job
 `landcover cluster launch` runs), then reads the `TrainResult` back from the run dir's last
-checkpoint. `tile_on_cluster` runs the tiling here with its sources as tasks on the task
-engine (`tiling.units`); `predict_on_cluster` runs one prediction rank per worker, and
-`predict_tiles_on_cluster` one task per tile of a tiled product. The task engine comes from
-the engine registry (`cluster.tasks`): no engine is imported or named here.
+checkpoint. `tasks_on` is the `Tasks` executor that `landcover.stagerun.run_stage` (the one
+runner the command uses) runs a tile or predict stage with: a tile's sources and a tiled
+product's tiles as tasks of the task engine, this process committing; a one-COG prediction
+as one rank per worker. The task engine comes from the engine registry (`cluster.tasks`): no
+engine is imported or named here.
 """
 
 from __future__ import annotations
@@ -19,17 +20,13 @@ from cluster.clusterjson import load_cluster_spec
 from cluster.engine import LaunchOptions, launch_plan, plan_job
 from cluster.engines import engine_info
 from cluster.spec import ClusterSpec
-from cluster.tasks import TaskEngine, task_engine, task_engine_names, task_engine_of_client
+from cluster.tasks import task_engine, task_engine_names, task_engine_of_client
 from landcover.errors import LandcoverError
 
 if TYPE_CHECKING:
-    from landcover.prediction.config import PredictConfig
-    from landcover.prediction.runner import PredictResult
-    from landcover.prediction.tiled import TiledResult
-    from landcover.prediction.tileplan import TiledSetup
+    from landcover.stagerun import Tasks
     from landcover.training.config import TrainConfig
     from landcover.training.trainer import TrainResult
-    from tiling.tile import TileConfig, TileResult
 
 ClusterArg = str | os.PathLike[str] | Any  # a cluster.json path or a distributed.Client
 
@@ -86,43 +83,17 @@ def read_train_result(run_dir: Path) -> TrainResult:
     )
 
 
-def tile_on_cluster(config: TileConfig, cluster: ClusterArg) -> TileResult:
-    """Write the store of `config` here, its sources cut as tasks on the task engine."""
-    from tiling.tile import tile
+def tasks_on(cluster: ClusterArg, stage: str) -> Tasks:
+    """The `Tasks` executor of `cluster`'s task engine for `stage` (its name, for the one
+    line when the engine runs no tasks); made before the stage's inputs are resolved, so a
+    closed client or a rank engine is said first."""
+    from landcover.stagerun import Tasks
 
     spec, client = cluster_of(cluster)
-    with _tasks(spec).runner(spec, client=client) as runner:
-        return tile(config, run_units=runner)
-
-
-def predict_on_cluster(config: PredictConfig, cluster: ClusterArg) -> PredictResult:
-    """Predict `config` as one rank per worker of the task engine's cluster (each rank's
-    share of the block rows is one task pinned to its worker; rank 0 assembles the output),
-    and return rank 0's result."""
-    from landcover.prediction.runner import predict_region
-
-    spec, client = cluster_of(cluster)
-    results = _tasks(spec).run_ranks(spec, predict_region, config, client=client)
-    result: PredictResult = results[0]
-    return result
-
-
-def predict_tiles_on_cluster(setup: TiledSetup, cluster: ClusterArg) -> TiledResult:
-    """Predict the tiled product of `setup` with one task per tile on the task engine's
-    cluster; this process writes the collection and the mosaic."""
-    from landcover.prediction.tiled import predict_product
-
-    spec, client = cluster_of(cluster)
-    with _tasks(spec).runner(spec, client=client) as runner:
-        return predict_product(setup, run_units=runner)
-
-
-def _tasks(spec: ClusterSpec) -> TaskEngine:
-    """The task engine of `spec`; one line when its engine runs no tasks."""
     if not engine_info(spec.engine).runs_tasks:
         raise LandcoverError(
-            f'landcover.tile(cluster=...) runs its sources as tasks: engine "{spec.engine}" '
-            f"runs none; use engine {task_engine_names()}, or `landcover cluster launch` for "
-            "ranks"
+            f'landcover.{stage}(cluster=...) runs on a task engine: engine "{spec.engine}" '
+            f"runs no tasks; use engine {task_engine_names()}, or `landcover cluster launch` "
+            "for ranks"
         )
-    return task_engine(spec)
+    return Tasks(spec, client=client)

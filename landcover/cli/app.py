@@ -47,7 +47,7 @@ from tiling.errors import TilingError
 from tiling.shared.atomic import WRITE_FAILURE_ERRNOS
 
 # ctx.meta keys (shared by every context of one command line; see landcover.cli.stagejob)
-SUBCOMMAND_ARGS = "landcover.subcommand_args"  # the subcommand's raw arguments
+SUBCOMMAND_ARGS = "landcover.subcommand_args"  # the subcommand's raw arguments (as typed)
 RANK_KEY = "landcover.rank"  # this process's rank, once it runs as one rank of a job
 RANK_SECRETS_KEY = "landcover.rank_secrets"  # values its error line must not show
 
@@ -71,6 +71,12 @@ COMMANDS: dict[str, str] = {
     "tune": "landcover.cli.tune:tune_command",
     "models": "landcover.cli.models:models_command",
     "view": "landcover.cli.view:view_command",
+}
+
+# Commands no user types, left out of --help and the reference: the one entry point of every
+# rank of a tile or predict job (`python -m landcover stage-rank URL`, landcover.stagerun).
+HIDDEN_COMMANDS: dict[str, str] = {
+    "stage-rank": "landcover.cli.stagerank:stage_rank_command",
 }
 
 SHORT_HELP: dict[str, str] = {
@@ -182,7 +188,7 @@ class LazyGroup(click.Group):
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
+        target = COMMANDS.get(cmd_name) or HIDDEN_COMMANDS.get(cmd_name)
         if target is None:
             return None
         module_name, attr = target.split(":")
@@ -194,7 +200,7 @@ class LazyGroup(click.Group):
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
-        # kept for `--nproc`, whose ranks rerun the command (landcover.cli.stagejob)
+        # the values the user typed, escaped where an error line shows them (terminal_line)
         ctx.meta[SUBCOMMAND_ARGS] = list(rest)
         return name, command, rest
 

@@ -9,10 +9,12 @@ started, and the job is built from the configuration (`landcover.training.launch
 options going to the workers' environment. On the local engine the parent also checks the store
 and the run dir once (`landcover.training.preflight`) before starting any worker.
 
-`-- tile ARGS` and `-- predict ARGS` run those commands instead, one rank per worker
-(`landcover.cli.stagejob`), after their own parser has checked the arguments. On an engine
-that runs tasks (dask), `-- tile ARGS` runs here instead, each source a task on the cluster
-(`landcover.cli.stagetasks`).
+`-- tile ARGS` and `-- predict ARGS` are parsed by those commands' own parsers and built into
+their stage here (`landcover.cli.tiling.tile_stage`, `landcover.cli.predict.predict_stage`:
+options checked once, inputs resolved once), which `landcover.stagerun.run_stage` runs: one
+rank per worker of the engine, every rank reading the stage this process publishes; or, on
+an engine that runs tasks (dask), here with the units of work (a tile's sources, a tiled
+product's tiles) as tasks on the cluster. A one-COG `predict` runs as ranks on every engine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from cluster.engine import (
     Job,
     LaunchOptions,
     LaunchResult,
+    Plan,
     launch_plan,
     plan_job,
     write_plan_files,
@@ -35,8 +38,9 @@ from cluster.engine import (
 from cluster.engines import engine_info
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
-from landcover.cli.stagejob import STAGES, StageError, logging_args_of, stage_job
-from landcover.cli.stagetasks import describe_stage_tasks, run_stage_as_tasks, runs_as_tasks
+from cluster.tasks import task_engine
+from landcover.cli.stacinputs import pack_stac_inputs
+from landcover.cli.stagejob import StageError, logging_args_of
 from landcover.errors import TrainingError
 from landcover.options import cluster_json_option, out_dir_option, overwrite_option
 from landcover.outputs import check_can_create_in
@@ -48,6 +52,8 @@ from landcover.scaling.sweep import (
     run_sweep,
     sweep_training,
 )
+from landcover.stageconfig import Stage, TileStage
+from landcover.stagerun import Ranks, Tasks, rank_job, run_ranks, run_stage
 from landcover.training.config import TrainConfig, split_argv
 from landcover.training.launch import WORKER_MODULE, check_run_dir, overwrite_once, training_job
 
@@ -101,35 +107,68 @@ def train_argv(args: Sequence[str], *, default_store: str | None = None) -> list
     return tokens
 
 
-def cluster_stage(ctx: click.Context, stage_args: Sequence[str]) -> tuple[Job, str] | None:
-    """For `-- tile ARGS` or `-- predict ARGS`: the job whose every worker runs that command as
-    one rank, and the output it writes; None for training. The arguments are checked by the
-    command's own parser first, so a bad one is refused before anything is planned."""
+STAGES = ("tile", "predict")
+
+
+def cluster_stage(ctx: click.Context, stage_args: Sequence[str]) -> Stage | None:
+    """For `-- tile ARGS` or `-- predict ARGS`: the stage those arguments ask for, built as
+    the command builds it (its own parser, then its stage builder: a bad argument is refused
+    before anything is planned); None for training."""
     if not stage_args or stage_args[0] not in STAGES:
         return None
-    stage, args = stage_args[0], list(stage_args[1:])
-    if any(t == "--nproc" or t.startswith("--nproc=") for t in args):
-        raise StageError(
-            f"--nproc is for `landcover {stage}` on one machine; on a cluster set "
-            "processesPerNode (and targetNodeCount) in cluster.json instead"
-        )
+    name, args = stage_args[0], list(stage_args[1:])
     command = ctx.find_root().command
     assert isinstance(command, click.Group)
-    stage_command = command.get_command(ctx, stage)
+    stage_command = command.get_command(ctx, name)
     assert stage_command is not None
-    with stage_command.make_context(stage, list(args), parent=ctx) as parsed:
+    with stage_command.make_context(name, args, parent=ctx) as parsed:
+        if parsed.get_parameter_source("nproc") is not click.core.ParameterSource.DEFAULT:
+            raise StageError(
+                f"--nproc is for `landcover {name}` on one machine; on a cluster set "
+                "processesPerNode (and targetNodeCount) in cluster.json instead"
+            )
         params = dict(parsed.params)
-    if stage == "predict":
-        from landcover.cli.predict import check_distinct_outputs
+        del params["nproc"]
+        if name == "tile":
+            from landcover.cli.tiling import tile_stage
 
-        check_distinct_outputs(params)
-    job = stage_job(
-        stage,
-        args,
-        storage_options=params.get("storage_options") or {},
-        logging_args=logging_args_of(ctx),
+            values = pack_stac_inputs(params, search_bbox=True)
+            if values.pop("dry_run"):
+                raise StageError(
+                    "--dry-run writes nothing: run `landcover tile ... --dry-run` here, "
+                    "without `cluster launch`"
+                )
+            images, stac_inputs = values.pop("images"), values.pop("stac_inputs")
+            return tile_stage(images=images, stac_inputs=stac_inputs, options=values)
+        from landcover.cli.predict import predict_stage
+
+        values = pack_stac_inputs(params, search_bbox=False)
+        own = ("images", "stac_inputs", "region", "bbox", "region_crs", "stac_item", "quicklook")
+        mine = {key: values.pop(key) for key in own}
+        return predict_stage(**mine, options=values)
+
+
+def _runs_as_tasks(spec: ClusterSpec, stage: Stage) -> bool:
+    """Whether `stage` runs here with its units as tasks: on an engine that runs tasks, a
+    stage with units (tile, a tiled product); anything else runs as ranks."""
+    return engine_info(spec.engine).runs_tasks and stage.runs_units
+
+
+def describe_stage_tasks(spec: ClusterSpec, stage: Stage) -> str:
+    """What running `stage` as tasks on `spec` does, in the words of a plan."""
+    unit, after = (
+        ("source", "this process appends their staged parts in input order")
+        if isinstance(stage, TileStage)
+        else ("tile", "this process writes the collection and the mosaic of the tiles")
     )
-    return job, str(params["out"])
+    return "\n".join(
+        [
+            f"engine: {spec.engine}",
+            *task_engine(spec).describe_tasks(spec, unit=unit, after=after),
+            f"stage (this process): {stage.name} into {stage.out}",
+            *(f"note: {n}" for n in spec.notes),
+        ]
+    )
 
 
 def cluster_training(
@@ -178,11 +217,15 @@ def plan_command(
     if out_dir is not None:
         check_can_create_in(out_dir, option="--out")
     spec = load_cluster_spec(cluster_json)
-    staged = cluster_stage(click.get_current_context(), train_args)
-    if staged is not None and engine_info(spec.engine).runs_tasks and runs_as_tasks(train_args):
-        click.echo(describe_stage_tasks(spec, train_args))
+    ctx = click.get_current_context()
+    stage = cluster_stage(ctx, train_args)
+    if stage is not None and _runs_as_tasks(spec, stage):
+        click.echo(describe_stage_tasks(spec, stage))
         return
-    job = staged[0] if staged else cluster_training(train_args, spec, entry_module)[0]
+    if stage is not None:  # the ranks' job, the stage not published: nothing runs
+        job = rank_job(stage, logging_args=logging_args_of(ctx))
+    else:
+        job = cluster_training(train_args, spec, entry_module)[0]
     plan = plan_job(spec, job)
     click.echo(plan.describe())
     if out_dir is not None:
@@ -220,15 +263,12 @@ def launch_command(
     """Run the training (or tile, or predict) on the engine of cluster.json (local: stream
     the workers' output)."""
     spec = load_cluster_spec(cluster_json)
-    staged = cluster_stage(ctx, train_args)
-    if staged is not None and engine_info(spec.engine).runs_tasks and runs_as_tasks(train_args):
-        _run_tasks_and_report(ctx, spec, train_args)
+    stage = cluster_stage(ctx, train_args)
+    if stage is not None and _runs_as_tasks(spec, stage):
+        _run_tasks_and_report(ctx, spec, stage)
         return
-    if staged is not None:
-        job, out = staged
-        _launch_and_report(
-            ctx, spec, job, wait=wait, timeout_s=timeout_s, result_text=lambda _: f"output {out}"
-        )
+    if stage is not None:
+        _launch_stage_and_report(ctx, spec, stage, wait=wait, timeout_s=timeout_s)
         return
     job, config = cluster_training(train_args, spec, entry_module)
     if entry_module == WORKER_MODULE and engine_info(spec.engine).runs_here:
@@ -246,14 +286,32 @@ def launch_command(
     )
 
 
-def _run_tasks_and_report(ctx: click.Context, spec: ClusterSpec, stage_args: Sequence[str]) -> None:
-    """Show the plan (unless -q), then run the stage here with its units as tasks; the
-    stage prints its own summary, then one line: done, and where."""
+def _run_tasks_and_report(ctx: click.Context, spec: ClusterSpec, stage: Stage) -> None:
+    """Show the plan (unless -q), then run the stage here with its units as tasks; print the
+    stage's summary, then one line: done, and where."""
     started = time.monotonic()
     if not _quiet(ctx):
-        click.echo(describe_stage_tasks(spec, stage_args), err=True)
-    run_stage_as_tasks(ctx, spec, stage_args)
+        click.echo(describe_stage_tasks(spec, stage), err=True)
+    run_stage(stage, Tasks(spec))
     click.echo(f"done: {spec.engine} tasks in {time.monotonic() - started:.1f} s")
+
+
+def _launch_stage_and_report(
+    ctx: click.Context, spec: ClusterSpec, stage: Stage, *, wait: bool, timeout_s: float | None
+) -> None:
+    """Run `stage` as the ranks of `spec`'s engine: show the plan (unless -q), launch, and
+    print one line: the job submitted, or done and where its output is."""
+    quiet = _quiet(ctx)
+
+    def show(plan: Plan) -> None:
+        if not quiet:
+            click.echo(plan.describe(), err=True)
+
+    options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
+    executor = Ranks(spec, options, logging_args=tuple(logging_args_of(ctx)), on_plan=show)
+    launched = run_ranks(stage, executor).launch
+    assert launched is not None
+    _report_launch(launched, f"output {stage.out}")
 
 
 def _launch_and_report(
@@ -275,6 +333,12 @@ def _launch_and_report(
     options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
     before()
     result = launch_plan(plan, options)
+    _report_launch(result, result_text(result) if result.status != "submitted" else "")
+
+
+def _report_launch(result: LaunchResult, result_text: str) -> None:
+    """One line: the job submitted, or done with `result_text` (where its results are) and
+    its logs."""
     where = f"; {result.url}" if result.url else ""
     if result.status == "submitted":
         click.echo(f"submitted {result.engine} job {result.job_id}{where}")
@@ -283,7 +347,7 @@ def _launch_and_report(
     else:
         click.echo(
             f"done: {result.engine} job {result.job_id} in {result.wall_time_s:.1f} s; "
-            f"{result_text(result)}"
+            f"{result_text}"
             + (f"; logs {result.log_location}" if result.log_location else "")
             + where
         )

@@ -135,6 +135,22 @@ class StacInputArgs:
         return resolve_inputs(images, storage_options=storage_options, stac=options)
 
 
+def pack_stac_inputs(params: Mapping[str, Any], *, search_bbox: bool) -> dict[str, Any]:
+    """A command's parsed `params` with its STAC options as one `stac_inputs: StacInputArgs`
+    (what `stac_input_options` hands the command; `search_bbox` as given to it)."""
+    kwargs = dict(params)
+    kwargs["stac_inputs"] = StacInputArgs(
+        api=kwargs.pop("stac_api"),
+        collections=tuple(kwargs.pop("collections")),
+        bbox=kwargs.pop("bbox") if search_bbox else None,
+        datetime=kwargs.pop("datetime"),
+        max_items=kwargs.pop("max_items"),
+        asset=kwargs.pop("stac_asset"),
+        pick=kwargs.pop("stac_pick"),
+    )
+    return kwargs
+
+
 def stac_input_options(*, search_bbox: bool) -> Callable[[F], F]:
     """Add the STAC options to a command; it receives them as `stac_inputs: StacInputArgs`.
 
@@ -200,16 +216,7 @@ def stac_input_options(*, search_bbox: bool) -> Callable[[F], F]:
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def with_stac_inputs(*args: Any, **kwargs: Any) -> Any:
-            kwargs["stac_inputs"] = StacInputArgs(
-                api=kwargs.pop("stac_api"),
-                collections=tuple(kwargs.pop("collections")),
-                bbox=kwargs.pop("bbox") if search_bbox else None,
-                datetime=kwargs.pop("datetime"),
-                max_items=kwargs.pop("max_items"),
-                asset=kwargs.pop("stac_asset"),
-                pick=kwargs.pop("stac_pick"),
-            )
-            return command(*args, **kwargs)
+            return command(*args, **pack_stac_inputs(kwargs, search_bbox=search_bbox))
 
         decorated: Any = with_stac_inputs
         for option in reversed(options):

@@ -1,17 +1,16 @@
 """`tile` and `predict` as N ranks: `--nproc N` on this machine, or any engine through
 `landcover cluster launch cluster.json -- tile|predict ARGS`.
 
-Every rank runs the very command the user gave, as `python -m landcover STAGE ARGS
---rank-from-env`. With that (hidden) flag the command reads its place in the job from the
-launcher's environment (`landcover.distenv.read_dist_env`, the one reader of RANK/WORLD_SIZE
-or SLURM's variables) and does its share; the ranks coordinate through the output location
-alone (tiling's staged parts, prediction's parts), so any engine that starts N processes with
-those variables runs a stage. Storage options never travel on a command line, where any user
-of the machine could read them: they are taken out of the arguments and given to the ranks in
-their environment (`LANDCOVER_STORAGE_OPTIONS`).
+The command builds its stage (`landcover.stageconfig`: every option, the inputs resolved
+once, here) and runs it with `landcover.stagerun.run_stage`: `--nproc N` as the ranks of the
+local engine, which publish nothing but the stage itself in its staging area; every rank runs
+`python -m landcover stage-rank URL` (`landcover.cli.stagerank`), never the user's command
+line. Storage options never travel on a command line or in the stage file, where any user of
+the machine could read them: the ranks get them in their environment
+(`LANDCOVER_STORAGE_OPTIONS`).
 
-A rank logs with its rank in every line; rank 0 speaks for the job (INFO), the others report
-only problems. A rank that fails leaves its one-line error for the launcher
+A rank logs with its rank in every line (`enter_rank`); rank 0 speaks for the job (INFO), the
+others report only problems. A rank that fails leaves its one-line error for the launcher
 (`cluster.failures`), which reports the first one.
 """
 
@@ -19,44 +18,23 @@ from __future__ import annotations
 
 import logging
 import sys
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from cluster.engine import Job, LaunchOptions, launch_job
-from cluster.errors import LaunchError
+from cluster.engine import LaunchOptions
 from cluster.redact import collect_secret_values
 from cluster.spec import local_spec
-from landcover.cli.app import RANK_KEY, RANK_SECRETS_KEY, SUBCOMMAND_ARGS
-from landcover.cliconfig import ALIASES_WARNED
+from landcover.cli.app import RANK_KEY, RANK_SECRETS_KEY
 from landcover.distenv import read_dist_env
-from landcover.errors import LandcoverError
-from landcover.options import storage_options_env
+from landcover.stageconfig import Stage
+from landcover.stagerun import Ranks, StageError, run_stage
 from tiling.shared.rankenv import DistEnv
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STAGES = ("tile", "predict")
-STAGE_MODULE = "landcover"  # `python -m landcover STAGE ...`: the command itself
-RANK_FLAG = "--rank-from-env"
-SUMMARY_FLAG = "--summary-to"
-
-# Options left out of a rank's arguments: --nproc (a rank is one process), the rank flag (added
-# once, at the end) and the storage options (they go by environment). Name → takes a value.
-_NOT_FOR_RANKS = {
-    "--nproc": True,
-    RANK_FLAG: False,
-    SUMMARY_FLAG: True,
-    "--storage-options": True,
-}
-
-
-class StageError(LandcoverError):
-    """A tile or predict job that cannot be built as asked."""
+__all__ = ["StageError", "enter_rank", "logging_args_of", "nproc_option", "run_local_ranks"]
 
 
 def nproc_option(f: F) -> F:
@@ -71,142 +49,27 @@ def nproc_option(f: F) -> F:
     )(f)
 
 
-def rank_option(f: F) -> F:
-    """The hidden `--rank-from-env`: this process is one rank of a job an engine started.
-    Eager, so that before the other options a rank knows that its launcher (the `--nproc`
-    parent, `cluster launch`) parsed the user's line and warned about old spellings."""
-    return click.option(
-        RANK_FLAG,
-        "rank_from_env",
-        is_flag=True,
-        hidden=True,
-        is_eager=True,
-        callback=_launcher_warned,
-        help="Run as one rank of a job: read RANK/WORLD_SIZE (or SLURM's) from the environment.",
-    )(f)
-
-
-def _launcher_warned(ctx: click.Context, param: click.Parameter, rank: bool) -> bool:
-    if rank:
-        ctx.meta[ALIASES_WARNED] = True
-    return rank
-
-
-def summary_option(f: F) -> F:
-    """The hidden `--summary-to FILE`: rank 0 writes the lines the command ends with to FILE
-    (the `--nproc` parent prints them, once, on its stdout)."""
-    return click.option(
-        SUMMARY_FLAG,
-        "summary_to",
-        type=click.Path(dir_okay=False),
-        default=None,
-        hidden=True,
-        help="Write the summary lines to FILE instead of stdout (for the --nproc parent).",
-    )(f)
-
-
-def stage_options(f: F) -> F:
-    """What every stage takes to run as ranks: `--nproc`, and the hidden `--rank-from-env`
-    and `--summary-to` (its function takes `nproc`, `rank_from_env` and `summary_to`)."""
-    return nproc_option(rank_option(summary_option(f)))
-
-
-def report(summary_to: str | None, line: str) -> None:
-    """Print one of the lines a stage ends with, or add it to the `--summary-to` file."""
-    if summary_to is None:
-        click.echo(line)
-        return
-    with open(summary_to, "a", encoding="utf-8") as file:
-        file.write(line + "\n")
-
-
-def rank_argv(
-    stage: str,
-    args: Sequence[str],
-    *,
-    logging_args: Sequence[str] = (),
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """What every rank runs after `python -m landcover`: the logging options, STAGE,
-    --rank-from-env and `extra` options, then the user's arguments without --nproc and
-    --storage-options (ours go first: after a `--` of the user's nothing is an option)."""
-    if stage not in STAGES:
-        raise StageError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
-    kept: list[str] = []
-    tokens = iter(args)
-    for token in tokens:
-        if token == "--":  # everything after it is an argument, never an option
-            kept.append(token)
-            kept.extend(tokens)
-            break
-        name, eq, _ = token.partition("=")
-        takes_value = _NOT_FOR_RANKS.get(name)
-        if takes_value is None:
-            kept.append(token)
-        elif takes_value and not eq:
-            next(tokens, None)  # drop the option's value too
-    return [*logging_args, stage, RANK_FLAG, *extra, *kept]
-
-
-def stage_job(
-    stage: str,
-    args: Sequence[str],
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    logging_args: Sequence[str] = (),
-    extra: Sequence[str] = (),
-) -> Job:
-    """The job whose every worker runs `landcover STAGE ARGS` as one rank (with `extra`
-    options of ours). It declares no inputs or outputs: the stage opens its paths and URLs
-    itself (az:// included), so the engines pass them unchanged, and keep their logs where
-    they keep a job's without a run dir (a temporary directory locally, `slurm-logs/` on
-    SLURM)."""
-    return Job(
-        entry_module=STAGE_MODULE,
-        argv=tuple(rank_argv(stage, args, logging_args=logging_args, extra=extra)),
-        secret_env=storage_options_env(storage_options or {}),
-        process_group=False,  # ranks coordinate through the output location alone
-    )
-
-
 def logging_args_of(ctx: click.Context) -> list[str]:
     """`landcover -v/-q` as the user gave them, for the ranks to log the same way."""
     root = ctx.find_root().obj or {}
     return ["-v"] * int(root.get("verbose", 0)) + (["-q"] if root.get("quiet") else [])
 
 
-def launch_local_ranks(ctx: click.Context, stage: str, nproc: int) -> None:
-    """Run this very command as `nproc` ranks on this machine (the local engine sets each
-    one's RANK/WORLD_SIZE), streaming their output to stderr, then print rank 0's summary
-    lines on stdout. A failed rank ends it with that rank's one-line error: where the ranks
-    refused their input (each checks it), the very line one process gives."""
-    args = ctx.meta.get(SUBCOMMAND_ARGS)
-    if args is None:
-        raise StageError(
-            f"--nproc {nproc}: the ranks rerun the command line, and there is none here; "
-            f"run `landcover {stage} ... --nproc {nproc}` from the shell"
-        )
+def run_local_ranks(ctx: click.Context, stage: Stage, nproc: int) -> None:
+    """Run `stage` as `nproc` ranks on this machine (the local engine sets each one's
+    RANK/WORLD_SIZE), streaming their output to stderr, then print rank 0's summary lines on
+    stdout. A failed rank ends it with that rank's one-line error: where the ranks refused
+    their input, the very line one process gives."""
     logging_args = logging_args_of(ctx)
     quiet = "-q" in logging_args
-    with tempfile.TemporaryDirectory(prefix="landcover-ranks-") as tmp:
-        summary = Path(tmp) / "summary.txt"
-        job = stage_job(
-            stage,
-            args,
-            storage_options=ctx.params.get("storage_options") or {},
-            logging_args=logging_args,
-            extra=[SUMMARY_FLAG, str(summary)],
-        )
-        try:
-            options = LaunchOptions(on_output=None if quiet else _stderr, keep_logs=False)
-            launch_job(local_spec(nproc), job, options)
-        except LaunchError as exc:
-            cause = exc.worker_error
-            if cause is not None and cause.bad_input:  # said as one process says it
-                raise StageError(cause.message) from None
-            raise
-        lines = summary.read_text(encoding="utf-8").splitlines() if summary.exists() else []
-    for line in lines:
+    executor = Ranks(
+        local_spec(nproc),
+        LaunchOptions(on_output=None if quiet else _stderr, keep_logs=False),
+        logging_args=tuple(logging_args),
+        summary=True,
+        as_one_process=True,
+    )
+    for line in run_stage(stage, executor).lines:
         click.echo(line)
 
 
@@ -225,22 +88,6 @@ def enter_rank(ctx: click.Context) -> DistEnv:
         level = logging.WARNING
     _log_as_rank(ctx, env.rank, level)
     return env
-
-
-@contextmanager
-def only_rank_0_warns(dist: DistEnv) -> Iterator[None]:
-    """Run a stage's planning, in which every rank reads the same inputs and would warn alike,
-    with the ranks other than 0 logging errors only: the job warns about its inputs once."""
-    if dist.is_main:
-        yield
-        return
-    root = logging.getLogger()
-    saved = root.level
-    root.setLevel(max(saved, logging.ERROR))
-    try:
-        yield
-    finally:
-        root.setLevel(saved)
 
 
 def _log_as_rank(ctx: click.Context, rank: int, level: int) -> None:

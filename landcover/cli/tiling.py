@@ -2,16 +2,17 @@
 
 `tile`'s options are generated from `tiling.config.TileConfig` (their defaults, help and
 checks are its fields'), adding only what is the command's own (the output-URL callback, the
-class-map choices). The tiling stack (rasterio, zarr, shapely, pystac) is imported inside the
-commands, so that `tile --nproc N` starts its ranks without importing it: the ranks import it
-themselves.
+class-map choices). The command (and `cluster launch -- tile ...`, through `tile_stage`)
+builds one `landcover.stageconfig.TileStage`, its images resolved once, and runs it with
+`landcover.stagerun.run_stage`: in this process, or as `--nproc N` local ranks. The tiling
+stack (rasterio, zarr, shapely, pystac) is imported by the stage's run, so that the ranks'
+launcher imports no more of it than resolving the inputs needs.
 """
 
 from __future__ import annotations
 
-import gc
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -20,24 +21,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
-from landcover.cli.stagejob import (
-    enter_rank,
-    launch_local_ranks,
-    only_rank_0_warns,
-    report,
-    stage_options,
-)
-from landcover.cli.stagetasks import unit_runner
+from landcover.cli.stagejob import nproc_option, run_local_ranks
 from landcover.cliconfig import config_option, option_specs
-from landcover.distenv import pooled_share
 from landcover.options import LocalOutputPath, output_url_callback, overwrite_option
 from landcover.outputs import check_can_create_in
+from landcover.stageconfig import TileStage
+from landcover.stagerun import InProcess, run_stage
+from landcover.stagework import skipped_note
 from tiling.classes import available_class_maps
 from tiling.config import TileConfig
-from tiling.shared.rankenv import DistEnv
 
 if TYPE_CHECKING:
-    from tiling.store import StoreSummary
     from tiling.tile import TilePlan
 
 DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
@@ -53,9 +47,9 @@ def mb(n_bytes: int) -> str:
 
 
 @contextmanager
-def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+def _progress_bar(total: int) -> Iterator[Callable[[int], None] | None]:
     """A tqdm bar on stderr when it is a terminal, else nothing."""
-    if not enabled or not sys.stderr.isatty():
+    if not sys.stderr.isatty():
         yield None
         return
     from tqdm import tqdm
@@ -119,7 +113,7 @@ def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     is_flag=True,
     help="Check the inputs, print chips, bytes and RAM per worker; write nothing.",
 )
-@stage_options
+@nproc_option
 @click.pass_context
 def tile_command(
     ctx: click.Context,
@@ -128,8 +122,6 @@ def tile_command(
     stac_inputs: StacInputArgs,
     dry_run: bool,
     nproc: int,
-    rank_from_env: bool,
-    summary_to: str | None,
     **options: Any,
 ) -> None:
     """Cut IMAGES (paths, quoted globs, URLs or STAC JSON files) into a sharded Zarr v3 chip
@@ -141,101 +133,32 @@ def tile_command(
     interrupted store; a complete store or one written with other options is refused unless
     --overwrite.
     """
-    stac_inputs.check(images)
-    if nproc > 1 and not dry_run:  # rank 0 plans (and warns), the others load its plan
-        TileConfig(images=images, **options)  # bad options refused before the ranks start
-        launch_local_ranks(ctx, "tile", nproc)  # rank 0's summary line is printed once
-        return
-    with _imports_kept_out_of_collections():
-        from tiling.planfile import plan_for_rank
-        from tiling.shared.machine import cores_per_rank
-        from tiling.tile import tile
-
-    dist = enter_rank(ctx) if rank_from_env else DistEnv()
-    # the ranks on a node share its cores
-    pooled = dist.is_distributed and options["workers"] is None
-    if pooled:
-        options["workers"] = cores_per_rank(dist.local_world_size)
-    options["storage_options"] = dict(options["storage_options"])
-    with only_rank_0_warns(dist):
-        inputs = stac_inputs.resolve(images, storage_options=options["storage_options"])
-        config = TileConfig(images=inputs.paths, **options)  # the options checked once
-        plan = plan_for_rank(config, rank=dist.rank, world_size=dist.world_size)
-    if pooled:  # ranks without sources leave their cores to those with some
-        config = replace(config, workers=_pooled_workers(plan, dist, config.effective_workers))
+    stage = tile_stage(images=images, stac_inputs=stac_inputs, options=options)
     if dry_run:
-        if dist.is_main:
-            for line in describe_plan(plan):
-                click.echo(line)
+        from tiling.planfile import plan_for_rank
+
+        for line in describe_plan(plan_for_rank(stage.config, rank=0, world_size=1)):
+            click.echo(line)
+        return
+    if nproc > 1:  # rank 0 plans (and warns), the others load its plan
+        run_local_ranks(ctx, stage, nproc)  # rank 0's summary line is printed once
         return
     quiet = bool(ctx.obj and ctx.obj.get("quiet"))
-    with _progress_bar(plan.max_chips, enabled=not quiet and dist.is_main) as progress:
-        result = tile(
-            config,
-            plan=plan,
-            progress=progress,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            run_units=unit_runner(ctx),  # sources as tasks on a Dask cluster
-        )
-    if not dist.is_main:
-        return  # rank 0 speaks for the job
-    ranks = f"{dist.world_size} ranks x " if dist.is_distributed else ""
-    workers_text = f"{ranks}{result.workers} workers"
-    summary = result.summary
-    line = _summary_line(plan, summary, result.sources_resumed, result.elapsed_s, workers_text)
-    report(summary_to, line)
+    bar = None if quiet else _progress_bar
+    run_stage(stage, InProcess(progress_bar=bar, say=click.echo))
 
 
-@contextmanager
-def _imports_kept_out_of_collections() -> Iterator[None]:
-    """Import the tiling stack with the cyclic collector paused, then freeze what is alive.
-
-    The modules live as long as the process: frozen, no later full collection (nor the one
-    at exit) walks their objects again, and none runs while they are built; together about
-    a fifth of the CPU the imports cost. Only when this call imports them (a process's
-    first tile), so that a process running many commands freezes its objects once.
-    """
-    first = "tiling.tile" not in sys.modules
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if first:
-            gc.freeze()
-        if enabled:
-            gc.enable()
-
-
-def _pooled_workers(plan: TilePlan, dist: DistEnv, per_rank: int) -> int:
-    """Reader threads for this rank when the ranks of its machine pool their cores: a rank
-    that owns no source (more ranks than sources) leaves its share to those that do; rank 0
-    always has work (it commits)."""
-    from tiling.commit import source_owners
-
-    owners = set(source_owners(plan, dist.world_size))
-    busy = [r for r in dist.local_ranks if r == 0 or r in owners]
-    return pooled_share(busy, dist.rank, dist.local_ranks, per_rank)
-
-
-def _summary_line(
-    plan: TilePlan, s: StoreSummary, resumed: int, elapsed_s: float, workers: str
-) -> str:
-    """The line `tile` ends with (one process or rank 0 of a job)."""
-    resumed_note = f", {resumed} resumed" if resumed else ""
-    return (
-        f"wrote {plan.config.out}: {s.num_chips} chips (train {s.num_train}, val {s.num_val}) "
-        f"from {len(s.sources)} sources{resumed_note}{_skipped_note(plan)} in {elapsed_s:.1f} s "
-        f"with {workers}"
-    )
-
-
-def _skipped_note(plan: TilePlan) -> str:
-    n = len(plan.skipped)
-    if not n:
-        return ""
-    return f" ({n} image{'s' if n > 1 else ''} smaller than --chip-size skipped)"
+def tile_stage(
+    *, images: Sequence[str], stac_inputs: StacInputArgs, options: Mapping[str, Any]
+) -> TileStage:
+    """The stage of `landcover tile` with these parsed values (`options`: the `TileConfig`
+    fields the command takes): the options checked once, then the images resolved (globs,
+    STAC documents and any STAC search), once, here."""
+    stac_inputs.check(images)
+    values = {**options, "storage_options": dict(options["storage_options"])}
+    given = TileConfig(images=tuple(images), **values)  # the options checked once
+    inputs = stac_inputs.resolve(images, storage_options=given.storage_options)
+    return TileStage(replace(given, images=tuple(inputs.paths)))
 
 
 def describe_plan(plan: TilePlan) -> list[str]:
@@ -244,7 +167,7 @@ def describe_plan(plan: TilePlan) -> list[str]:
     labels = f"{len(p.labels)} label rasters ({p.class_map.name})" if p.class_map else "no labels"
     blocks, val_blocks = plan.num_blocks
     lines = [
-        f"sources: {len(plan.sources)} images, {labels}{_skipped_note(plan)}",
+        f"sources: {len(plan.sources)} images, {labels}{skipped_note(plan)}",
         f"chips: up to {plan.max_chips} (train {plan.max_train}, val {plan.max_val}) of "
         f"{p.chip_size} px, stride {p.stride}, {p.shard_size} per shard; --min-valid "
         f"{p.min_valid} drops some",

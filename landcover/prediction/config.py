@@ -27,6 +27,7 @@ from landcover.prediction.choices import (
     Precision,
     TtaMode,
 )
+from landcover.prediction.tilesize import check_tile_size
 from tiling.shared.flags import flag, option
 
 if TYPE_CHECKING:
@@ -106,6 +107,14 @@ class PredictConfig:
         "Output block edge in px; memory grows with its square, not with the region.",
         deprecated=("--block-size",),
     )
+    # the tiled map product's tile edge (landcover.prediction.tilesize); None: one COG
+    tile_px: int | None = option(
+        "--tile-size",
+        None,
+        "With --out DIR/ (a trailing slash or a directory): write a tiled map product, one "
+        "COG per PX x PX tile (named E{x}_N{y} by its upper-left map corner), a STAC "
+        "collection.json and mosaic.vrt; a rerun redoes only missing or changed tiles.",
+    )
     storage_options: Mapping[str, Any] = field(
         default_factory=dict, metadata=flag("--storage-options")
     )
@@ -135,6 +144,13 @@ class PredictConfig:
             raise PredictionError(f"--batch-size {self.batch_size}: must be at least 1")
         if self.block_px < MIN_BLOCK_PX:
             raise PredictionError(f"--block-px {self.block_px} px: must be at least {MIN_BLOCK_PX}")
+        if self.tile_px is not None:  # the one check of the tile size
+            check_tile_size(self.tile_px, self.out, self.max_pixels)
+            if self.probabilities is not None:
+                raise PredictionError(
+                    f"--probabilities {self.probabilities}: a tiled product holds class tiles "
+                    "only; drop --probabilities"
+                )
 
 
 # The fields that are options of `landcover predict`, by name.

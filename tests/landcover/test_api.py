@@ -106,7 +106,7 @@ def test_an_unknown_option_is_one_line_naming_it(tmp_path: Path) -> None:
         (
             "PredictOptions",
             "landcover.prediction.config:PredictConfig",
-            {"model", "images", "out", "region"},
+            {"model", "images", "out", "region", "tile_px"},
         ),
     ],
 )

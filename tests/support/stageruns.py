@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import rasterio
 from click.testing import CliRunner, Result
 
@@ -15,6 +16,18 @@ from landcover.cli.app import main
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
     """`landcover ARGS...` in this process, under `env` where given."""
     return CliRunner(env=env).invoke(main, list(args))
+
+
+def rank_args(*args: str) -> list[str]:
+    """What an engine starts each rank of `landcover tile|predict ARGS` with (after
+    `python -m landcover`): the stage that line builds, published as its launcher publishes
+    it (`landcover.stagerun`)."""
+    from landcover.cli.cluster import cluster_stage
+    from landcover.stageconfig import publish_stage
+
+    stage = cluster_stage(click.Context(main, info_name="landcover", obj={}), list(args))
+    assert stage is not None
+    return ["stage-rank", publish_stage(stage)]
 
 
 # -- tile ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
-from tests.support.stageruns import cog_bytes, predict_args, run
+from tests.support.stageruns import cog_bytes, predict_args, rank_args, run
 
 
 def without_time(line: str) -> str:
@@ -20,7 +20,7 @@ def without_time(line: str) -> str:
 def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
     predict_inputs: tuple[Path, Path, Path], one_prediction: tuple[Path, str], tmp_path: Path
 ) -> None:
-    """`--rank-from-env` as an engine runs it (here rank 1, then rank 0, in this process)."""
+    """`stage-rank URL` as an engine runs it (here rank 1, then rank 0, in this process)."""
     out = tmp_path / "lc.tif"
     env = {
         "WORLD_SIZE": "2",
@@ -29,11 +29,11 @@ def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
         "MASTER_PORT": "29500",
         "LANDCOVER_ERROR_DIR": str(tmp_path),
     }
-    second = run(*predict_args(predict_inputs, out, "--rank-from-env"), env={**env, "RANK": "1"})
+    second = run(*rank_args(*predict_args(predict_inputs, out)), env={**env, "RANK": "1"})
     assert second.exit_code == 0, second.output
     assert second.output == ""  # rank 0 speaks for the job
     assert any(p.suffix == ".json" for p in Path(f"{out}.parts").iterdir())
-    first = run(*predict_args(predict_inputs, out, "--rank-from-env"), env={**env, "RANK": "0"})
+    first = run(*rank_args(*predict_args(predict_inputs, out)), env={**env, "RANK": "0"})
     assert first.exit_code == 0, first.output
     summary = [line for line in first.output.splitlines() if line.startswith("wrote ")]
     assert without_time(summary[0]) == without_time(

@@ -39,16 +39,3 @@ def test_a_bad_block_edge_names_the_new_flag() -> None:
         "warning: --block-size is deprecated: use --block-px\n"
         "error: --block-px 8 px: must be at least 16\n"  # checked by PredictConfig, first
     )
-
-
-@pytest.mark.parametrize("where", ["first", "last"])
-def test_a_rank_leaves_the_warning_to_the_process_that_parsed_the_users_line(
-    where: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`predict --nproc N` and `cluster launch -- predict` warn once; their ranks, which rerun
-    the line with --rank-from-env, do not."""
-    args = [*PREDICT, "--block-size", "64"]
-    argv = ["--rank-from-env", *args] if where == "first" else [*args, "--rank-from-env"]
-    rank = predict_command.make_context("predict", argv)
-    assert rank.params["block_px"] == 64 and rank.params["rank_from_env"]
-    assert capsys.readouterr().err == ""

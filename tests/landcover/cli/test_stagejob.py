@@ -11,8 +11,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from landcover.cli.stagejob import RANK_FLAG, StageError, rank_argv, stage_job
 from landcover.options import STORAGE_OPTIONS_ENV
+from landcover.prediction.config import PredictConfig
+from landcover.stageconfig import (
+    PredictStage,
+    StageConfigError,
+    publish_stage,
+    read_stage,
+    stage_url,
+)
+from landcover.stagerun import rank_job
 from tests.conftest import REPO_ROOT
 from tests.support.cli import invoke
 from tests.support.clusterspecs import ACCOUNT_KEY, AZUREML_SPEC, KUBERNETES_SPEC, write_json
@@ -20,35 +28,53 @@ from tests.support.clusterspecs import ACCOUNT_KEY, AZUREML_SPEC, KUBERNETES_SPE
 SECRET_OPTIONS = json.dumps({"account_name": "acct", "account_key": ACCOUNT_KEY})
 
 
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (["a.tif", "--out", "s", "--nproc", "2"], ["a.tif", "--out", "s"]),
-        (["--nproc=4", "a.tif", "--out", "s"], ["a.tif", "--out", "s"]),
-        (
-            ["a.tif", "--storage-options", SECRET_OPTIONS, "--out", "az://c/s"],
-            ["a.tif", "--out", "az://c/s"],
-        ),
-        ([f"--storage-options={SECRET_OPTIONS}", "a.tif"], ["a.tif"]),
-        # given twice (as a rerun of a rank's argv would): added once, before the arguments
-        (["a.tif", RANK_FLAG], ["a.tif"]),
-        # after `--` nothing is an option
-        (["--out", "s", "--", "--nproc"], ["--out", "s", "--", "--nproc"]),
-    ],
-)
-def test_rank_argv_drops_nproc_and_storage_options(args: list[str], expected: list[str]) -> None:
-    assert rank_argv("tile", args, logging_args=["-v"]) == ["-v", "tile", RANK_FLAG, *expected]
+def predict_stage(tmp_path: Path, **options: Any) -> PredictStage:
+    config = PredictConfig(
+        model="model.pt", images=(str(tmp_path / "a.tif"),), out=str(tmp_path / "lc.tif"),
+        **options,
+    )  # fmt: skip
+    return PredictStage(config)
 
 
-def test_stage_job_gives_storage_options_by_environment_only() -> None:
-    args = ["model.pt", "a.tif", "--out", "lc.tif", "--storage-options", SECRET_OPTIONS]
-    job = stage_job("predict", args, storage_options=json.loads(SECRET_OPTIONS))
+def test_a_rank_job_runs_the_published_stage_and_gets_storage_options_by_environment_only(
+    tmp_path: Path,
+) -> None:
+    """Every rank runs `stage-rank URL` (no option of the user's line, so no scanner of it),
+    the stage at URL holds every option but the storage options, which go by environment."""
+    stage = predict_stage(tmp_path, storage_options=json.loads(SECRET_OPTIONS), block_px=64)
+    job = rank_job(stage, logging_args=["-v"])
     assert job.entry_module == "landcover"
-    assert ACCOUNT_KEY not in " ".join(job.argv)
+    assert job.argv == ("-v", "stage-rank", stage_url(stage))
+    assert stage_url(stage).startswith(f"{tmp_path}/lc.tif.parts/stage-")
     assert json.loads(job.secret_env[STORAGE_OPTIONS_ENV])["account_key"] == ACCOUNT_KEY
     assert job.inputs == {} and job.outputs == {}
-    with pytest.raises(StageError, match="unknown stage 'train'"):
-        stage_job("train", args)
+    assert publish_stage(stage) == stage_url(stage)
+    text = Path(stage_url(stage)).read_text()
+    assert ACCOUNT_KEY not in text and "acct" not in text
+    read = read_stage(stage_url(stage), storage_options=json.loads(SECRET_OPTIONS))
+    assert read == stage
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda text: text.replace('"block_px":64', '"block_px":65'), "does not match the digest"),
+        (lambda text: text[:-5], "unreadable stage file"),
+        (None, "no stage file there"),
+    ],
+    ids=["edited", "cut short", "missing"],
+)
+def test_a_rank_refuses_a_stage_file_that_is_not_the_one_published(
+    tmp_path: Path, damage: Any, said: str
+) -> None:
+    stage = predict_stage(tmp_path, block_px=64)
+    url = publish_stage(stage)
+    if damage is None:
+        Path(url).unlink()
+    else:
+        Path(url).write_text(damage(Path(url).read_text()))
+    with pytest.raises(StageConfigError, match=said):
+        read_stage(url)
 
 
 @pytest.mark.parametrize(
@@ -58,8 +84,11 @@ def test_stage_job_gives_storage_options_by_environment_only() -> None:
 )
 @pytest.mark.parametrize("stage", ["tile", "predict"])
 def test_cluster_plan_runs_the_stage_as_ranks_without_secrets(
-    tmp_path: Path, document: dict[str, Any] | None, stage: str
+    tmp_path: Path, document: dict[str, Any] | None, stage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # the stage's images are resolved by the launcher
+    (tmp_path / "naip").mkdir()
+    (tmp_path / "naip" / "a.tif").write_bytes(b"")
     spec = (
         REPO_ROOT / "cluster.json"
         if document is None
@@ -77,7 +106,9 @@ def test_cluster_plan_runs_the_stage_as_ranks_without_secrets(
     assert result.exit_code == 0, result.output
     texts = [result.output, *(p.read_text() for p in (tmp_path / "plan").iterdir())]
     assert all(ACCOUNT_KEY not in t and "--storage-options" not in t for t in texts)
-    assert any(RANK_FLAG in t and stage in t and "naip/*.tif" in t for t in texts)
+    out = "az://chips/va.zarr" if stage == "tile" else "lc.tif"
+    assert any(f"stage-rank {out}.parts/stage-" in t for t in texts)
+    assert not any("naip/*.tif" in t for t in texts)  # the ranks get the stage, not the line
     assert any(STORAGE_OPTIONS_ENV in t for t in texts[1:])
 
 

@@ -14,7 +14,7 @@ from tests.azurite import Azurite
 from tests.conftest import REPO_ROOT
 from tests.support.chipstores import snapshot
 from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
-from tests.support.stageruns import run, tile_args
+from tests.support.stageruns import rank_args, run, tile_args
 from tiling.shared.machine import cores_per_rank
 from tiling.staging import PartStaging
 
@@ -37,16 +37,16 @@ PartStaging.put = put_then_die
 def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
     images: Path, one_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--rank-from-env` as an engine runs it (here one rank after the other, in process)."""
+    """`stage-rank URL` as an engine runs it (here one rank after the other, in process)."""
     monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)  # no rank 0 to count its sources
     out = tmp_path / "env.zarr"
     env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29500", "LANDCOVER_ERROR_DIR": str(tmp_path)}  # fmt: skip
-    second = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "1"})
+    second = run(*rank_args(*tile_args(images, out)), env={**env, "RANK": "1"})
     assert second.exit_code == 0, second.output
     assert second.output == ""  # quiet, its log included: rank 0 speaks for the job
     assert len(list(Path(f"{out}.parts").glob("*.part"))) == 2
-    first = run(*tile_args(images, out, "--rank-from-env"), env={**env, "RANK": "0"})
+    first = run(*rank_args(*tile_args(images, out)), env={**env, "RANK": "0"})
     assert first.exit_code == 0, first.output
     assert first.stdout.startswith(f"wrote {out}: ")
     assert "from 4 sources in " in first.stdout

@@ -37,6 +37,7 @@ from landcover.prediction.runtime import for_prediction, load_window_model
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
 from tests.landcover.prediction.inputs import CHIP, write_model
+from tests.support.stageruns import rank_args as stage_rank_args
 from tiling.synth import SynthResult
 
 CPU = torch.device("cpu")
@@ -314,7 +315,7 @@ def test_ranks_and_tiles_write_the_one_process_map_for_every_backend(
                 "LANDCOVER_ERROR_DIR": str(tmp_path / "errors"),
             }
             for rank in [*range(1, world_size), 0]:  # rank 0 waits for the others' parts
-                rank_args = [*args, "--rank-from-env"] if world_size > 1 else args
+                rank_args = stage_rank_args(*args) if world_size > 1 else args
                 result = CliRunner(env={**env, "RANK": str(rank)}).invoke(main, rank_args)
                 assert result.exit_code == 0, result.output
             runs[world_size] = out

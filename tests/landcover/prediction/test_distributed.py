@@ -39,6 +39,7 @@ from landcover.prediction.runner import PredictResult, predict_region
 from tests.azurite import Azurite
 from tests.landcover.prediction.inputs import UTM18, read, write_model
 from tests.support.prediction import config_for
+from tests.support.stageruns import rank_args as stage_rank_args
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +371,7 @@ def rank_outputs(
                 "LANDCOVER_ERROR_DIR": str(tmp_path_factory.mktemp("errors")),
             }
             for rank in [*range(1, world_size), 0]:  # rank 0 waits for the others' parts
-                rank_args = [*args, "--rank-from-env"] if world_size > 1 else args
+                rank_args = stage_rank_args(*args) if world_size > 1 else args
                 result = CliRunner(env={**env, "RANK": str(rank)}).invoke(main, rank_args)
                 assert result.exit_code == 0, result.output
             runs[world_size] = folder
