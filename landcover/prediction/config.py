@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from landcover.cliconfig import OptionSpec, option_specs
 from landcover.errors import PredictionError
+from landcover.prediction.adaptspec import ADAPT_METHODS, DEFAULT_ADAPT, parse_adapt
 from landcover.prediction.choices import (
     AUTO_ONNX_MIN_WINDOW_PIXELS,
     DEFAULT_MAX_PIXELS,
@@ -95,6 +96,17 @@ class PredictConfig:
         "Test-time augmentation: average the logits over the 8 flips/rotations of the "
         "square (--tta or --tta d4, 8x the model time) or the 4 flips (--tta flips, 4x).",
     )
+    # landcover.prediction.adapt; once its statistics are computed, METHOD:STRENGTH@DIGEST
+    adapt: str = option(
+        "--adapt",
+        DEFAULT_ADAPT,
+        "Test-time adaptation to the images, from statistics computed once per run on a fixed "
+        f"lattice of windows: {', '.join(ADAPT_METHODS)}. bands: the images' band means and "
+        "stds replace the training ones; bn: BatchNorm statistics re-estimated on the images "
+        "(bn-early: the first 2 layers only); bn+bands: both. METHOD:S mixes the images' "
+        "statistics with the training ones at strength S in [0, 1] (e.g. bn:0.5). The "
+        "output's LANDCOVER_ADAPT tags record the method and the statistics' SHA-256.",
+    )
     probabilities: str | None = option(
         "--probabilities",
         None,
@@ -144,6 +156,7 @@ class PredictConfig:
             raise PredictionError(f"--batch-size {self.batch_size}: must be at least 1")
         if self.block_px < MIN_BLOCK_PX:
             raise PredictionError(f"--block-px {self.block_px} px: must be at least {MIN_BLOCK_PX}")
+        parse_adapt(self.adapt)  # one line naming a bad --adapt
         if self.tile_px is not None:  # the one check of the tile size
             check_tile_size(self.tile_px, self.out, self.max_pixels)
             if self.probabilities is not None:

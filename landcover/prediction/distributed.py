@@ -53,6 +53,7 @@ RERUN_PREDICTS_AGAIN = (
     "backend",  # what ran (`auto` resolved: landcover.prediction.runtime.with_inference)
     "precision",
     "tta",
+    "adapt",  # with its statistics' digest (landcover.prediction.adapt)
     "probabilities",  # whether a part has them
     "block_px",
     "zero_is_nodata",
@@ -86,6 +87,8 @@ class RunOptions(Protocol):
     def precision(self) -> str: ...
     @property
     def tta(self) -> str: ...
+    @property
+    def adapt(self) -> str: ...
     @property
     def zero_is_nodata(self) -> bool: ...
     @property
@@ -127,6 +130,7 @@ class RankRun:
             "backend": options.backend,
             "precision": options.precision,
             "tta": options.tta,
+            "adapt": options.adapt,  # METHOD:STRENGTH@DIGEST once computed
             "device": self.device_type,
             "zero_is_nodata": options.zero_is_nodata,
             "probabilities": options.probabilities is not None,

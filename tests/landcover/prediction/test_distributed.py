@@ -265,6 +265,7 @@ RERUN_VALUES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "backend": lambda f: "onnxruntime",
     "precision": lambda f: "bf16",
     "tta": lambda f: "flips",
+    "adapt": lambda f: "bands",
     "probabilities": lambda f: str(f["tmp_path"] / "p.tif"),
     "overwrite": lambda f: True,
     "block_px": lambda f: 16,
