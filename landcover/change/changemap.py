@@ -17,13 +17,11 @@ no record beside files it did not finish; the next run removes its leftovers.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
 import os
 import tempfile
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +64,7 @@ from landcover.outputs import (
 )
 from landcover.prediction.outfiles import to_cog
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES
+from landcover.prediction.tilevrt import VrtTile, write_tile_vrt
 from landcover.view.areas import cell_areas
 from landcover.view.mapfile import MapFile, open_map
 from landcover.writefailures import raster_write_errors
@@ -337,39 +336,20 @@ def _mover(made: str) -> Callable[[str], object]:
 def _mosaic(files: Sequence[str], pieces: Sequence[Piece], before: MapFile, work: str) -> str:
     """A VRT of BEFORE's grid over the change tiles (paths relative to it): GDAL's VRT of the
     first tile (its colour table and tags), widened to the grid, a source per tile."""
-    template = os.path.join(work, ".template.vrt")
-    rasterio.shutil.copy(files[0], template, driver="VRT")
-    tree = ET.parse(template)
-    root = tree.getroot()
-    root.set("rasterXSize", str(before.width))
-    root.set("rasterYSize", str(before.height))
-    geo = root.find("GeoTransform")
-    if geo is not None:
-        geo.text = ", ".join(repr(float(v)) for v in before.transform.to_gdal())
-    for band in root.iter("VRTRasterBand"):
-        sources = [e for e in band if e.tag in ("SimpleSource", "ComplexSource")]
-        for source in sources:
-            band.remove(source)
-        for piece in pieces:
-            placed = copy.deepcopy(sources[0])
-            name = placed.find("SourceFilename")
-            if name is not None:
-                name.set("relativeToVRT", "1")
-                name.text = piece.name
-            w = piece.window
-            size = {"xSize": str(int(w.width)), "ySize": str(int(w.height))}
-            properties = placed.find("SourceProperties")
-            if properties is not None:
-                properties.set("RasterXSize", size["xSize"])
-                properties.set("RasterYSize", size["ySize"])
-            for tag, (x, y) in (("SrcRect", (0, 0)), ("DstRect", (w.col_off, w.row_off))):
-                rect = placed.find(tag)
-                if rect is not None:
-                    rect.attrib.update(xOff=str(int(x)), yOff=str(int(y)), **size)
-            band.append(placed)
+    tiles = [
+        VrtTile(
+            p.name,
+            int(p.window.row_off),
+            int(p.window.col_off),
+            int(p.window.height),
+            int(p.window.width),
+        )
+        for p in pieces
+    ]
     vrt = os.path.join(work, MOSAIC)
-    tree.write(vrt, encoding="utf-8")
-    os.unlink(template)
+    write_tile_vrt(
+        vrt, files[0], tiles, transform=before.transform, width=before.width, height=before.height
+    )
     return vrt
 
 

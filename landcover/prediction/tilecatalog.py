@@ -14,7 +14,6 @@ state as for a county.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import xml.etree.ElementTree as ET
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pystac
-import rasterio.shutil
 from pystac.extensions.classification import ClassificationExtension
 from pystac.extensions.file import FileExtension
 from pystac.extensions.projection import ProjectionExtension
@@ -33,6 +31,7 @@ from pystac.layout import CustomLayoutStrategy
 from landcover.prediction.outgrid import TAG_SOURCES, OutputGrid
 from landcover.prediction.stacitem import ASSET_KEY, COG_MEDIA_TYPE
 from landcover.prediction.tilerecords import TAG_PRODUCT, ProductDir, TileRecord
+from landcover.prediction.tilevrt import VrtTile, write_tile_vrt
 from tiling.shared.urls import is_local
 
 if TYPE_CHECKING:  # modelfile imports torch, which writing files never needs
@@ -136,53 +135,31 @@ def mosaic_vrt(
     GDAL's VRT of the first tile, widened to the grid, with one source per tile, and the
     tiles' images (`sources`) as its sources tag."""
     first = product_dir.fetch(f"{records[0].name}.tif", into)
-    template = str(Path(into) / ".template.vrt")
-    rasterio.shutil.copy(first, template, driver="VRT")
-    tree = ET.parse(template)
-    root = tree.getroot()
-    root.set("rasterXSize", str(grid.width))
-    root.set("rasterYSize", str(grid.height))
-    geo = root.find("GeoTransform")
-    if geo is not None:
-        geo.text = ", ".join(repr(float(v)) for v in grid.transform.to_gdal())
-    for item in root.iterfind("Metadata/MDI"):
-        if item.get("key") == TAG_SOURCES:  # the first tile's: the mosaic's are all tiles'
-            item.text = json.dumps([_absolute(p) for p in sources])
-    for band in root.iter("VRTRasterBand"):
-        for metadata in band.findall("Metadata"):  # the first tile's product key: a tile's
-            for entry in metadata.findall("MDI"):
-                if entry.get("key") == TAG_PRODUCT:
-                    metadata.remove(entry)
-            if not len(metadata):
-                band.remove(metadata)
-        tile_sources = [e for e in band if e.tag in ("SimpleSource", "ComplexSource")]
-        for source in tile_sources:
-            band.remove(source)
-        for record in records:
-            band.append(_placed(tile_sources[0], record))
+
+    def product_tags(root: ET.Element) -> None:
+        for item in root.iterfind("Metadata/MDI"):
+            if item.get("key") == TAG_SOURCES:  # the first tile's: the mosaic's are all tiles'
+                item.text = json.dumps([_absolute(p) for p in sources])
+        for band in root.iter("VRTRasterBand"):
+            for metadata in band.findall("Metadata"):  # the first tile's product key: a tile's
+                for entry in metadata.findall("MDI"):
+                    if entry.get("key") == TAG_PRODUCT:
+                        metadata.remove(entry)
+                if not len(metadata):
+                    band.remove(metadata)
+
+    tiles = [VrtTile(f"{r.name}.tif", *r.rect) for r in records]
     vrt = str(Path(into) / MOSAIC)
-    tree.write(vrt, encoding="utf-8")
-    os.unlink(template)
+    write_tile_vrt(
+        vrt,
+        first,
+        tiles,
+        transform=grid.transform,
+        width=grid.width,
+        height=grid.height,
+        edit=product_tags,
+    )
     return vrt
-
-
-def _placed(source: ET.Element, record: TileRecord) -> ET.Element:
-    """A copy of a VRT source reading tile `record` at its place in the grid."""
-    placed = copy.deepcopy(source)
-    row0, col0, height, width = record.rect
-    name = placed.find("SourceFilename")
-    if name is not None:
-        name.set("relativeToVRT", "1")
-        name.text = f"{record.name}.tif"
-    properties = placed.find("SourceProperties")
-    if properties is not None:
-        properties.set("RasterXSize", str(width))
-        properties.set("RasterYSize", str(height))
-    for tag, (x, y) in (("SrcRect", (0, 0)), ("DstRect", (col0, row0))):
-        rect = placed.find(tag)
-        if rect is not None:
-            rect.attrib.update(xOff=str(x), yOff=str(y), xSize=str(width), ySize=str(height))
-    return placed
 
 
 def _absolute(path: str) -> str:
