@@ -246,36 +246,19 @@ class Transitions:
 def transitions_png(transitions: Transitions) -> bytes:
     """The transition matrix as a heat map (km² in each cell), as PNG; class names are plain
     text (never mathtext)."""
-    import io
-
-    # a Figure drawn without pyplot: no backend is switched (a notebook keeps its inline one)
-    from matplotlib.figure import Figure
-
-    from landcover.markup import plain_figures, plot_text
+    from landcover.heatmap import matrix_png
 
     km2 = transitions.km2
-    names = [plot_text(n) for n in transitions.names]
-    k = len(names)
     share = km2 / km2.sum(axis=1, keepdims=True).clip(min=1e-300)
-    with plain_figures():
-        fig = Figure(figsize=(2.4 + 1.1 * k, 1.8 + 1.0 * k), dpi=100)
-        ax = fig.add_subplot()
-        image = ax.imshow(share, cmap="Oranges", vmin=0.0, vmax=1.0)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the class before")
-        ax.set_xticks(range(k), names, rotation=35, ha="right")
-        ax.set_yticks(range(k), names)
-        ax.set_xlabel("after")
-        ax.set_ylabel("before")
-        ax.set_title("transitions in km²", fontsize=10)
-        for i in range(k):
-            for j in range(k):
-                colour = "white" if share[i, j] > 0.5 else "black"
-                ax.text(j, i, f"{km2[i, j]:,.3g}", ha="center", va="center", color=colour,
-                        fontsize=8)  # fmt: skip
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
+    return matrix_png(
+        share,
+        [[f"{v:,.3g}" for v in row] for row in km2],
+        transitions.names,
+        axes=("after", "before"),
+        colour=("Oranges", "share of the class before"),
+        title="transitions in km²",
+        margin_in=(2.4, 1.8),
+    )
 
 
 def check_same_classes(before: ClassMap, after: ClassMap, names: Sequence[str]) -> None:

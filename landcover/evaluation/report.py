@@ -9,7 +9,6 @@ escaped for Markdown and HTML, and never mathtext in a plot (`landcover.markup`)
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ import numpy as np
 
 from landcover.errors import EvaluationError
 from landcover.evaluation.scores import Evaluation
-from landcover.markup import markdown_text, plain_figures, plot_text
+from landcover.markup import markdown_text
 from landcover.outputs import (
     check_can_create_in,
     check_directory_output,
@@ -152,46 +151,21 @@ def confusion_png(evaluation: Evaluation) -> bytes:
     """Row-normalised confusion matrix (each truth class sums to 1) with counts, as PNG."""
     import matplotlib
 
+    from landcover.heatmap import matrix_png
+
     matplotlib.use("Agg")
-    with plain_figures():
-        return _draw_confusion(evaluation)
-
-
-def _draw_confusion(evaluation: Evaluation) -> bytes:
-    from matplotlib.figure import Figure
-
     confusion = evaluation.confusion.astype(np.float64)
     rows = confusion.sum(axis=1, keepdims=True)
     share = np.divide(confusion, rows, out=np.zeros_like(confusion), where=rows > 0)
-    names = [plot_text(c.name) for c in evaluation.classes]
-    k = len(names)
-    fig = Figure(figsize=(2.0 + 1.1 * k, 1.6 + 1.0 * k), dpi=100)
-    ax = fig.add_subplot()
-    image = ax.imshow(share, cmap="Blues", vmin=0.0, vmax=1.0)
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of truth class")
-    ax.set_xticks(range(k), names, rotation=35, ha="right")
-    ax.set_yticks(range(k), names)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("truth")
-    ax.set_title(
-        f"accuracy {evaluation.pixel_accuracy:.3f}, mIoU {evaluation.mean_iou:.3f}", fontsize=10
+    return matrix_png(
+        share,
+        [[f"{int(v):,}" for v in row] for row in evaluation.confusion],
+        [c.name for c in evaluation.classes],
+        axes=("predicted", "truth"),
+        colour=("Blues", "share of truth class"),
+        title=f"accuracy {evaluation.pixel_accuracy:.3f}, mIoU {evaluation.mean_iou:.3f}",
+        margin_in=(2.0, 1.6),
     )
-    for i in range(k):
-        for j in range(k):
-            colour = "white" if share[i, j] > 0.5 else "black"
-            ax.text(
-                j,
-                i,
-                f"{int(evaluation.confusion[i, j]):,}",
-                ha="center",
-                va="center",
-                color=colour,
-                fontsize=8,
-            )
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    return buffer.getvalue()
 
 
 def _markdown_report(evaluation: Evaluation) -> str:
