@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,7 @@ from landcover.errors import EvaluationError, reason
 from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation, confusion_matrix, scores_from_confusion
 from landcover.prediction.outgrid import TAG_CLASS_MAP, OutputGrid, footprint_in_crs
+from landcover.view.mapfile import wrong_bands
 from tiling.classes import (
     DEFAULT_CLASS_MAP,
     NODATA_CODE,
@@ -36,7 +37,10 @@ from tiling.reader import RasterReader
 from tiling.shared.urls import check_remote_file
 from tiling.sources import RasterInfo, expand_inputs, open_label
 
-__all__ = ["evaluate_prediction"]
+if TYPE_CHECKING:
+    from landcover.view.display import DisplayGrid
+
+__all__ = ["evaluate_prediction", "prediction_on_grid"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +64,8 @@ def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
             [open_label(p, storage_options=config.storage_options) for p in paths],
             config.prediction,
         )
-        # The prediction, described as the "image" whose grid the labels are warped onto.
-        pred_info = RasterInfo(
-            path=config.prediction,
-            crs=grid.crs,
-            transform=grid.transform,
-            height=grid.height,
-            width=grid.width,
-            count=1,
-            dtype="uint8",
-            nodata=NODATA_CODE,
-            block_shape=(config.block_px, config.block_px),
-            mask_kind="nodata",
+        pred_info = prediction_on_grid(
+            config.prediction, grid, block_shape=(config.block_px, config.block_px)
         )
         k = pred_class_map.num_classes
         confusion = np.zeros((k - 1, k - 1), dtype=np.int64)
@@ -95,6 +89,25 @@ def evaluate_prediction(config: EvaluateConfig) -> Evaluation:
     )
 
 
+def prediction_on_grid(
+    path: str, grid: OutputGrid | DisplayGrid, *, block_shape: tuple[int, int]
+) -> RasterInfo:
+    """The prediction `path` on `grid`, described as the "image" whose grid the truth labels
+    are warped onto (`RasterReader.read_labels`), read in blocks of `block_shape`."""
+    return RasterInfo(
+        path=path,
+        crs=grid.crs,
+        transform=grid.transform,
+        height=grid.height,
+        width=grid.width,
+        count=1,
+        dtype="uint8",
+        nodata=NODATA_CODE,
+        block_shape=block_shape,
+        mask_kind="nodata",
+    )
+
+
 def _check_codes(
     path: str, predicted: npt.NDArray[np.uint8], class_map: ClassMap, *, tagged: bool
 ) -> None:
@@ -115,12 +128,9 @@ def _open_prediction(
 ) -> tuple[OutputGrid, ClassMap, bool]:
     try:
         with rasterio.open(path) as ds:
-            if ds.count != 1 or ds.dtypes[0] != "uint8":
-                raise EvaluationError(
-                    f"{path}: expected a 1-band uint8 georeferenced land-cover raster "
-                    f"(found {ds.count} bands of {ds.dtypes[0]}); pass the output of "
-                    "`landcover predict`"
-                )
+            wrong = wrong_bands(ds)
+            if wrong is not None:
+                raise EvaluationError(f"{path}: {wrong}; pass the output of `landcover predict`")
             if ds.crs is None:
                 raise EvaluationError(
                     f"{path}: the map has no CRS, so it cannot be laid over the truth; assign "

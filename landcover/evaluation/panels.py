@@ -25,7 +25,7 @@ import numpy.typing as npt
 from rasterio.windows import Window
 from shapely.geometry import box
 
-from landcover.evaluation.compare import _truth_class_map
+from landcover.evaluation.compare import _truth_class_map, prediction_on_grid
 from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation
 from landcover.markup import html_text, plain_figures, plot_text
@@ -35,7 +35,7 @@ from landcover.view.mapfile import open_map
 from tiling.classes import ClassMap
 from tiling.reader import RasterReader
 from tiling.shared.urls import is_local
-from tiling.sources import RasterInfo, open_label
+from tiling.sources import open_label
 
 __all__ = [
     "AGREE_RGB",
@@ -103,17 +103,8 @@ def scene_panels(
             grid = DisplayGrid.fitting(
                 prediction.crs, scene.bounds, long_side_px=min(PANEL_PX, max(native, 1))
             )
-            on_grid = RasterInfo(
-                path=config.prediction,
-                crs=grid.crs,
-                transform=grid.transform,
-                height=grid.height,
-                width=grid.width,
-                count=1,
-                dtype="uint8",
-                nodata=0,
-                block_shape=(grid.height, grid.width),
-                mask_kind="nodata",
+            on_grid = prediction_on_grid(
+                config.prediction, grid, block_shape=(grid.height, grid.width)
             )
             truth = reader.read_labels(
                 on_grid, Window(0, 0, grid.width, grid.height), [label], truth_map

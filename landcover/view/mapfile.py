@@ -40,6 +40,7 @@ __all__ = [
     "open_map",
     "product_mosaic",
     "recorded_sources",
+    "wrong_bands",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,14 @@ class MapFile:
         return north_up_bounds(self.transform, self.width, self.height)
 
 
+def wrong_bands(ds: rasterio.DatasetReader) -> str | None:
+    """Why the open raster `ds` is not a land-cover map's bands (one band of uint8 class
+    codes), as the middle of an error line; None when it is."""
+    if ds.count == 1 and ds.dtypes[0] == "uint8":
+        return None
+    return f"expected a 1-band uint8 land-cover map (found {ds.count} band(s) of {ds.dtypes[0]})"
+
+
 def open_map(given: str) -> MapFile:
     """The map at `given`: a GeoTIFF/COG, a VRT, or a directory holding `mosaic.vrt`.
 
@@ -94,11 +103,9 @@ def open_map(given: str) -> MapFile:
     path = _raster_path(given)
     try:
         with rasterio.open(path) as ds:
-            if ds.count != 1 or ds.dtypes[0] != "uint8":
-                raise ViewError(
-                    f"{given}: expected a 1-band uint8 land-cover map (found {ds.count} band(s) "
-                    f"of {ds.dtypes[0]}); pass the output of `landcover predict`"
-                )
+            wrong = wrong_bands(ds)
+            if wrong is not None:
+                raise ViewError(f"{given}: {wrong}; pass the output of `landcover predict`")
             if ds.crs is None:
                 raise ViewError(
                     f"{given}: the map has no CRS; pass the output of `landcover predict`"

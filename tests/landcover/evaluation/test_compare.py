@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio
+from affine import Affine
 
 from landcover.evaluation import (
     EvaluateConfig,
@@ -155,4 +157,19 @@ def test_a_map_without_a_crs_says_so_and_how_to_fix_it(tmp_path: Path) -> None:
         f"error: {pred}: the map has no CRS, so it cannot be laid over the truth; assign the CRS "
         f"it was predicted in (e.g. gdal_edit.py -a_srs EPSG:26918 {pred}) or pass the output of "
         "`landcover predict`, which has one\n"
+    )
+
+
+def test_a_prediction_that_is_not_one_band_of_uint8_is_one_line(tmp_path: Path) -> None:
+    pred = tmp_path / "pred.tif"
+    profile = {"driver": "GTiff", "width": PRED.shape[1], "height": PRED.shape[0], "count": 1}
+    transform = Affine(1.0, 0.0, X0, 0.0, -1.0, Y0)
+    with rasterio.open(pred, "w", **profile, dtype="float32", crs=UTM, transform=transform) as ds:
+        ds.write(PRED.astype(np.float32), 1)
+    truth = write(tmp_path / "truth.tif", TRUTH_RAW)
+    result = run(str(pred), "--truth", str(truth))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: {pred}: expected a 1-band uint8 land-cover map (found 1 band(s) of float32); "
+        "pass the output of `landcover predict`\n"
     )
