@@ -308,7 +308,13 @@ def _launch_stage_and_report(
             click.echo(plan.describe(), err=True)
 
     options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
-    executor = Ranks(spec, options, logging_args=tuple(logging_args_of(ctx)), on_plan=show)
+    executor = Ranks(
+        spec,
+        options,
+        logging_args=tuple(logging_args_of(ctx)),
+        as_one_process=True,  # a rank's refusal of its input: the line one process prints
+        on_plan=show,
+    )
     launched = run_ranks(stage, executor).launch
     assert launched is not None
     _report_launch(launched, f"output {stage.out}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
@@ -45,8 +44,6 @@ from tiling.stacquery import StacSource
 
 logger = logging.getLogger(__name__)
 
-MIN_TILE_PX = 16
-
 
 @dataclass(frozen=True, slots=True)
 class TiledSetup:
@@ -58,6 +55,11 @@ class TiledSetup:
     config: PredictConfig
     tile_px: int
     stac_sources: tuple[StacSource, ...] = ()
+
+    def __post_init__(self) -> None:
+        # the tile size is the config's field, checked once there (PredictConfig.tile_px)
+        if self.config.tile_px != self.tile_px:
+            object.__setattr__(self, "config", replace(self.config, tile_px=self.tile_px))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,57 +78,12 @@ class Product:
     reads: dict[str, list[str]]  # the images each tile reads
 
 
-def is_tiled_output(out: str) -> bool:
-    """Whether `--out` names a tiled product's directory: a trailing slash, or an existing
-    local directory."""
-    return out.endswith("/") or Path(out.removeprefix("file://")).is_dir()
-
-
-def tiled_output(out: str, tile_px: int | None, max_pixels: int | None) -> int | None:
-    """The tile edge when `out` names a tiled product's directory, None for one COG: the one
-    check of `--out` against `--tile-size`, for the CLI and the Python API alike. Refuses a
-    tile size with a file output, a directory without a tile size, and a bad tile size."""
-    if not is_tiled_output(out):
-        if tile_px is not None:
-            raise PredictionError(
-                f"--tile-size {tile_px} needs --out to be a directory for the tiles, e.g. "
-                f"--out {out.rsplit('.', 1)[0]}/ (with the trailing slash); drop --tile-size "
-                "for one COG"
-            )
-        return None
-    return check_tile_size(tile_px, out, max_pixels)
-
-
-def check_tile_size(tile_px: int | None, out: str, max_pixels: int | None) -> int:
-    """The tile edge of a tiled `out`, checked; raises `PredictionError` for a missing or bad
-    --tile-size."""
-    if tile_px is None:
-        raise PredictionError(
-            f"--out {out} is a directory (a tiled map product); give --tile-size PX, e.g. "
-            "--tile-size 10000, or a file name like lc.tif for one COG"
-        )
-    if tile_px < MIN_TILE_PX:
-        raise PredictionError(f"--tile-size {tile_px} px: must be at least {MIN_TILE_PX}")
-    if max_pixels is not None and tile_px * tile_px > max_pixels:
-        raise PredictionError(
-            f"--tile-size {tile_px} px makes tiles of {tile_px * tile_px:,} px, above "
-            f"--max-pixels {max_pixels:,}; use smaller tiles or raise --max-pixels"
-        )
-    return tile_px
-
-
 def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
     config = setup.config
     urls = [config.model, *config.images, config.out]
     check_storage_options(urls, config.storage_options)
-    check_tile_size(setup.tile_px, config.out, config.max_pixels)
     if is_local(config.out):
         check_can_create_in(local_path(config.out), option="--out")
-    if config.probabilities is not None:
-        raise PredictionError(
-            f"--probabilities {config.probabilities}: a tiled --out {config.out} writes class "
-            "tiles only; drop --probabilities or give --out a file name like lc.tif"
-        )
     tta_ops(config.tta)
     device = torch_device(config.device, error=PredictionError)
     FreedMemory().reuse()
@@ -149,7 +106,7 @@ def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
         resolution_m=meta.resolution_m,
         crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
         resolution=config.resolution,
-        max_pixels=None,  # --max-pixels guards one COG; here each tile (check_tile_size)
+        max_pixels=None,  # --max-pixels guards one COG; PredictConfig checks each tile
         quiet=quiet,
     )
     grid = plan.grid

@@ -2,9 +2,10 @@
 the one line one process prints.
 
 Each bad input (a tile source whose pixels are corrupt, a prediction input whose VRT member
-is missing) is run three ways: in one process, as `--nproc 2` ranks, and as tasks on a Dask
-cluster (`cluster launch dask.json`). Every way ends with exit status 2 and the same last
-line, naming the file and GDAL's reason; no traceback, no "internal error".
+is missing) is run four ways: in one process, as `--nproc 2` ranks, as the ranks of an engine
+(`cluster launch local.json`) and as tasks on a Dask cluster (`cluster launch dask.json`).
+Every way ends with exit status 2 and the same last line, naming the file and GDAL's reason;
+no traceback, no "internal error".
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def dask_json(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 "dask": {"scheduler": cluster.scheduler_address}}  # fmt: skip
         path.write_text(json.dumps(spec))
         yield path
+
+
+@pytest.fixture(scope="module")
+def local_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cluster.json of the local engine: two ranks on this machine."""
+    path = tmp_path_factory.mktemp("local") / "local.json"
+    spec = {"name": "two", "engine": "local", "vmSize": "local", "targetNodeCount": 1,
+            "processesPerNode": 2}  # fmt: skip
+    path.write_text(json.dumps(spec))
+    return path
 
 
 def corrupt_pixels(path: Path) -> None:
@@ -102,12 +113,17 @@ CASES: dict[str, tuple[Callable[..., list[str]], str, str]] = {
         "cannot open a file it refers to (",
     ),
 }
-WAYS = ("one process", "--nproc 2", "dask tasks")
+WAYS = ("one process", "--nproc 2", "engine ranks", "dask tasks")
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_error_in_a_unit_is_the_line_of_one_process(
-    case: str, predict_inputs: Any, dask_json: Path, request: pytest.FixtureRequest, tmp_path: Path
+    case: str,
+    predict_inputs: Any,
+    dask_json: Path,
+    local_json: Path,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
     """Before: on Dask the error came back as `Exception("SourceFormatError(...)")`, an
     "internal error" after two retries and a traceback per try in the workers' log; the
@@ -119,6 +135,8 @@ def test_an_error_in_a_unit_is_the_line_of_one_process(
         args = make_args(bad_input, predict_inputs, tmp_path / way.replace(" ", "-"))
         if way == "--nproc 2":
             args = [*args, "--nproc", "2"]
+        elif way == "engine ranks":  # the local engine of a cluster.json, two ranks
+            args = ["cluster", "launch", str(local_json), "--", *args]
         elif way == "dask tasks":
             args = ["cluster", "launch", str(dask_json), "--", *args]
         result = run("-q", *args)
@@ -129,6 +147,7 @@ def test_an_error_in_a_unit_is_the_line_of_one_process(
     assert "member.tif" in lines["one process"] or "c.tif" in lines["one process"]
     assert "See previous exception" not in lines["one process"]
     assert lines["--nproc 2"] == lines["one process"], lines
+    assert lines["engine ranks"] == lines["one process"], lines
     assert lines["dask tasks"] == lines["one process"], lines
 
 
