@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,7 @@ from landcover.errors import EvaluationError, reason
 from landcover.evaluation.config import EvaluateConfig
 from landcover.evaluation.scores import Evaluation, confusion_matrix, scores_from_confusion
 from landcover.prediction.outgrid import TAG_CLASS_MAP, OutputGrid, footprint_in_crs
+from landcover.view.display import DisplayGrid
 from landcover.view.mapfile import wrong_bands
 from tiling.classes import (
     DEFAULT_CLASS_MAP,
@@ -36,9 +37,6 @@ from tiling.errors import TilingError
 from tiling.reader import RasterReader
 from tiling.shared.urls import check_remote_file
 from tiling.sources import RasterInfo, expand_inputs, open_label
-
-if TYPE_CHECKING:
-    from landcover.view.display import DisplayGrid
 
 __all__ = ["evaluate_prediction", "prediction_on_grid"]
 
