@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from landcover.errors import LandcoverError, OutputBusyError
+from tiling.shared.lockfile import still_at
 
 __all__ = ["exclusive_outputs", "exclusive_writer", "lock_path_for"]
 
@@ -113,18 +114,9 @@ def _acquire(lock_path: Path, busy: str, error: type[LandcoverError]) -> int:
         except BaseException:
             os.close(fd)
             raise
-        if _still_at(fd, lock_path):
+        if still_at(fd, lock_path):
             return fd
         os.close(fd)  # its last holder removed the file between our open and flock
-
-
-def _still_at(fd: int, lock_path: Path) -> bool:
-    try:
-        now = os.stat(lock_path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _holder() -> dict[str, object]:

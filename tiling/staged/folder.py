@@ -34,6 +34,7 @@ from typing import Any
 import fsspec
 
 from tiling.shared.atomic import publish, replaced_when_done
+from tiling.shared.lockfile import still_at
 from tiling.shared.urls import filesystem, is_local, local_path, storage_errors
 
 STAGING_SUFFIX = ".parts"
@@ -253,7 +254,7 @@ def _held_scratch(root: Path) -> Iterator[Path]:
         except BlockingIOError:  # a cleaner holds it for a moment: take another token
             os.close(fd)
             continue
-        if _same_file(fd, lock):
+        if still_at(fd, lock):
             break
         os.close(fd)  # a cleaner removed it between our open and our flock
     try:
@@ -285,12 +286,3 @@ def _remove_if_stale(directory: Path) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
