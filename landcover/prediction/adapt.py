@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -421,13 +423,20 @@ def _adapted_model_file(module: nn.Module, adaptation: Adaptation, config: Predi
     digest = model_digest(config.model, storage_options=config.storage_options)
     key = hashlib.sha256(f"{digest}:{adaptation.digest}".encode()).hexdigest()
     path = cache_dir().parent / "adapted" / f"{key[:32]}.pt"
-    if not path.is_file():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise PredictionError(
-                f"--adapt: cannot save the adapted model in {path.parent} ({exc.strerror}); "
-                "set XDG_CACHE_HOME to a writable directory, or use --backend torch"
-            ) from None
-        save_model_file(path, adapted_module(module, adaptation.bn).to("cpu"), meta)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise PredictionError(
+            f"--adapt: cannot save the adapted model in {path.parent} ({exc.strerror}); "
+            "set XDG_CACHE_HOME to a writable directory, or use --backend torch"
+        ) from None
+    try:
+        # One writer per machine: the ranks of a job find the file the first one wrote, and
+        # its digest (the key of its export) never changes under another's export.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            save_model_file(path, adapted_module(module, adaptation.bn).to("cpu"), meta)
+    finally:
+        os.close(lock)
     return path

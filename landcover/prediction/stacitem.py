@@ -15,7 +15,10 @@ writes into its tags) and from the STAC items it was predicted from, when there 
   map (value, name as an identifier, title as written, `color_hint` as RRGGBB hex; code 0 is
   the nodata class);
 - links: `derived_from` to each input item that has its own JSON; the asset's href is the
-  COG, relative to the item file when both are local.
+  COG, relative to the item file when both are local;
+- `landcover:adapt` and `landcover:adapt_sha256` in the properties when the map was predicted
+  with test-time adaptation (`landcover.prediction.adapt`): the method and its statistics'
+  digest, from the COG's tags.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from shapely.geometry import box, mapping, shape
 from landcover.classes import NODATA_CODE
 from landcover.errors import PredictionError
 from landcover.outputs import check_output_file, write_text_atomic
+from landcover.prediction.adaptspec import TAG_ADAPT, TAG_ADAPT_SHA256
 from landcover.prediction.outgrid import TAG_CLASS_MAP
 from tiling.classes import ClassMap
 from tiling.stacquery import StacSource
@@ -70,7 +74,8 @@ def cog_item(
     created = created or datetime.now(UTC)
     with rasterio.open(cog) as ds:
         crs, transform, height, width = ds.crs, ds.transform, ds.height, ds.width
-        class_map = _class_map(cog, ds.tags())
+        tags = ds.tags()
+        class_map = _class_map(cog, tags)
         bounds = ds.bounds
     outline = box(*bounds)
     edge = max(bounds.right - bounds.left, bounds.top - bounds.bottom) / FOOTPRINT_SEGMENTS
@@ -78,6 +83,9 @@ def cog_item(
     starts = [s.start for s in sources if s.start is not None]
     ends = [s.end for s in sources if s.end is not None]
     properties: dict[str, Any] = {"created": _stamp(created)}
+    if TAG_ADAPT in tags:  # test-time adaptation: the method and its statistics' digest
+        properties["landcover:adapt"] = tags[TAG_ADAPT]
+        properties["landcover:adapt_sha256"] = tags.get(TAG_ADAPT_SHA256, "")
     if starts and ends:
         properties["start_datetime"] = _stamp(min(starts))
         properties["end_datetime"] = _stamp(max(ends))
