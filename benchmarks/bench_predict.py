@@ -58,6 +58,7 @@ from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
 from landcover.prediction.backends import cached_onnx, cpu_features
 from landcover.prediction.blend import window_starts
+from landcover.prediction.choices import Backend, Precision
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.runner import predict_region
 from landcover.prediction.runtime import load_window_model
@@ -254,7 +255,7 @@ _STAGES = (
     ),
     ("write + tally (BlockWriter)", "landcover.prediction.blockstages", "BlockWriter.__call__"),
     ("block loop, wall (run_pipeline)", "landcover.prediction.runner", "run_pipeline"),
-    ("COG conversion (to_cog)", "landcover.prediction.runner", "to_cog"),
+    ("COG conversion (write_cogs)", "landcover.prediction.runner", "write_cogs"),
 )
 
 
@@ -300,7 +301,9 @@ def stage_profile(work: Path, *, side_px: int, block_px: int) -> None:
     print("|---|" + "---:|" * len(columns))
     for _, c in columns:
         c["rest: load the model, open, plan, files"] = (
-            c["total, wall"] - c["block loop, wall (run_pipeline)"] - c["COG conversion (to_cog)"]
+            c["total, wall"]
+            - c["block loop, wall (run_pipeline)"]
+            - c["COG conversion (write_cogs)"]
         )
     rows = [s for s, _, _ in _STAGES] + ["rest: load the model, open, plan, files", "total, wall"]
     for stage in rows:
@@ -635,9 +638,9 @@ def _normalise(
 # -- 4. backends and precisions ------------------------------------------------------------------
 
 
-def _runs() -> list[tuple[str, str]]:
+def _runs() -> list[tuple[Backend, Precision]]:
     """(backend, precision) of every way a model file runs here."""
-    runs = [("torch", "fp32")]
+    runs: list[tuple[Backend, Precision]] = [("torch", "fp32")]
     if _onnx_installed():
         runs.append(("onnxruntime", "fp32"))
     if cpu_features().bf16:
@@ -676,7 +679,7 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
             started = time.perf_counter()
             cached_onnx(str(model_path))  # the one-time cost, outside the timed runs
             export_s = time.perf_counter() - started
-        results: dict[tuple[str, str], tuple[float, float, npt.NDArray[np.uint8]]] = {}
+        results: dict[tuple[Backend, Precision], tuple[float, float, npt.NDArray[np.uint8]]] = {}
         for backend, precision in runs:
             out = work / f"be-{name}-{backend}-{precision}.tif"
             config = PredictConfig(

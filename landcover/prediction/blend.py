@@ -189,11 +189,19 @@ def argmax_classes(scores: torch.Tensor) -> torch.Tensor:
     The same result, ties (the first class) and NaN (the first NaN wins, as for torch's)
     included, but taken as a running maximum over the classes in whole-plane elementwise
     steps: on CPU, torch's reduction over the outer dimension is several times slower, a
-    noticeable share of a small model's forward pass over the same pixels.
+    noticeable share of a small model's forward pass over the same pixels. Scores without
+    NaN (a sound model's) take three steps a class instead of seven.
     """
-    best = scores[0].clone()
-    best_nan = torch.isnan(best)
     codes = torch.zeros(scores.shape[1:], dtype=torch.uint8, device=scores.device)
+    best = scores[0].clone()
+    if not bool(torch.isnan(scores).any()):
+        for c in range(1, scores.shape[0]):
+            plane = scores[c]
+            wins = plane > best
+            torch.maximum(best, plane, out=best)
+            codes.masked_fill_(wins, c)
+        return codes
+    best_nan = torch.isnan(best)
     for c in range(1, scores.shape[0]):
         plane = scores[c]
         plane_nan = torch.isnan(plane)

@@ -36,6 +36,7 @@ from landcover.prediction.gridwindow import Window
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, PROBABILITY_SCALE
 from landcover.prediction.outgrid import GridPlan
+from landcover.prediction.runtime import torch_threads
 from landcover.prediction.windows import BlockPixels, WindowRunner
 from tiling.reader import RasterReader
 
@@ -104,7 +105,17 @@ class BlockPredictor:
         self.device, self.probabilities = device, probabilities
 
     def __call__(self, prepared: PreparedBlock) -> PredictedBlock:
-        """Class codes (0 outside the region) and, if asked, probabilities of one block."""
+        """Class codes (0 outside the region) and, if asked, probabilities of one block.
+
+        On the CPU the block's own array work runs on one thread and the model on torch's
+        thread count now (`landcover.prediction.runtime.torch_threads`)."""
+        if self.device.type != "cpu":
+            return self._predict(prepared, torch.get_num_threads())
+        model_threads = torch.get_num_threads()
+        with torch_threads(1):
+            return self._predict(prepared, model_threads)
+
+    def _predict(self, prepared: PreparedBlock, model_threads: int) -> PredictedBlock:
         window = prepared.block.window
         height, width = window.height, window.width
         if prepared.block.starts_row:
@@ -117,7 +128,7 @@ class BlockPredictor:
             blender = LogitBlender(
                 self.windows.layout, self.num_classes, window, device=self.device
             )
-            self.windows.run(prepared.pixels, prepared.todo, blender)
+            self.windows.run(prepared.pixels, prepared.todo, blender, model_threads=model_threads)
             blended = blender.blended(first=1)  # code 0 (nodata) is never predicted
             inside_t = torch.from_numpy(prepared.inside).to(self.device)
             codes = argmax_classes(blended).add_(1).masked_fill_(~inside_t, 0)

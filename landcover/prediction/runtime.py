@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -70,6 +70,7 @@ __all__ = [
     "for_prediction",
     "load_window_model",
     "resolve_precision",
+    "torch_threads",
     "with_inference",
 ]
 
@@ -203,6 +204,26 @@ class OnnxWindowModel:
         array = pixels.detach().to("cpu", torch.float32).contiguous().numpy()
         (logits,) = self.session().run([self.output_name], {self.input_name: array})
         return torch.from_numpy(logits).to(pixels.device)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run torch's CPU operators on `count` threads inside the block, then on as many as before.
+
+    Prediction runs its own array work (cutting windows, normalising, blending, argmax) on one
+    thread and gives the model the others: an elementwise operator over a window or a block
+    is memory-bound, and on a busy machine the OpenMP team of a parallel one waits for its
+    members at every barrier, several times the operator's own time (bench_predict.py).
+    Elementwise results do not depend on the thread count."""
+    before = torch.get_num_threads()
+    if before == count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -14,7 +14,9 @@ makes a window's logits independent of its batch (`landcover.prediction.runtime`
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +27,7 @@ from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout
 from landcover.prediction.gridwindow import Window
-from landcover.prediction.runtime import WindowModel
+from landcover.prediction.runtime import WindowModel, torch_threads
 from landcover.prediction.tta import average_over_symmetries
 
 
@@ -69,15 +71,38 @@ class WindowRunner:
         )
         self.carry: dict[tuple[int, int], torch.Tensor] = {}
         self.windows_run = 0
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # `_batch_buffers`
 
     def new_block_row(self) -> None:
         """Forget the carried logits: the next block starts a new block row."""
         self.carry = {}
 
     def run(
-        self, block: BlockPixels, todo: Sequence[tuple[int, int]], blender: LogitBlender
+        self,
+        block: BlockPixels,
+        todo: Sequence[tuple[int, int]],
+        blender: LogitBlender,
+        *,
+        model_threads: int | None = None,
     ) -> None:
-        """Add the logits of the windows `todo` (top-left row, col) to `blender`."""
+        """Add the logits of the windows `todo` (top-left row, col) to `blender`.
+
+        On the CPU the windows are cut, normalised and blended on one thread, and the model
+        runs on `model_threads` (None: torch's count now; `runtime.torch_threads`)."""
+        threads = torch.get_num_threads() if model_threads is None else model_threads
+        own_threads: AbstractContextManager[Any] = (
+            torch_threads(1) if self.device.type == "cpu" else nullcontext()
+        )
+        with own_threads:
+            self._run(block, todo, blender, threads)
+
+    def _run(
+        self,
+        block: BlockPixels,
+        todo: Sequence[tuple[int, int]],
+        blender: LogitBlender,
+        model_threads: int,
+    ) -> None:
         size = self.layout.size
         right_edge = block.block.col_stop
         ext_row0, ext_col0 = block.extent.row, block.extent.col
@@ -89,18 +114,16 @@ class WindowRunner:
             (rc, carried[rc]) for rc in todo if rc in carried
         ]
         for batch in _batches(fresh, self.batch_size):
-            spans = [
-                (
-                    slice(r - ext_row0, r - ext_row0 + size),
-                    slice(c - ext_col0, c - ext_col0 + size),
-                )
-                for r, c in batch
-            ]
-            x = torch.stack([pixels[:, rs, cs] for rs, cs in spans])
-            m = torch.stack([has_data[rs, cs] for rs, cs in spans])
+            x, valid = self._batch_buffers(len(batch), pixels.shape[0])
+            for k, (r, c) in enumerate(batch):
+                rows = slice(r - ext_row0, r - ext_row0 + size)
+                cols = slice(c - ext_col0, c - ext_col0 + size)
+                x[k].copy_(pixels[:, rows, cols])  # uint8 to float32 in the copy
+                valid[k].copy_(has_data[rows, cols])
             # As in training: pixels no source covers get the band mean (0 after normalising).
-            x = normalise(x, self.mean, self.std, valid=m)
-            logits = average_over_symmetries(self._model_pass, x, self.tta_ops)
+            x = normalise(x, self.mean, self.std, valid=valid)
+            with torch_threads(model_threads):
+                logits = average_over_symmetries(self._model_pass, x, self.tta_ops)
             results.extend(zip(batch, logits, strict=True))
             self.windows_run += len(batch)
         # Window order, not schedule order: a pixel's sum of weighted logits is then added up
@@ -110,6 +133,20 @@ class WindowRunner:
             blender.add(window_logits, r, c)
             if c + size > right_edge and right_edge < self.layout.width:
                 self.carry[(r, c)] = window_logits
+
+    def _batch_buffers(self, count: int, bands: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `count` windows of the batch buffers (pixels as float32, validity), made
+        once: a batch is cut into the same memory every time instead of new tensors."""
+        size = self.layout.size
+        if self._buffers is None or self._buffers[0].shape[1] != bands:
+            self._buffers = (
+                torch.empty(
+                    (self.batch_size, bands, size, size), dtype=torch.float32, device=self.device
+                ),
+                torch.empty((self.batch_size, size, size), dtype=torch.bool, device=self.device),
+            )
+        pixels, valid = self._buffers
+        return pixels[:count], valid[:count]
 
     def _model_pass(self, x: torch.Tensor) -> torch.Tensor:
         return _run_model(self.model, x, self.num_classes, self.where)
