@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# The first line of a library's error, quoted in a one-line error (tiling's, re-exported).
+from tiling.errors import reason as reason
+
 
 class LandcoverError(ValueError):
     """Base class: bad input to training, prediction, evaluation or reporting."""
@@ -71,11 +74,3 @@ class ViewError(LandcoverError):
 
 class ChangeError(LandcoverError):
     """Two maps that cannot be compared for change (class tables, CRS, grids)."""
-
-
-def reason(exc: BaseException) -> str:
-    """The first line of `exc`'s message (its type's name when it has none): a library's
-    reason, to quote inside a one-line error. Only the reason is cut: a user's value around
-    it (a file name with a line break) stays whole, for the command line to show escaped."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

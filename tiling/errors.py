@@ -42,3 +42,11 @@ class StoreCorruptError(StoreError):
 
 class SourceChangedError(StoreError):
     """An input that changed since it was tiled into the store being resumed."""
+
+
+def reason(exc: BaseException) -> str:
+    """The first line of `exc`'s message (its type's name when it has none): a library's
+    reason, to quote inside a one-line error. Only the reason is cut: a user's value around
+    it (a file name with a line break) stays whole, for the command line to show escaped."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

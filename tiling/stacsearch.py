@@ -26,11 +26,10 @@ import pystac
 from tiling.errors import (
     SourceFormatError,
     SourceNotFoundError,
-    StorageAccessError,
     TilingError,
 )
 from tiling.shared.jsontext import json_syntax
-from tiling.shared.urls import remote_failure
+from tiling.shared.urls import remote_failure, storage_failure
 from tiling.stacdoc import check_item, describe_json
 from tiling.stacquery import StacSearch
 
@@ -73,14 +72,10 @@ def search_items(search: StacSearch) -> list[pystac.Item]:
     except (APIError, OSError, ValueError, pystac.STACError, NotImplementedError) as exc:
         if isinstance(exc, TilingError):
             raise
-        error = remote_failure(search.url, exc, name=f"--stac-api {search.url}: search failed")
-        if error is not None:
-            raise error from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageAccessError(
-            f"--stac-api {search.url}: search failed ({type(exc).__name__}: {first}); "
-            "check the URL, --collection and --datetime"
-        ) from None
+        name = f"--stac-api {search.url}: search failed"
+        fix = "check the URL, --collection and --datetime"
+        failure = remote_failure(search.url, exc, name=name)
+        raise failure or storage_failure(name, exc, fix) from None
     if not items:
         raise SourceNotFoundError(
             f"STAC search of {search.describe()} found no items; widen --bbox or --datetime, "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from tiling.errors import SourceNotFoundError, StorageAccessError, TilingError
+from tiling.errors import SourceNotFoundError, StorageAccessError, TilingError, reason
 from tiling.shared.atomic import WRITE_FAILURE_ERRNOS
 
 if TYPE_CHECKING:
@@ -162,11 +162,14 @@ def storage_errors(url: str) -> Iterator[None]:
         raise
 
 
+def storage_failure(name: str, exc: BaseException, fix: str) -> StorageAccessError:
+    """The error "NAME (Type: first line of `exc`); FIX": a failure of storage or of a
+    service that no rule of `remote_failure` words better."""
+    return StorageAccessError(f"{name} ({type(exc).__name__}: {reason(exc)}); {fix}")
+
+
 def _storage_error(url: str, exc: BaseException) -> StorageAccessError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return StorageAccessError(
-        f"{url}: storage error ({type(exc).__name__}: {first}); check the URL and --storage-options"
-    )
+    return storage_failure(f"{url}: storage error", exc, "check the URL and --storage-options")
 
 
 # Exception classes, by name, that mean the host did not answer: aiohttp's (fsspec's HTTP),
@@ -225,14 +228,7 @@ def check_remote_file(url: str, storage_options: Mapping[str, Any] | None = None
     try:
         fs.info(path)
     except Exception as exc:
-        error = remote_failure(url, exc)
-        if error is not None:
-            raise error from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageAccessError(
-            f"{url}: storage error ({type(exc).__name__}: {first}); check the URL and "
-            "--storage-options"
-        ) from None
+        raise remote_failure(url, exc) or _storage_error(url, exc) from None
 
 
 def _os_reason(error: OSError) -> str:
