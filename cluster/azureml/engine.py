@@ -61,7 +61,6 @@ from cluster.engine import (
 from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec
-from tiling.errors import reason
 from tiling.shared.urls import is_local
 
 logger = logging.getLogger(__name__)
@@ -336,7 +335,9 @@ def check_credentials(timeout_s: float = TOKEN_TIMEOUT_S) -> Any:
         )
     error = outcome["error"]
     if error is not None:
-        raise EngineUnavailableError(f"Azure credentials failed ({reason(error)}): {LOGIN_HINT}")
+        raise EngineUnavailableError(
+            f"Azure credentials failed ({_first_line(error)}): {LOGIN_HINT}"
+        )
     return credential
 
 
@@ -369,7 +370,7 @@ def _submit(plan: AzureMLPlan, options: LaunchOptions) -> LaunchResult:
         logger.info("submitted Azure ML job %s: %s", name, url)
         run_dir = _await_job(client, plan, name, url) if options.wait else None
     except AzureError as exc:
-        raise LaunchError(redact(f"Azure ML refused the request: {reason(exc)}")) from None
+        raise LaunchError(redact(f"Azure ML refused the request: {_first_line(exc)}")) from None
     return LaunchResult(
         engine="azureml",
         job_id=name,
@@ -406,3 +407,9 @@ def _download_output(client: Any, name: str, output: str, out: Path) -> str:
             raise LaunchError(f"{out} exists; the run of job {name} stays in Azure ML")
         shutil.move(str(source), str(out))
     return str(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's first line, else its type's name: Azure SDK messages run to pages."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
