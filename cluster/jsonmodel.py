@@ -8,16 +8,25 @@ module its own section.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from pydantic.alias_generators import to_camel
+
+S = TypeVar("S")
 
 
 class JsonModel(BaseModel):
     """A cluster.json object as written: unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, frozen=True)
+
+    def checked(self, spec: Callable[..., S], **resolved: Any) -> S:
+        """The checked value `spec` of this object (an engine's section): its fields as
+        written, but for those `resolved` (converted, or filled in). `spec` declares the
+        same fields: one that either side lacks is a TypeError here, not a value lost."""
+        return spec(**{**self.model_dump(), **resolved})
 
 
 class LenientModel(BaseModel):

@@ -100,18 +100,7 @@ def azureml_spec(raw: AzureMLSection, name: str) -> AzureMLSpec:
             f"azureml.environment {raw.environment!r} must name a registered environment as "
             '"name:version" or "name@latest" (or an azureml:// registry asset id)'
         )
-    return AzureMLSpec(
-        subscription_id=raw.subscription_id,
-        resource_group=raw.resource_group,
-        workspace=raw.workspace,
-        image=raw.image,
-        environment=raw.environment,
-        base_image=raw.base_image,
-        compute_name=compute,
-        experiment_name=raw.experiment_name,
-        idle_seconds_before_scale_down=raw.idle_seconds_before_scale_down,
-        code=raw.code,
-    )
+    return raw.checked(AzureMLSpec, compute_name=compute)
 
 
 def _environment_choices(raw: AzureMLSection) -> tuple[tuple[str, str | None], ...]:

@@ -158,18 +158,8 @@ def kubernetes_spec(raw: KubernetesSection) -> KubernetesSpec:
                 "kubernetes.storageSecretKeys needs kubernetes.storageSecret (the Secret that "
                 "holds those keys)"
             )
-    return KubernetesSpec(
-        image=raw.image,
-        api=raw.api,
-        runtime=raw.runtime,
-        runtime_kind=raw.runtime_kind,
-        namespace=raw.namespace,
-        image_pull_policy=raw.image_pull_policy,
-        storage_secret=raw.storage_secret,
-        storage_secret_keys=None if keys is None else tuple(keys),
-        cpu=cpu,
-        memory=raw.memory,
-    )
+    storage_secret_keys = None if keys is None else tuple(keys)
+    return raw.checked(KubernetesSpec, storage_secret_keys=storage_secret_keys, cpu=cpu)
 
 
 class _KubernetesRules(EngineRules):
