@@ -140,10 +140,10 @@ def test_python_dash_m_landcover_is_the_command() -> None:
 
 
 def test_the_nproc_parent_starts_ranks_without_the_stack() -> None:
-    """`tile` and `predict` import the stack inside the command, after the `--nproc` parent
-    has started its ranks: each rank imports it, the parent never does (about a second of
-    every run's wall time, two with torch). The local engine's spec needs no pydantic (only
-    reading a cluster.json does)."""
+    """`tile` and `predict` import the stack inside the command, where it is used: loading
+    the commands, the stage runner and the local engine imports none of it (the launcher then
+    imports only what resolving the inputs needs; no torch). The local engine's spec needs no
+    pydantic (only reading a cluster.json does)."""
     heavy = ("torch", "zarr", "rasterio", "pystac", "shapely", "pyproj", "pydantic")
     code = (
         "import sys, landcover.cli.tiling, landcover.cli.predict, cluster.local.engine; "
