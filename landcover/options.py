@@ -164,6 +164,12 @@ def out_dir_option(
     )
 
 
+def out_url_option(help: str, *, name: str = "out_dir", required: bool = False) -> Callable[[F], F]:
+    """`--out` (parameter `name`, a str or None): what a command writes, a local path or a URL
+    checked by `output_url_callback` (a file:// URL made a plain path)."""
+    return click.option("--out", name, required=required, callback=output_url_callback(), help=help)
+
+
 def cluster_json_option(help: str) -> Callable[[F], F]:
     """`--cluster FILE` (parameter `cluster_json`, a Path or None): the cluster.json to run on."""
     return _path_option("--cluster", "cluster_json", help, directory=False)

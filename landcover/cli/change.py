@@ -8,7 +8,7 @@ import logging
 
 import click
 
-from landcover.options import output_url_callback, overwrite_option
+from landcover.options import out_url_option, overwrite_option
 
 logger = logging.getLogger(__name__)
 
@@ -16,13 +16,7 @@ logger = logging.getLogger(__name__)
 @click.command("change")
 @click.argument("before", metavar="BEFORE")
 @click.argument("after", metavar="AFTER")
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    callback=output_url_callback(),
-    help="Directory for change.tif, change.json, change.md and change.png.",
-)
+@out_url_option("Directory for change.tif, change.json, change.md and change.png.", required=True)
 @click.option(
     "--resample",
     is_flag=True,

@@ -13,7 +13,7 @@ import click
 from landcover.cliconfig import config_option, option_specs
 from landcover.errors import EvaluationError
 from landcover.evaluation.config import EvaluateConfig
-from landcover.options import output_url_callback, overwrite_option
+from landcover.options import out_url_option, overwrite_option
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +28,7 @@ OPTIONS = {o.name: o for o in option_specs(EvaluateConfig)}
 @config_option(OPTIONS["reference"])
 @config_option(OPTIONS["reference_raster"])
 @config_option(OPTIONS["class_map"])
-@click.option(
-    "--out",
-    "out_dir",
-    default=None,
-    callback=output_url_callback(),
-    help="Write metrics.json, metrics.md and confusion.png here (a local directory).",
-)
+@out_url_option("Write metrics.json, metrics.md and confusion.png here (a local directory).")
 @click.option(
     "--panels/--no-panels",
     default=True,

@@ -10,7 +10,7 @@ import click
 
 from landcover.errors import EvaluationError
 from landcover.evaluation.sampling import DEFAULT_MIN_PER_CLASS
-from landcover.options import output_url_callback, overwrite_option
+from landcover.options import out_url_option, overwrite_option
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +29,8 @@ def _per_class(
 
 @click.command("sample")
 @click.argument("maps", nargs=-1, required=True, metavar="MAP [MAP...]")
-@click.option(
-    "--out",
-    required=True,
-    callback=output_url_callback(),
-    help="The points to write: sample.gpkg (GeoPackage) or sample.csv.",
+@out_url_option(
+    "The points to write: sample.gpkg (GeoPackage) or sample.csv.", name="out", required=True
 )
 @click.option(
     "--size",
