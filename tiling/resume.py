@@ -33,7 +33,7 @@ from tiling.source_table import (
     read_params,
     read_summary,
 )
-from tiling.store_format import ATTRS_KEY, FORMAT_NAME, FORMAT_VERSION, array
+from tiling.store_format import FORMAT_VERSION, array, chip_store_meta
 from tiling.writer import ChipStoreWriter
 from tiling.zarrstore import zarr_store
 
@@ -113,13 +113,13 @@ def _resume(
     labels_now: Mapping[str, Fingerprint],
 ) -> ChipStoreWriter | None:
     attrs: dict[str, Any] = dict(group.attrs)
-    meta = attrs.get(ATTRS_KEY)
-    if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
+    found = chip_store_meta(attrs)
+    if found is None:
         raise StoreExistsError(
             f"{url} exists and is not a landcover chip store; "
             "pass --overwrite to replace it or choose another --out"
         )
-    version = int(meta.get("version", 0))
+    meta, version = found
     if version < FORMAT_VERSION:
         raise StoreExistsError(
             f"{url} exists and was written by an older landcover (chip store format version "

@@ -50,6 +50,7 @@ __all__ = [
     "Split",
     "StoreSummary",
     "array",
+    "chip_store_meta",
     "done_chips",
     "done_prefix",
     "store_meta",
@@ -111,16 +112,25 @@ class StoreSummary:
         return self.num_train if split == "train" else self.num_val
 
 
+def chip_store_meta(attrs: Mapping[str, Any]) -> tuple[Mapping[str, Any], int] | None:
+    """The `landcover_chips` attribute of a group's `attrs` and the chip store format version
+    it states; None when the group is no landcover chip store."""
+    meta = attrs.get(ATTRS_KEY)
+    if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
+        return None
+    return meta, int(meta.get("version", 0))
+
+
 def store_meta(attrs: Mapping[str, Any], *, url: str) -> Mapping[str, Any]:
     """The `landcover_chips` attribute; `StoreError` for anything but a chip store this
     landcover reads."""
-    meta = attrs.get(ATTRS_KEY)
-    if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_NAME:
+    found = chip_store_meta(attrs)
+    if found is None:
         raise StoreError(
             f"{url}: not a landcover chip store (no {ATTRS_KEY!r} attribute); "
             "write one with `landcover tile`"
         )
-    version = int(meta.get("version", 0))
+    meta, version = found
     if version > FORMAT_VERSION:
         raise StoreError(
             f"{url}: chip store format version {version} is newer than this landcover "
