@@ -10,7 +10,8 @@ applies them (band statistics into the normalisation, BatchNorm buffers into a c
 model). Prints pixel accuracy per variant and set, the mean and spread over seeds, and each
 variant's gain over `none`.
 
-    python benchmarks/bench_adapt.py --data ../shared/data/chesapeake-wv --seeds 3
+    python benchmarks/bench_adapt.py --data ../shared/data/chesapeake-wv --seeds 3 \\
+        --json benchmarks/results/bench_adapt.json
 """
 
 from __future__ import annotations
@@ -188,9 +189,10 @@ def main() -> None:
         print(f"seed {seed} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     shifted = [s for s in SHIFTS if s != "unshifted"]
     print(
-        f"pixel accuracy on held-out patches {args.held_out}, small_unet, {args.steps} steps of "
-        f"8 x {CHIP} px chips, {args.seeds} seeds (mean ± sd over seeds)\n"
+        f"# pixel accuracy on held-out patches {args.held_out}, small_unet, {args.steps} steps "
+        f"of 8 x {CHIP} px chips, {args.seeds} seeds (mean ± sd over seeds)\n"
     )
+    print("## adapt\n")
     header = ["variant", "unshifted", "shifted (mean)", *shifted, "Δ unshifted", "Δ shifted"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -215,4 +217,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from resultfile import recording_tables
+
+    with recording_tables("bench_adapt.py"):
+        main()
