@@ -6,6 +6,7 @@ classes from torch and onnxruntime."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,12 @@ from torch import nn
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.adapt import (
+    MIN_VALID_FRACTION,
     adapted_module,
     band_statistics,
     bn_statistics,
     compute_adaptation,
+    sample_pixels,
     sample_windows,
 )
 from landcover.prediction.adaptspec import (
@@ -29,7 +32,9 @@ from landcover.prediction.adaptspec import (
     AdaptSpec,
     parse_adapt,
 )
-from tests.landcover.prediction.inputs import CLASS_MAP
+from landcover.prediction.outgrid import plan_output_grid
+from landcover.prediction.setup import open_images
+from tests.landcover.prediction.inputs import CLASS_MAP, pixels, write_image
 
 # -- the --adapt values ------------------------------------------------------------------------
 
@@ -161,3 +166,16 @@ def test_bn_on_a_model_without_batchnorm_is_refused_in_one_line() -> None:
     model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.GroupNorm(1, 2)).eval()
     with pytest.raises(PredictionError, match=r"no BatchNorm layers.*--adapt bands or none"):
         bn_statistics(model, torch.ones(1, 1, 2, 2), strength=0.5)
+
+
+def test_the_sample_leaves_out_windows_mostly_without_data(tmp_path: Path) -> None:
+    data = pixels(90, 120, seed=3)
+    data[:, :, :80] = 0  # two thirds of the image: no data (zero in every band)
+    image = write_image(tmp_path / "collar.tif", data)
+    plan = plan_output_grid(open_images([str(image)]), None, resolution_m=1.0)
+    values, valid = sample_pixels(plan, 32)
+    lattice = sample_windows(90, 120, 32)
+    assert 0 < len(values) < len(lattice)
+    assert values.shape[1:] == (4, 32, 32) and valid.shape[1:] == (32, 32)
+    assert all(v.mean() >= MIN_VALID_FRACTION for v in valid)
+    assert not values[~np.broadcast_to(valid[:, None], values.shape)].any()  # nodata is 0
