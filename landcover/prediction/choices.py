@@ -17,9 +17,13 @@ __all__ = [
     "RESOLUTION_WARN_FACTOR",
     "TTA_MODES",
     "TTA_OPS",
+    "WINDOW_AUTO_MAX_CHIPS",
+    "WINDOW_CHOICES",
+    "WINDOW_MULTIPLE_PX",
     "Backend",
     "Precision",
     "TtaMode",
+    "window_choice_problem",
 ]
 
 # What runs the model (landcover.prediction.runtime): auto picks onnxruntime for a large
@@ -39,6 +43,17 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 # (bench_predict.py --only backends prints both). Smaller predictions (a test scene, a quick
 # look) run torch.
 AUTO_ONNX_MIN_WINDOW_PIXELS = 4_000_000
+
+# The model's window (`--window`, landcover.prediction.windows.choose_window_px): the model's
+# chip, `auto`, or an edge in px. Every model of the registry is fully convolutional and takes
+# any multiple of its stride (8 px for small_unet, 32 for the ResNet U-Nets): an explicit edge
+# must be a multiple of 32. `auto` takes windows of up to WINDOW_AUTO_MAX_CHIPS chips a side
+# (a 256 px chip: up to 1,024 px, where the default 64 px overlap is 12 % of a window's pixels
+# instead of 44 %), no larger than a quarter of the block edge: the windows on the boundary
+# between two block rows run once for each, and that share grows with the window.
+WINDOW_CHOICES: tuple[str, ...] = ("chip", "auto")
+WINDOW_MULTIPLE_PX = 32
+WINDOW_AUTO_MAX_CHIPS = 4
 
 # `landcover.data.augment.dihedral` ops averaged by each TTA mode (landcover.prediction.tta):
 # the identity; the flip subgroup (identity, left-right, up-down, both); the whole group
@@ -61,3 +76,19 @@ DEFAULT_MAX_PIXELS = 10_000_000_000
 # RESOLUTION_WARN_FACTOR times off is warned about (a 1 m model on 0.6 m NAIP or 2 m pixels).
 RESOLUTION_WARN_FACTOR = 1.5
 RESOLUTION_LIMIT_FACTOR = 4.0
+
+
+def window_choice_problem(window: str) -> str | None:
+    """What is wrong with a `--window` value (None: nothing): chip, auto, or a positive
+    multiple of WINDOW_MULTIPLE_PX px."""
+    if window in WINDOW_CHOICES:
+        return None
+    if not window.isdigit() or int(window) < 1:
+        return f"--window {window!r}: give chip, auto or an edge in px"
+    if int(window) % WINDOW_MULTIPLE_PX:
+        nearest = max(1, round(int(window) / WINDOW_MULTIPLE_PX)) * WINDOW_MULTIPLE_PX
+        return (
+            f"--window {window}: the edge must be a multiple of {WINDOW_MULTIPLE_PX} px (the "
+            f"models' stride), e.g. {nearest}"
+        )
+    return None

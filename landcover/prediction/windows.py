@@ -26,8 +26,14 @@ from landcover.data.normalise import normalise
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.choices import WINDOW_AUTO_MAX_CHIPS, window_choice_problem
 from landcover.prediction.gridwindow import Window
-from landcover.prediction.runtime import WindowModel, torch_threads
+from landcover.prediction.runtime import (
+    CPU_MIN_BATCH,
+    TorchWindowModel,
+    WindowModel,
+    torch_threads,
+)
 from landcover.prediction.tta import average_over_symmetries
 
 
@@ -61,7 +67,7 @@ class WindowRunner:
         self.model, self.layout, self.device = model, layout, torch.device(device)
         self.tta_ops = tuple(tta_ops)
         self.num_classes = meta.num_classes
-        self.batch_size = batch_size
+        self.batch_size = windows_per_batch(batch_size, meta.chip_size, layout.size)
         self.where = where
         self.mean = torch.tensor(meta.band_mean, dtype=torch.float32, device=self.device).view(
             1, -1, 1, 1
@@ -150,6 +156,58 @@ class WindowRunner:
 
     def _model_pass(self, x: torch.Tensor) -> torch.Tensor:
         return _run_model(self.model, x, self.num_classes, self.where)
+
+
+def choose_window_px(
+    window: str,
+    model: WindowModel,
+    *,
+    chip_px: int,
+    overlap_px: int,
+    block_px: int,
+    grid_px: tuple[int, int],
+) -> int:
+    """The model's window edge in px for `--window` (`landcover.prediction.choices`), alike
+    on every rank, tile and task of a prediction (it depends on the whole grid, not a share):
+
+    - `chip`: the model's chip;
+    - `auto`: the largest multiple of the chip up to WINDOW_AUTO_MAX_CHIPS chips a side and a
+      quarter of `block_px` (the windows between two block rows run once for each: their
+      share grows with the window), and no larger than the grid needs; the chip where torch
+      runs the model on the CPU, whose batches are padded to CPU_MIN_BATCH windows;
+    - an edge in px, larger than twice the overlap; refused (`PredictionError`) where torch
+      runs the model on the CPU and it is larger than the chip, for that padding.
+
+    A batch then holds as many pixels as `--batch-size` chips (`windows_per_batch`)."""
+    problem = window_choice_problem(window)
+    if problem is not None:
+        raise PredictionError(problem)
+    padded = isinstance(model, TorchWindowModel) and model.device.type == "cpu"
+    if window == "chip" or (window == "auto" and padded):
+        return chip_px
+    if window == "auto":
+        needed = -(-max(grid_px) // chip_px)  # chips that span the grid's longer side
+        chips = max(1, min(WINDOW_AUTO_MAX_CHIPS, block_px // 4 // chip_px, needed))
+        return chips * chip_px
+    size = int(window)
+    if size <= 2 * overlap_px:
+        raise PredictionError(
+            f"--window {size}: must be larger than twice the overlap ({overlap_px} px); give "
+            f"a larger window or a smaller --overlap"
+        )
+    if padded and size > chip_px:
+        raise PredictionError(
+            f"--window {size}: torch runs batches of at least {CPU_MIN_BATCH} windows on the "
+            f"CPU (so that the map does not depend on the thread count); run windows larger "
+            f"than the model's {chip_px} px chip with --backend onnxruntime, or use --window chip"
+        )
+    return size
+
+
+def windows_per_batch(batch_size: int, chip_px: int, window_px: int) -> int:
+    """Windows of `window_px` in a batch of as many pixels as `batch_size` chips (at least 1):
+    the model's activations take as much memory whatever the window."""
+    return max(1, batch_size * chip_px * chip_px // (window_px * window_px))
 
 
 def _run_model(model: WindowModel, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:

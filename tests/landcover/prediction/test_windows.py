@@ -73,3 +73,81 @@ def test_block_work_runs_on_one_thread_and_the_model_on_the_blocks_threads(
     assert predicted.classes is not None and predicted.classes.shape == (40, 40)
     assert seen == {"model": {2}, "blend": {1}, "argmax": {1}}
     assert torch.get_num_threads() == 2
+
+
+class _Onnx:
+    """Stands for a model onnxruntime runs (no batch padding)."""
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        return pixels
+
+
+def _choose(window: str, model: object, **kwargs: object) -> int:
+    from landcover.prediction.windows import choose_window_px
+
+    args: dict[str, object] = dict(chip_px=256, overlap_px=64, block_px=2048, grid_px=(7500, 6000))
+    args.update(kwargs)
+    return choose_window_px(window, model, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("window", "kwargs", "expected"),
+    [
+        ("chip", {}, 256),
+        ("auto", {}, 512),  # a quarter of the 2048 px block
+        ("auto", {"block_px": 4096}, 1024),  # 4 chips a side at most
+        ("auto", {"block_px": 8192}, 1024),
+        ("auto", {"grid_px": (300, 200)}, 512),  # two chips span the grid
+        ("auto", {"grid_px": (100, 90)}, 256),
+        ("auto", {"block_px": 512}, 256),  # never below the chip
+        ("768", {}, 768),
+        ("160", {}, 160),
+    ],
+)
+def test_window_choices(window: str, kwargs: dict[str, object], expected: int) -> None:
+    assert _choose(window, _Onnx(), **kwargs) == expected
+
+
+def test_torch_on_the_cpu_runs_the_chip_under_auto_and_refuses_larger_windows() -> None:
+    """torch pads a CPU batch to 16 windows: 16 windows of 1,024 px would be 16x the work and
+    the memory of one."""
+    from landcover.errors import PredictionError
+    from landcover.prediction.runtime import TorchWindowModel
+
+    model = TorchWindowModel(torch.nn.Identity(), device=torch.device("cpu"))
+    assert _choose("auto", model) == 256
+    assert _choose("chip", model) == 256
+    assert _choose("160", model) == 160
+    with pytest.raises(PredictionError, match=r"--window 512: .*--backend onnxruntime"):
+        _choose("512", model)
+
+
+@pytest.mark.parametrize(
+    ("window", "message"),
+    [
+        ("big", "--window 'big': give chip, auto or an edge in px"),
+        ("0", "--window '0': give chip, auto or an edge in px"),
+        ("500", r"--window 500: the edge must be a multiple of 32 px .*e.g. 512"),
+    ],
+)
+def test_bad_window_values_are_refused_in_one_line(window: str, message: str) -> None:
+    from landcover.errors import PredictionError
+
+    with pytest.raises(PredictionError, match=message):
+        _choose(window, _Onnx())
+
+
+def test_a_window_no_larger_than_twice_the_overlap_is_refused() -> None:
+    from landcover.errors import PredictionError
+
+    with pytest.raises(PredictionError, match="--window 128: must be larger than twice"):
+        _choose("128", _Onnx())
+
+
+@pytest.mark.parametrize(
+    ("window_px", "expected"), [(256, 16), (512, 4), (768, 1), (1024, 1), (128, 64)]
+)
+def test_a_batch_of_larger_windows_holds_as_many_pixels(window_px: int, expected: int) -> None:
+    from landcover.prediction.windows import windows_per_batch
+
+    assert windows_per_batch(16, 256, window_px) == expected
