@@ -1,0 +1,153 @@
+"""The quality benchmark's own arithmetic (benchmarks/shifts.py, benchmarks/bench_quality.py),
+without training: the radiometric shifts of its cross-scene sets, the scene layout, the folds,
+and the seed-by-seed verdict that decides a default."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import shifts  # type: ignore[import-not-found]
+from bench_quality import (  # type: ignore[import-not-found]
+    CANDIDATES,
+    REFERENCE,
+    TILE_SHIFTED,
+    WITHIN,
+    Candidate,
+    Scene,
+    decide,
+    fold_split,
+    pooled_columns,
+    verdict,
+    with_predict_variants,
+)
+
+
+def scene(seed: int = 0) -> np.ndarray:
+    """A 4 x 24 x 30 scene: a vegetated left half (NIR above red), a bare right half, and a
+    nodata corner (0 in every band), with a few pixels at the ends of the range."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(20, 200, (4, 24, 30)).astype(np.uint8)
+    pixels[shifts.NIR, :, :15] = rng.integers(150, 230, (24, 15))
+    pixels[shifts.RED, :, :15] = rng.integers(30, 70, (24, 15))
+    pixels[:, 0, 20] = 255
+    pixels[:, 1, 20] = 1
+    pixels[:, :5, :5] = 0
+    return pixels
+
+
+@pytest.mark.parametrize("shift", shifts.SHIFTS, ids=lambda s: s.name)
+def test_every_shift_keeps_nodata_and_data_where_they_were(shift: shifts.Shift) -> None:
+    pixels = scene()
+    out = shift.apply(pixels)
+    assert out.dtype == np.uint8 and out.shape == pixels.shape
+    np.testing.assert_array_equal(shifts.data_mask(out), shifts.data_mask(pixels))
+    assert (out[:, :5, :5] == 0).all()
+    assert not np.array_equal(out, pixels)  # it shifts something
+
+
+def test_gain_gamma_and_offsets_move_values_as_their_formulas_say() -> None:
+    pixels = scene()
+    has_data = shifts.data_mask(pixels)
+    values = pixels[:, has_data].astype(np.float64)
+    darker = shifts.gain(pixels, 0.5)[:, has_data]
+    np.testing.assert_array_equal(darker, np.clip(np.rint(values * 0.5), 1, 255))
+    curved = shifts.gamma(pixels, 2.0)[:, has_data]
+    np.testing.assert_allclose(curved, np.clip(np.rint(255 * (values / 255) ** 2), 1, 255), atol=1)
+    assert curved.max() == 255  # 255 stays 255 under any gamma
+    offset = shifts.band_offsets(pixels, (10, -5, 300, -300))[:, has_data]
+    np.testing.assert_array_equal(offset[0], np.clip(values[0] + 10, 1, 255))
+    np.testing.assert_array_equal(offset[1], np.clip(values[1] - 5, 1, 255))
+    assert (offset[2] == 255).all() and (offset[3] == 1).all()  # clipped, never nodata
+    with pytest.raises(ValueError, match="3 offsets for 4 bands"):
+        shifts.band_offsets(pixels, (1, 2, 3))
+
+
+def test_histogram_matching_keeps_a_scene_matched_to_itself_and_takes_the_targets_values() -> None:
+    pixels = scene()
+    np.testing.assert_array_equal(shifts.match_histograms(pixels, pixels), pixels)
+    has_data = shifts.data_mask(pixels)
+    target = pixels.copy()
+    target[:, has_data] = np.clip(pixels[:, has_data].astype(int) + 20, 1, 255)
+    matched = shifts.match_histograms(pixels, target)
+    # a monotone remap of each band onto the target's values: equal to the target here
+    assert np.abs(matched.astype(int) - target.astype(int)).max() <= 1
+
+
+def test_leaf_off_lowers_nir_and_raises_red_of_the_greenest_pixels_only() -> None:
+    pixels = scene()
+    green = shifts.greenness(pixels)
+    out = shifts.leaf_off(pixels).astype(int)
+    greenest, bare = green >= 1.0, (green == 0) & shifts.data_mask(pixels)
+    assert greenest.any() and bare.any()
+    assert (out[shifts.NIR][greenest] < pixels[shifts.NIR][greenest]).all()
+    assert (out[shifts.RED][greenest] > pixels[shifts.RED][greenest]).all()
+    np.testing.assert_array_equal(out[:, bare], pixels[:, bare])
+
+
+def test_the_season_shift_is_one_monotone_curve_per_band() -> None:
+    pixels = scene()
+    out = shifts.season_histogram(pixels)
+    has_data = shifts.data_mask(pixels)
+    for band in range(4):
+        order = np.argsort(pixels[band][has_data], kind="stable")
+        assert (np.diff(out[band][has_data][order].astype(int)) >= 0).all()
+    assert out[shifts.NIR][has_data].mean() < pixels[shifts.NIR][has_data].mean()
+
+
+def test_mosaic_lays_parts_side_by_side_with_a_gap_of_fill() -> None:
+    a, b = np.full((4, 3, 2), 7, np.uint8), np.full((4, 3, 5), 9, np.uint8)
+    laid = shifts.mosaic([a, b], gap_px=4, fill=0)
+    assert laid.shape == (4, 3, 11)
+    assert (laid[..., :2] == 7).all() and (laid[..., 2:6] == 0).all() and (laid[..., 6:] == 9).all()
+    with pytest.raises(ValueError, match="different heights"):
+        shifts.mosaic([a, np.zeros((4, 4, 2), np.uint8)], gap_px=1, fill=0)
+
+
+def test_folds_hold_every_patch_out_once() -> None:
+    split = fold_split(8, 2)
+    held = sorted(i for _, out in split for i in out)
+    assert held == list(range(8))
+    assert all(not set(train) & set(out) for train, out in split)
+
+
+def test_a_scene_counts_in_its_view_and_in_its_group() -> None:
+    one = np.eye(4, dtype=np.int64)
+    plain = Scene("unshifted", WITHIN, WITHIN, Path("a.tif"), Path("a_lc.tif"))
+    darker = Scene("gain-0.85", "gain", TILE_SHIFTED, Path("b.tif"), Path("b_lc.tif"))
+    pooled = pooled_columns([(plain, one), (darker, 2 * one)])
+    assert pooled[WITHIN].sum() == 4 and pooled["gain"].sum() == 8
+    assert pooled[TILE_SHIFTED].sum() == 8 and pooled["gamma"].sum() == 0
+
+
+def test_a_default_changes_only_for_a_candidate_better_on_every_seed_in_every_view() -> None:
+    assert verdict([0.01, 0.02, 0.001]) == "wins"
+    assert verdict([-0.01, -0.02, -0.001]) == "loses"
+    assert verdict([0.05, 0.05, -0.001]) == "tie"
+
+    def seeds(*accuracies: tuple[float, float, float, float]) -> list[dict[str, dict[str, float]]]:
+        views = ("within-tile CV", "tile, shifted", "world B", "world B, shifted")
+        return [{v: {"accuracy": a} for v, a in zip(views, row, strict=True)} for row in accuracies]
+
+    reference = seeds((0.8, 0.7, 0.6, 0.5), (0.8, 0.7, 0.6, 0.5), (0.8, 0.7, 0.6, 0.5))
+    everywhere = seeds((0.9, 0.8, 0.7, 0.6), (0.81, 0.71, 0.61, 0.51), (0.85, 0.75, 0.65, 0.55))
+    within_only = seeds((0.9, 0.6, 0.7, 0.6), (0.9, 0.6, 0.7, 0.6), (0.9, 0.8, 0.7, 0.6))
+    decisions = decide({"ref": reference, "a": everywhere, "b": within_only}, "ref")
+    assert decisions["a"]["wins_both"] is True
+    assert decisions["b"]["wins_both"] is False
+    assert decisions["b"]["views"]["tile, shifted"]["verdict"] == "tie"
+    assert decisions["b"]["views"]["within-tile CV"]["verdict"] == "wins"
+
+
+def test_a_prediction_variant_shares_its_candidates_training_options() -> None:
+    base = CANDIDATES[REFERENCE]
+    out = with_predict_variants(
+        [base, CANDIDATES["jitter-0"]], [("adapt", ("--tta", "flips"))], [REFERENCE]
+    )
+    assert [c.name for c in out] == [REFERENCE, f"{REFERENCE}+adapt", "jitter-0"]
+    assert out[1].train_args == base.train_args and out[1].predict_args == ("--tta", "flips")
+    assert isinstance(out[1], Candidate)
