@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Generic, Literal, Protocol, TypeVar
 
 from cluster.engines import SharesCores, engine_info, load
 from cluster.errors import ClusterError
@@ -166,6 +166,28 @@ class Engine(Protocol):
     def plan(self, spec: ClusterSpec, job: Job) -> Plan: ...
 
     def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult: ...
+
+
+P = TypeVar("P", bound=Plan)
+
+
+class PlanEngine(Generic[P]):
+    """An `Engine` as its two steps: `make_plan(spec, job)` makes its kind of plan
+    (`plan_type`), `run(plan, options)` launches one; `launch` refuses another engine's plan
+    (a programming error: TypeError). An engine sets the three as class attributes (the two
+    functions as staticmethods), or overrides `plan`."""
+
+    plan_type: type[P]
+    make_plan: Callable[[ClusterSpec, Job], P]
+    run: Callable[[P, LaunchOptions], LaunchResult]
+
+    def plan(self, spec: ClusterSpec, job: Job) -> P:
+        return self.make_plan(spec, job)
+
+    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
+        if not isinstance(plan, self.plan_type):
+            raise TypeError(f"{type(self).__name__} cannot launch a {plan.engine} plan")
+        return self.run(plan, options)
 
 
 def get_engine(name: str) -> Engine:

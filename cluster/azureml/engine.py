@@ -52,7 +52,7 @@ from cluster.engine import (
     Job,
     LaunchOptions,
     LaunchResult,
-    Plan,
+    PlanEngine,
     input_ref,
     job_redactor,
     output_ref,
@@ -170,7 +170,11 @@ def _command_word(arg: str, job: Job) -> str:
     return "".join(words) or "''"
 
 
-class AzureMLEngine:
+class AzureMLEngine(PlanEngine[AzureMLPlan]):
+    """An Azure ML command job on a compute cluster, submitted through the SDK."""
+
+    plan_type = AzureMLPlan
+
     def plan(self, spec: ClusterSpec, job: Job) -> AzureMLPlan:
         aml = spec.section_of(AzureMLSpec)
         if aml is None:
@@ -263,9 +267,7 @@ class AzureMLEngine:
             redactor=job_redactor(spec, job),
         )
 
-    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
-        if not isinstance(plan, AzureMLPlan):
-            raise TypeError(f"the azureml engine cannot launch a {plan.engine} plan")
+    def run(self, plan: AzureMLPlan, options: LaunchOptions) -> LaunchResult:
         return _submit(plan, options)
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from cluster.dask.client import dask_client, import_distributed, worker_hosts
 from cluster.dask.rank import death_of, free_port, run_rank, watch_worker_exit, worker_exit
 from cluster.dask.section import DaskSpec
-from cluster.engine import Job, LaunchOptions, LaunchResult, Plan, job_redactor
+from cluster.engine import Job, LaunchOptions, LaunchResult, PlanEngine, job_redactor
 from cluster.errors import LaunchError
 from cluster.failures import ERROR_DIR_ENV, clear_worker_errors, first_worker_error
 from cluster.redact import REDACTED, Redactor
@@ -162,29 +162,30 @@ def plan_dask(spec: ClusterSpec, job: Job, *, client: Any = None) -> DaskPlan:
     )
 
 
-class DaskEngine:
+def launch_dask(plan: DaskPlan, options: LaunchOptions) -> LaunchResult:
+    """Run the plan's ranks in the workers of its cluster, until they are done."""
+    started = time.monotonic()
+    with dask_client(plan.spec, client=plan.client, ranks=True) as client:
+        run_ranks(client, plan, timeout_s=options.timeout_s)
+    out = plan.job.output_dir
+    if plan.temporary_logs:  # a success leaves nothing in $TMPDIR; a failure keeps them
+        shutil.rmtree(plan.log_dir, ignore_errors=True)
+    return LaunchResult(
+        engine="dask",
+        job_id=Path(plan.log_dir).parent.name if out else Path(plan.log_dir).name,
+        status="succeeded",
+        run_dir=out if out is not None and is_local(out) else None,
+        log_location=None if plan.temporary_logs else plan.log_dir,
+        wall_time_s=time.monotonic() - started,
+    )
+
+
+class DaskEngine(PlanEngine[DaskPlan]):
     """Runs a job's ranks in the workers of a Dask cluster."""
 
-    def plan(self, spec: ClusterSpec, job: Job) -> DaskPlan:
-        return plan_dask(spec, job)
-
-    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
-        if not isinstance(plan, DaskPlan):
-            raise TypeError(f"the dask engine cannot launch a {plan.engine} plan")
-        started = time.monotonic()
-        with dask_client(plan.spec, client=plan.client, ranks=True) as client:
-            run_ranks(client, plan, timeout_s=options.timeout_s)
-        out = plan.job.output_dir
-        if plan.temporary_logs:  # a success leaves nothing in $TMPDIR; a failure keeps them
-            shutil.rmtree(plan.log_dir, ignore_errors=True)
-        return LaunchResult(
-            engine="dask",
-            job_id=Path(plan.log_dir).parent.name if out else Path(plan.log_dir).name,
-            status="succeeded",
-            run_dir=out if out is not None and is_local(out) else None,
-            log_location=None if plan.temporary_logs else plan.log_dir,
-            wall_time_s=time.monotonic() - started,
-        )
+    plan_type = DaskPlan
+    make_plan = staticmethod(plan_dask)
+    run = staticmethod(launch_dask)
 
 
 def assign_ranks(

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from cluster.engine import Job, LaunchOptions, LaunchResult, Plan, job_redactor
+from cluster.engine import Job, LaunchOptions, LaunchResult, PlanEngine, job_redactor
 from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
 from cluster.kubernetes import pytorchjob, trainjob
 from cluster.kubernetes.pod import env_secret
@@ -154,7 +154,11 @@ def _dump(document: Any) -> str:
     return str(yaml.safe_dump(document, sort_keys=False, width=1000))
 
 
-class KubernetesEngine:
+class KubernetesEngine(PlanEngine[KubernetesPlan]):
+    """A Kubeflow job applied with kubectl: a TrainJob or a PyTorchJob (`kubernetes.api`)."""
+
+    plan_type = KubernetesPlan
+
     def plan(self, spec: ClusterSpec, job: Job) -> KubernetesPlan:
         k8s = spec.section_of(KubernetesSpec)
         if k8s is None:
@@ -169,9 +173,7 @@ class KubernetesEngine:
             redactor=job_redactor(spec, job),
         )
 
-    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
-        if not isinstance(plan, KubernetesPlan):
-            raise TypeError(f"the kubernetes engine cannot launch a {plan.engine} plan")
+    def run(self, plan: KubernetesPlan, options: LaunchOptions) -> LaunchResult:
         return _apply(plan, options)
 
 

@@ -29,19 +29,14 @@ workers, only in their process environment: never in an argument, a log line or 
 
 from __future__ import annotations
 
-from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
+from cluster.engine import PlanEngine
 from cluster.local.agents import run_agents
 from cluster.local.plan import LocalPlan, plan_local
-from cluster.spec import ClusterSpec
 
 
-class LocalEngine:
+class LocalEngine(PlanEngine[LocalPlan]):
     """torchrun on this machine; `targetNodeCount` agents simulate the nodes."""
 
-    def plan(self, spec: ClusterSpec, job: Job) -> LocalPlan:
-        return plan_local(spec, job)
-
-    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
-        if not isinstance(plan, LocalPlan):
-            raise TypeError(f"the local engine cannot launch a {plan.engine} plan")
-        return run_agents(plan, options)
+    plan_type = LocalPlan
+    make_plan = staticmethod(plan_local)
+    run = staticmethod(run_agents)

@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
+from cluster.engine import LaunchOptions, LaunchResult, PlanEngine
 from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.failures import clear_worker_errors, first_worker_error
 from cluster.output import TerminalFilter, error_message
 from cluster.slurm.plan import SCRIPT_NAME, SlurmPlan, plan_slurm
-from cluster.spec import ClusterSpec
 from tiling.shared.atomic import write_text_atomic
 from tiling.shared.urls import is_local
 
@@ -46,18 +45,6 @@ FINISHED_OK = "COMPLETED"
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 _SRUN_ERROR = re.compile(r"^srun: error: (?P<message>.+)$")
 _FIELD = re.compile(r"(\w+)=(\S*)")
-
-
-class SlurmEngine:
-    """sbatch on the SLURM cluster of the machine it runs on (a login node)."""
-
-    def plan(self, spec: ClusterSpec, job: Job) -> SlurmPlan:
-        return plan_slurm(spec, job)
-
-    def launch(self, plan: Plan, options: LaunchOptions) -> LaunchResult:
-        if not isinstance(plan, SlurmPlan):
-            raise TypeError(f"the slurm engine cannot launch a {plan.engine} plan")
-        return submit(plan, options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,3 +313,11 @@ def _cause(batch_log: Path, rank0_log: Path) -> str | None:
         if last is not None:
             return last
     return last
+
+
+class SlurmEngine(PlanEngine[SlurmPlan]):
+    """sbatch on the SLURM cluster of the machine it runs on (a login node)."""
+
+    plan_type = SlurmPlan
+    make_plan = staticmethod(plan_slurm)
+    run = staticmethod(submit)

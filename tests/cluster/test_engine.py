@@ -11,12 +11,16 @@ import pytest
 from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import (
     Job,
+    LaunchOptions,
+    PlanEngine,
+    get_engine,
     input_ref,
     output_ref,
     plan_job,
     threads_per_worker,
     write_plan_files,
 )
+from cluster.engines import ENGINES
 from cluster.errors import ClusterError
 from tests.cluster.fake_worker import fake_job
 from tiling.shared.machine import local_cpu_count
@@ -219,3 +223,16 @@ def test_an_azure_ml_argument_with_a_binding_it_does_not_have_is_refused() -> No
     spec = parse_cluster_spec(ENGINE_DOCUMENTS["azureml"])
     with pytest.raises(ClusterError, match=r"holds '\$\{\{', which Azure ML reads as an input"):
         plan_job(spec, fake_job("az://c/s.zarr", "r", "--note", "${{ not a binding }}"))
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_an_engine_launches_only_its_own_kind_of_plan(name: str) -> None:
+    """Every engine is a `PlanEngine`: another engine's plan is a programming error."""
+
+    class OtherPlan:
+        engine = "other"
+
+    engine = get_engine(name)
+    assert isinstance(engine, PlanEngine)
+    with pytest.raises(TypeError, match="cannot launch a other plan"):
+        engine.launch(OtherPlan(), LaunchOptions())  # type: ignore[arg-type]
