@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from cluster.errors import ClusterSpecError
+from cluster.errors import ClusterError, ClusterSpecError
 from cluster.redact import Redactor
 from cluster.vmsizes import LOCAL
 from tiling.shared.machine import local_cpu_count, local_gpu_count
@@ -95,6 +95,17 @@ class ClusterSpec:
         """The engine's section when it is a `kind` (the engine's own section type), else
         None: an engine reads its own settings through this, typed."""
         return self.section if isinstance(self.section, kind) else None
+
+    def required_section(self, kind: type[S]) -> S:
+        """The engine's section, a `kind`, for an engine that cannot run without one;
+        ClusterError naming the engine when the spec has none."""
+        section = self.section_of(kind)
+        if section is None:
+            article = "an" if self.engine[:1] in tuple("aeiou") else "a"
+            raise ClusterError(
+                f'engine "{self.engine}" needs {article} "{self.engine}" section in cluster.json'
+            )
+        return section
 
 
 def local_spec(workers: int, *, name: str = "local", max_restarts: int = 0) -> ClusterSpec:

@@ -91,9 +91,7 @@ class AzureMLPlan:
 
     @property
     def azureml(self) -> AzureMLSpec:
-        aml = self.spec.section_of(AzureMLSpec)
-        assert aml is not None  # the spec requires it for this engine
-        return aml
+        return self.spec.required_section(AzureMLSpec)
 
     def describe(self) -> str:
         spec, aml, doc = self.spec, self.azureml, self.job_document
@@ -176,9 +174,7 @@ class AzureMLEngine(PlanEngine[AzureMLPlan]):
     plan_type = AzureMLPlan
 
     def plan(self, spec: ClusterSpec, job: Job) -> AzureMLPlan:
-        aml = spec.section_of(AzureMLSpec)
-        if aml is None:
-            raise ClusterError('engine "azureml" needs an "azureml" section in cluster.json')
+        aml = spec.required_section(AzureMLSpec)
         notes = list(spec.notes)
         inputs: dict[str, Any] = {}
         for name, location in job.inputs.items():

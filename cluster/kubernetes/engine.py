@@ -23,7 +23,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from cluster.engine import Job, LaunchOptions, LaunchResult, PlanEngine, job_redactor
-from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
+from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.kubernetes import pytorchjob, trainjob
 from cluster.kubernetes.pod import env_secret
 from cluster.kubernetes.section import KubernetesSpec
@@ -160,9 +160,7 @@ class KubernetesEngine(PlanEngine[KubernetesPlan]):
     plan_type = KubernetesPlan
 
     def plan(self, spec: ClusterSpec, job: Job) -> KubernetesPlan:
-        k8s = spec.section_of(KubernetesSpec)
-        if k8s is None:
-            raise ClusterError('engine "kubernetes" needs a "kubernetes" section in cluster.json')
+        k8s = spec.required_section(KubernetesSpec)
         manifest, notes = _APIS[k8s.api].build(spec, k8s, job)
         return KubernetesPlan(
             spec=spec,

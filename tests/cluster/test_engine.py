@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from cluster.azureml.section import AzureMLSpec
 from cluster.clusterjson import parse_cluster_spec
 from cluster.engine import (
     Job,
@@ -22,6 +24,8 @@ from cluster.engine import (
 )
 from cluster.engines import ENGINES
 from cluster.errors import ClusterError
+from cluster.kubernetes.section import KubernetesSpec
+from cluster.spec import local_spec
 from tests.cluster.fake_worker import fake_job
 from tiling.shared.machine import local_cpu_count
 
@@ -236,3 +240,20 @@ def test_an_engine_launches_only_its_own_kind_of_plan(name: str) -> None:
     assert isinstance(engine, PlanEngine)
     with pytest.raises(TypeError, match="cannot launch a other plan"):
         engine.launch(OtherPlan(), LaunchOptions())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("engine", "kind", "message"),
+    [
+        ("azureml", AzureMLSpec, 'engine "azureml" needs an "azureml" section in cluster.json'),
+        ("kubernetes", KubernetesSpec, 'engine "kubernetes" needs a "kubernetes" section'),
+    ],
+)
+def test_an_engine_that_needs_its_section_names_it_when_the_spec_has_none(
+    engine: str, kind: type[object], message: str
+) -> None:
+    spec = dataclasses.replace(local_spec(1), engine=engine, section=None)
+    with pytest.raises(ClusterError, match=message):
+        spec.required_section(kind)
+    with pytest.raises(ClusterError, match=message):
+        get_engine(engine).plan(spec, fake_job("s", "run"))
