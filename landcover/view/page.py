@@ -201,7 +201,8 @@ def _render(
     areas: Sequence[Sequence[ClassArea]],
     images: Sequence[str],
 ) -> str:
-    static = resources.files("landcover.view").joinpath("static")
+    # third-party files live under vendor/ (Leaflet, BSD-2-Clause, with its licence)
+    static = resources.files("landcover.view").joinpath("static", "vendor", "leaflet")
     leaflet_css = _inline_css(static.joinpath("leaflet.css").read_text(encoding="utf-8"))
     leaflet_js = _inline_js(static.joinpath("leaflet.js").read_text(encoding="utf-8"))
     payload = script_json(data)
