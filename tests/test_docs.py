@@ -1,17 +1,26 @@
 """The documentation: the README's size, the generated CLI reference, the benchmark tables' result
-files, and the guides' runnable code blocks, which run here on tiny synthetic data.
+files, and the commands of the README's tour and of the guides, which run here on tiny
+synthetic data.
 
 A code block runs when the line before its fence is `<!-- test: run -->`; every line of such a
 block is a `landcover` command (continued with a trailing backslash), run in-process through
-click in one temporary directory, block after block in the order of RUN_ORDER. The site build
-itself (`mkdocs build --strict`) is `make docs`, which CI runs before the suite.
+click. The README's tour runs in one temporary directory, block after block. Each guide
+(docs/guide/*.md) runs in a directory of its own that starts with the files its commands read
+(GUIDE_INPUTS, copied from one workspace built once by the CLI itself), its blocks in page
+order. Every shell block of a guide is run, or says in its mark why it cannot run here
+(`<!-- test: skip: REASON -->`: a real cluster, Azure, a network service). Counts that only
+scale the work (epochs, trials) are made small (SMALLER). The site build itself
+(`mkdocs build --strict`) is `make docs`, which CI runs before the suite.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -24,9 +33,36 @@ from landcover.cli.reference import render_cli_reference
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 RESULTS = REPO / "benchmarks" / "results"
+GUIDES = DOCS / "guide"
 RUN_MARK = "<!-- test: run -->"
+SKIP_MARK = re.compile(r"^<!-- test: skip: (?P<reason>\S.*) -->$")
+SHELL_FENCE = "```bash"
 # files whose marked blocks run, in this order, in one directory (later blocks use earlier outputs)
 RUN_ORDER = ["README.md"]
+# What each guide's commands start from: entries of the guides' workspace (guide_workspace).
+GUIDE_INPUTS: dict[str, tuple[str, ...]] = {
+    "tile.md": ("naip", "chesapeake", "lc"),
+    "train.md": ("chips.zarr",),
+    "models.md": ("chips.zarr",),
+    "cluster.md": ("chips.zarr", "cluster.json"),
+    "scale.md": ("chips.zarr",),
+    "tune.md": ("chips.zarr",),
+    "predict.md": ("runs", "naip", "county.geojson"),
+    "evaluate.md": ("lc.tif", "chesapeake"),
+    "area-and-change.md": ("lc-2018", "lc-2022"),
+    "view.md": ("lc.tif", "naip", "maps", "a.tif", "b.tif"),
+    "export.md": ("runs", "naip"),
+    "stac.md": ("naip", "chesapeake", "naip-search.json", "stac"),
+}
+# Counts that only scale the work, as a page gives them and as they run here (each is used).
+SMALLER = {
+    "--epochs 20": "--epochs 1",
+    "--epochs 10": "--epochs 1",
+    "--epochs 5": "--epochs 1",
+    "--epochs 3": "--epochs 1",
+    "--trials 20": "--trials 2",
+    "--trials 8": "--trials 2",
+}
 RESULTS_MARKER = re.compile(r"^<!-- results: (?P<file>[\w.-]+)#(?P<table>[\w-]+) -->$", re.M)
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -44,6 +80,12 @@ def markdown_files() -> list[Path]:
     return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
+def block_commands(lines: list[str]) -> list[str]:
+    """The commands of a code block's lines: continuations joined, comment lines left out."""
+    joined = "\n".join(lines).replace("\\\n", " ")
+    return [c for c in joined.splitlines() if c.strip() and not c.startswith("#")]
+
+
 def marked_blocks(text: str) -> list[list[str]]:
     """The commands of each code block that follows a RUN_MARK line, continuations joined."""
     blocks = []
@@ -53,9 +95,22 @@ def marked_blocks(text: str) -> list[list[str]]:
             continue
         assert lines[i + 1].startswith("```"), f"{RUN_MARK} must precede a code fence"
         end = lines.index("```", i + 2)
-        joined = "\n".join(lines[i + 2 : end]).replace("\\\n", " ")
-        blocks.append([c for c in joined.splitlines() if c.strip() and not c.startswith("#")])
+        blocks.append(block_commands(lines[i + 2 : end]))
     return blocks
+
+
+def shell_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """Every shell code block of a page: the line before its fence (its mark, or not) and its
+    commands."""
+    lines = text.splitlines()
+    return [
+        (
+            lines[i - 1].strip() if i else "",
+            block_commands(lines[i + 1 : lines.index("```", i + 1)]),
+        )
+        for i, line in enumerate(lines)
+        if line.strip() == SHELL_FENCE
+    ]
 
 
 def test_the_readme_is_a_short_guide_that_links_into_the_site() -> None:
@@ -185,11 +240,37 @@ def test_json_writes_the_tables_a_benchmark_prints(
     assert not failed.exists()
 
 
-def test_only_the_files_in_run_order_have_runnable_blocks() -> None:
+def test_only_the_tour_and_the_guides_in_guide_inputs_have_runnable_blocks() -> None:
     holders = [
         p.relative_to(REPO).as_posix() for p in markdown_files() if RUN_MARK in p.read_text()
     ]
-    assert sorted(holders) == sorted(RUN_ORDER)
+    assert sorted(holders) == sorted([*RUN_ORDER, *(f"docs/guide/{g}" for g in GUIDE_INPUTS)])
+
+
+def test_every_shell_block_of_a_guide_runs_here_or_says_why_not() -> None:
+    """A guide's shell block is marked to run, or to be skipped with its reason on the mark's
+    line; a new block without a mark fails here, so no command a reader types goes untried."""
+    unmarked = [
+        f"{page.name}: {commands[0] if commands else '(empty block)'}"
+        for page in sorted(GUIDES.glob("*.md"))
+        for mark, commands in shell_blocks(page.read_text(encoding="utf-8"))
+        if mark != RUN_MARK and not SKIP_MARK.match(mark)
+    ]
+    assert unmarked == []
+    assert SKIP_MARK.match("<!-- test: skip: needs a SLURM cluster -->")
+    assert not SKIP_MARK.match("<!-- test: skip: -->")  # a skip names its reason
+    assert shell_blocks("x\n```bash\nlandcover a \\\n  --b\n# c\n```\n") == [
+        ("x", ["landcover a    --b"])
+    ]
+
+
+def run_command(command: str) -> None:
+    """Run one `landcover` line of a page in this process, in the current directory; it must
+    exit 0."""
+    argv = shlex.split(command, comments=True)
+    assert argv[0] == "landcover", f"a runnable block holds a non-landcover line: {command}"
+    result = CliRunner().invoke(main, argv[1:])
+    assert result.exit_code == 0, f"{command}\n{result.output}"
 
 
 @pytest.mark.slow
@@ -206,11 +287,131 @@ def test_the_runnable_blocks_run_on_synthetic_data(
         for command in block
     ]
     assert commands
-    runner = CliRunner()
     for command in commands:
-        argv = shlex.split(command)
-        assert argv[0] == "landcover", f"a runnable block holds a non-landcover line: {command}"
-        result = runner.invoke(main, argv[1:])
-        assert result.exit_code == 0, f"{command}\n{result.output}"
+        run_command(command)
     assert (tmp_path / "lc.tif").is_file()
     assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+# -- the guides ---------------------------------------------------------------------------------
+
+
+def invoke(*argv: str | Path) -> None:
+    result = CliRunner().invoke(main, [str(a) for a in argv])
+    assert result.exit_code == 0, f"landcover {shlex.join(map(str, argv))}\n{result.output}"
+
+
+def region_inside(image: Path) -> dict[str, object]:
+    """A GeoJSON polygon (lon/lat) over the middle of `image`'s footprint."""
+    import rasterio
+    from rasterio.warp import transform_bounds
+
+    with rasterio.open(image) as ds:
+        west, south, east, north = transform_bounds(ds.crs, "EPSG:4326", *ds.bounds)
+    dx, dy = (east - west) / 4, (north - south) / 4
+    ring = [
+        [west + dx, south + dy], [east - dx, south + dy], [east - dx, north - dy],
+        [west + dx, north - dy], [west + dx, south + dy],
+    ]  # fmt: skip
+    polygon = {"type": "Polygon", "coordinates": [ring]}
+    return {"type": "Feature", "properties": {}, "geometry": polygon}
+
+
+@pytest.fixture(scope="module")
+def guide_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every file the guides' commands read, under the names they use, made once by the CLI:
+    two small synthetic scenes (naip/, their labels as chesapeake/ and lc/), a chip store of
+    two larger ones (enough train chips for 4 workers' batches of 16), a model trained one
+    epoch (runs/a), its map as one COG (lc.tif, a.tif, b.tif) and as tiled products (lc-2018/,
+    lc-2022/, maps/va-2021/), a region, a saved STAC search, a static STAC catalog and the
+    repository's cluster.json."""
+    from tests.tiling.stacfiles import raster_item, write_catalog, write_item_collection
+
+    root = tmp_path_factory.mktemp("guide-inputs")
+    invoke("synth", root, "--scenes", "2", "--size", "300", "--seed", "0")
+    (root / "labels").rename(root / "chesapeake")
+    shutil.copytree(root / "chesapeake", root / "lc")
+    images = sorted((root / "naip").glob("*.tif"))
+    chips, model = root / "chips.zarr", root / "runs" / "a" / "model.pt"
+    larger = tmp_path_factory.mktemp("guide-store-scenes")
+    invoke("synth", larger, "--scenes", "2", "--size", "448", "--seed", "1")
+    invoke("tile", f"{larger}/naip/*.tif", "--labels", f"{larger}/labels/*.tif", "--out", chips,
+           "--chip-size", "64", "--shard-size", "8", "--val-fraction", "0.25")  # fmt: skip
+    invoke("train", chips, "--out", model.parent, "--epochs", "1", "--batch-size", "16")
+    invoke("predict", model, f"{root}/naip/*.tif", "--out", root / "lc.tif")
+    invoke("predict", model, f"{root}/naip/*.tif", "--out", f"{root / 'lc-2018'}/",
+           "--tile-size", "256")  # fmt: skip
+    for product in (root / "lc-2022", root / "maps" / "va-2021"):
+        shutil.copytree(root / "lc-2018", product)  # a moved product is a product
+    for copy in ("a.tif", "b.tif"):
+        shutil.copy2(root / "lc.tif", root / copy)
+    (root / "county.geojson").write_text(json.dumps(region_inside(images[0])))
+    items = [raster_item(tif, item_id=tif.stem, year=2018) for tif in images]
+    write_item_collection(items, root / "naip-search.json")
+    write_catalog(items, root / "stac")
+    shutil.copy2(REPO / "cluster.json", root / "cluster.json")
+    assert all((root / name).exists() for names in GUIDE_INPUTS.values() for name in names)
+    return root
+
+
+def label_the_sample(work: Path) -> None:
+    """What the reader of "Area and change" does in QGIS between sampling and estimating: type
+    a class into each point's `reference` (here the map's own class)."""
+    import pyogrio.raw  # type: ignore[import-untyped]
+
+    sample = work / "sample.gpkg"
+    meta, _, geometry, data = pyogrio.raw.read(sample)
+    fields = list(meta["fields"])
+    data[fields.index("reference")] = data[fields.index("map_class")]
+    sample.unlink()
+    pyogrio.raw.write(sample, geometry, data, fields=fields, crs=meta["crs"], driver="GPKG",
+                      geometry_type="Point")  # fmt: skip
+
+
+# What a reader does by hand after a guide's block (by its index among the guide's runnable
+# blocks), before the next one.
+BY_HAND: dict[str, dict[int, Callable[[Path], None]]] = {
+    "area-and-change.md": {0: label_the_sample},
+}
+
+
+def smaller(command: str) -> str:
+    """`command` with the counts of SMALLER made small (whole words only)."""
+    for given, small in SMALLER.items():
+        command = re.sub(rf"(?<!\S){re.escape(given)}(?!\S)", small, command)
+    return command
+
+
+def guide_commands(guide: str) -> list[list[str]]:
+    return marked_blocks((GUIDES / guide).read_text(encoding="utf-8"))
+
+
+def test_every_smaller_count_is_one_a_guide_gives() -> None:
+    commands = " ".join(c for guide in GUIDE_INPUTS for b in guide_commands(guide) for c in b)
+    assert [given for given in SMALLER if given not in commands] == []
+    assert smaller("tune s --trials 20 --epochs 5") == "tune s --trials 2 --epochs 1"
+    assert smaller("train s --epochs 200") == "train s --epochs 200"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guide", sorted(GUIDE_INPUTS))
+def test_a_guides_commands_run_on_synthetic_data(
+    guide: str, guide_workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guide's runnable blocks, in page order, in a directory holding only the files they
+    read: every command exits 0."""
+    for name in GUIDE_INPUTS[guide]:
+        source = guide_workspace / name
+        if source.is_dir():
+            shutil.copytree(source, tmp_path / name)
+        else:
+            shutil.copy2(source, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    blocks = guide_commands(guide)
+    assert blocks and all(blocks)
+    for index, block in enumerate(blocks):
+        for command in block:
+            run_command(smaller(command))
+        by_hand = BY_HAND.get(guide, {}).get(index)
+        if by_hand is not None:
+            by_hand(tmp_path)
