@@ -9,7 +9,7 @@ with the outputs complete. The ranks coordinate through those files alone, never
 torch.distributed.
 
 A rerun of a job with other options never mixes parts: every PredictConfig option that can
-change a pixel is in the part's key (RERUN_PREDICTS_AGAIN, through `RankRun.settings`, the
+change a pixel is in the part's key (RERUN_PREDICTS_AGAIN, through `pixel_settings`, the
 grid and the fingerprints of the model and images), so a part of another value is never
 asked for; the others (RERUN_KEEPS_PARTS) change no pixel, and a finished part is kept.
 """
@@ -18,21 +18,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from landcover.prediction.assemble import assemble, wait_for_parts
-from landcover.prediction.blend import WindowLayout
 from landcover.prediction.blocks import require_predicted_pixels
+from landcover.prediction.intofile import AreaCounts
 from landcover.prediction.outfiles import OutputPaths
-from landcover.prediction.outgrid import GridPlan
 from landcover.prediction.parts import PartRecord, PartWriter, Staging, part_key
+from landcover.prediction.prepared import PreparedPrediction
 from landcover.prediction.ranks import RankShare, pooled_threads, sources_read, split_rows
 from landcover.version import __version__
 from tiling.shared.fingerprint import fingerprint, fingerprints
@@ -57,55 +56,45 @@ RERUN_PREDICTS_AGAIN = (
     "probabilities",  # whether a part has them
     "block_px",
     "zero_is_nodata",
+    "tile_px",  # a tiled product's (its tiles' keys hold it); a one COG, with parts, has none
 )
 RERUN_KEEPS_PARTS = ("overwrite", "storage_options", "progress", "max_pixels", "pipeline")
 
 
-class Counts(Protocol):
-    """What predicting a share counts: windows run and pixels per class code."""
-
-    windows: int
-    class_pixels: npt.NDArray[np.int64]
-
-
 # Predicts `share` into the tiled GeoTIFFs (classes, probabilities or None) of its rows.
-PredictShare = Callable[[RankShare, str, str | None], Counts]
+PredictShare = Callable[[RankShare, str, str | None], AreaCounts]
 
 
-class RunOptions(Protocol):
-    """The options of a prediction (`PredictConfig`) that a distributed run reads."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def block_px(self) -> int: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def backend(self) -> str: ...
-    @property
-    def precision(self) -> str: ...
-    @property
-    def tta(self) -> str: ...
-    @property
-    def adapt(self) -> str: ...
-    @property
-    def zero_is_nodata(self) -> bool: ...
-    @property
-    def probabilities(self) -> str | None: ...
-    @property
-    def storage_options(self) -> Mapping[str, Any]: ...
+def pixel_settings(prepared: PreparedPrediction) -> dict[str, Any]:
+    """What the pixels of a part (or of a tiled product's tile) depend on besides the model
+    and the images (JSON values): a part made with other values has another key and is never
+    reused. The one owner of that list, for parts and tiles alike."""
+    grid, options, layout = prepared.grid, prepared.config, prepared.layout
+    region = prepared.plan.region
+    return {
+        "landcover": __version__,
+        "crs": grid.crs.to_wkt(),
+        "transform": list(grid.transform)[:6],
+        "size": [grid.width, grid.height],
+        "region": None if region is None else hashlib.sha256(region.wkb).hexdigest(),
+        "window": [layout.size, layout.overlap],
+        "block_px": options.block_px,
+        "batch_size": options.batch_size,
+        "backend": options.backend,
+        "precision": options.precision,
+        "tta": options.tta,
+        "adapt": options.adapt,  # METHOD:STRENGTH@DIGEST once computed
+        "device": prepared.device.type,  # cpu, cuda, ...: a model may round differently
+        "zero_is_nodata": options.zero_is_nodata,
+        "probabilities": options.probabilities is not None,
+    }
 
 
 @dataclass(frozen=True, slots=True)
 class RankRun:
     """One rank's place in a distributed prediction and what its part depends on."""
 
-    options: RunOptions
-    plan: GridPlan
-    layout: WindowLayout
-    num_classes: int
-    device_type: str  # cpu, cuda, ...: the same model may round differently on another
+    prepared: PreparedPrediction
     outputs: OutputPaths
     rank: int
     world_size: int
@@ -114,36 +103,19 @@ class RankRun:
     local_ranks: range | None = None
 
     def settings(self) -> dict[str, Any]:
-        """What a part's pixels depend on besides the model and the images (JSON values):
-        a part made with other values has another key and is never reused."""
-        grid, options = self.plan.grid, self.options
-        region = self.plan.region
-        return {
-            "landcover": __version__,
-            "crs": grid.crs.to_wkt(),
-            "transform": list(grid.transform)[:6],
-            "size": [grid.width, grid.height],
-            "region": None if region is None else hashlib.sha256(region.wkb).hexdigest(),
-            "window": [self.layout.size, self.layout.overlap],
-            "block_px": options.block_px,
-            "batch_size": options.batch_size,
-            "backend": options.backend,
-            "precision": options.precision,
-            "tta": options.tta,
-            "adapt": options.adapt,  # METHOD:STRENGTH@DIGEST once computed
-            "device": self.device_type,
-            "zero_is_nodata": options.zero_is_nodata,
-            "probabilities": options.probabilities is not None,
-        }
+        """What this rank's part's pixels depend on besides the model and the images
+        (`pixel_settings`)."""
+        return pixel_settings(self.prepared)
 
 
-def run_rank(run: RankRun, predict: PredictShare) -> tuple[int, npt.NDArray[np.int64]]:
+def run_rank(run: RankRun, predict: PredictShare) -> AreaCounts:
     """Predict this rank's share into its part; on rank 0 also wait for every part and write
-    the outputs. Returns (windows run, pixels per class code): the whole grid's on rank 0,
-    this rank's share's on the others."""
-    shares = split_rows(run.plan, run.options.block_px, run.world_size)
+    the outputs. Returns the windows run and the pixels per class code: the whole grid's on
+    rank 0, this rank's share's on the others."""
+    config, plan = run.prepared.config, run.prepared.plan
+    shares = split_rows(plan, config.block_px, run.world_size)
     share = shares[run.rank]
-    staging = Staging(run.outputs.out, run.options.storage_options)
+    staging = Staging(run.outputs.out, config.storage_options)
     key = _keys(run, [share])[run.rank]
     record = staging.read_record(run.rank, run.world_size, key)
     if record is not None:
@@ -152,7 +124,7 @@ def run_rank(run: RankRun, predict: PredictShare) -> tuple[int, npt.NDArray[np.i
         with _pooled_threads(run, shares):
             record = _write_part(run, staging, share, key, predict)
     if run.rank != 0:
-        return record.windows, np.asarray(record.class_pixels, dtype=np.int64)
+        return AreaCounts(record.windows, np.asarray(record.class_pixels, dtype=np.int64))
     # Rank 0 accepts only the part each rank must write, so it needs every key: worked out
     # now, while the others still predict (fingerprinting a state's images takes a while).
     keys = _keys(run, shares)
@@ -160,15 +132,15 @@ def run_rank(run: RankRun, predict: PredictShare) -> tuple[int, npt.NDArray[np.i
     windows = sum(r.windows for r in records)
     class_pixels = np.sum([np.asarray(r.class_pixels, dtype=np.int64) for r in records], axis=0)
     require_predicted_pixels(class_pixels)
-    assemble(staging, records, run.plan.grid, run.outputs, run.options.storage_options)
-    return windows, class_pixels
+    assemble(staging, records, plan.grid, run.outputs, config.storage_options)
+    return AreaCounts(windows, class_pixels)
 
 
 @contextmanager
 def _pooled_threads(run: RankRun, shares: Sequence[RankShare]) -> Iterator[None]:
     """Run with this rank's share of its machine's threads (CPU), then restore the count."""
     before = torch.get_num_threads()
-    if run.local_ranks is None or run.device_type != "cpu":
+    if run.local_ranks is None or run.prepared.device.type != "cpu":
         yield
         return
     threads = pooled_threads(shares, run.rank, run.local_ranks, before)
@@ -191,7 +163,7 @@ def _write_part(
     probabilities = run.outputs.probabilities is not None
     with PartWriter(staging, share, run.world_size, key, probabilities=probabilities) as part:
         if share.is_empty:  # more ranks than block rows with work: nothing to write
-            return part.commit(0, np.zeros(run.num_classes, dtype=np.int64))
+            return part.commit(0, np.zeros(run.prepared.meta.num_classes, dtype=np.int64))
         counts = predict(share, part.tiles_out, part.tiles_prob)
         record = part.commit(counts.windows, counts.class_pixels)
     logger.info(
@@ -208,9 +180,10 @@ def _write_part(
 def _keys(run: RankRun, shares: Sequence[RankShare]) -> dict[int, str]:
     """Each share's part key: fingerprints of the model and of the images the share reads
     (rank 0 fingerprints them all, the others only their own)."""
-    storage_options = run.options.storage_options
-    model = fingerprint(run.options.model, storage_options)
-    reads = {s.rank: sources_read(run.plan, s, run.layout) for s in shares}
+    config, plan, layout = run.prepared.config, run.prepared.plan, run.prepared.layout
+    storage_options = config.storage_options
+    model = fingerprint(config.model, storage_options)
+    reads = {s.rank: sources_read(plan, s, layout) for s in shares}
     paths = list(dict.fromkeys(p for ranked in reads.values() for p in ranked))
     prints = dict(zip(paths, fingerprints(paths, storage_options), strict=True))
     settings = run.settings()

@@ -1,13 +1,13 @@
-"""Predict a land-cover map for a region: region → windows → blended logits → COG.
+"""Predict a land-cover map for a region as one COG: region → windows → blended logits → COG.
 
-This module holds the result and the loop over blocks (the configuration is
-`landcover.prediction.config`). The output grid is
-cut into blocks (`block_px` square, `landcover.prediction.blocks`). For each block we read the
-source pixels under every window that touches it, run those windows in batches
-(`landcover.prediction.windows`), blend their logits with a smooth weight
-(`landcover.prediction.blend`) and write the block's classes into a tiled GeoTIFF
-(`landcover.prediction.blockstages`); reading the next blocks and writing the last ones overlap
-the model's work (`landcover.prediction.pipeline`).
+This module holds the stage and its result: it checks the outputs, holds their lock, sets the
+prediction up (`landcover.prediction.prepared`) and has the window-into-file loop
+(`landcover.prediction.intofile`) predict the whole grid into a tiled GeoTIFF. The output
+grid is cut into blocks (`block_px` square, `landcover.prediction.blocks`); for each block the
+loop reads the source pixels under every window that touches it, runs those windows in
+batches (`landcover.prediction.windows`), blends their logits with a smooth weight
+(`landcover.prediction.blend`) and writes the block's classes; reading the next blocks and
+writing the last ones overlap the model's work (`landcover.prediction.pipeline`).
 Memory is bounded by a few blocks, never by the region: the logits of windows that reach into
 the next block of the same block row are kept for it, and windows on the boundary between two
 block rows are run once for each (about 12% more inference with 2048 px blocks and 256 px
@@ -17,76 +17,40 @@ renamed into place at the end.
 
 A distributed run (`rank`, `world_size`) gives each rank whole block rows and writes parts
 that rank 0 assembles into the same COG (`landcover.prediction.distributed`); this module
-only picks the blocks a rank runs and where it writes them.
+only says where a rank's rows are written.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 
-import numpy as np
-import numpy.typing as npt
 import rasterio
 import torch
-from tqdm import tqdm
 
-from landcover.devices import torch_device
-from landcover.errors import PredictionError, RegionError
-from landcover.models.modelfile import ModelMeta
+from landcover.errors import PredictionError
 from landcover.outputlock import exclusive_outputs
-from landcover.prediction.blend import WindowLayout
-from landcover.prediction.blocks import (
-    block_schedule,
-    region_has_pixels,
-    require_predicted_pixels,
-)
-from landcover.prediction.blockstages import (
-    BlockPredictor,
-    BlockWriter,
-    PredictedBlock,
-    PreparedBlock,
-    prepare_block,
-)
+from landcover.prediction.blocks import require_predicted_pixels
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.distributed import RankRun, run_rank
+from landcover.prediction.intofile import AreaCounts, predict_into_file, shows_progress
 from landcover.prediction.outfiles import (
     OutputPaths,
     TempOutputs,
     check_outputs,
-    class_profile,
-    describe_class_raster,
-    describe_probability_raster,
-    probability_profile,
     write_cogs,
 )
-from landcover.prediction.outgrid import GridPlan, OutputGrid, plan_output_grid
-from landcover.prediction.pipeline import run_pipeline
+from landcover.prediction.outgrid import GridPlan, OutputGrid
+from landcover.prediction.prepared import (
+    PreparedPrediction,
+    prediction_device,
+    prepare_prediction,
+)
 from landcover.prediction.ranks import RankShare, whole_grid
-from landcover.prediction.region import parse_crs
-from landcover.prediction.runtime import (
-    BackendModel,
-    for_prediction,
-    load_window_model,
-    with_inference,
-)
-from landcover.prediction.setup import (
-    GDAL_CACHE_BYTES,
-    FreedMemory,
-    block_cache_bytes,
-    check_model,
-    check_sources_fit,
-    open_images,
-    warnings_to_log,
-    window_overlap,
-)
-from landcover.prediction.tta import tta_ops
-from landcover.prediction.windows import WindowRunner
-from tiling.reader import RasterReader
+from landcover.prediction.setup import GDAL_CACHE_BYTES, warnings_to_log
 from tiling.shared.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
@@ -139,14 +103,12 @@ def predict_region(
         check_storage_options([u for u in urls if u], config.storage_options)
         if rank != 0:
             config = replace(config, progress=False)
-        tta_ops(config.tta)  # refuse a bad mode before the model loads
-        device = torch_device(config.device, error=PredictionError)
-        FreedMemory().reuse()  # before the model loads (see FreedMemory)
+        device = prediction_device(config)  # a bad option fails before the lock is taken
         with (
             _hold_outputs(outputs, rank),
             rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"),
         ):
-            grid, plan, tally = _predict_and_write(
+            grid, plan, counts = _predict_and_write(
                 config, outputs, device, rank, world_size, local_ranks
             )
     result = PredictResult(
@@ -154,9 +116,9 @@ def predict_region(
         probabilities=outputs.probabilities,
         grid=grid,
         sources=tuple(s.path for s in plan.sources),
-        windows=tally.windows,
-        valid_pixels=int(tally.class_pixels[1:].sum()),
-        class_pixels=tuple(int(v) for v in tally.class_pixels),
+        windows=counts.windows,
+        valid_pixels=int(counts.class_pixels[1:].sum()),
+        class_pixels=tuple(int(v) for v in counts.class_pixels),
         elapsed_s=time.perf_counter() - started,
     )
     if rank == 0:
@@ -187,32 +149,12 @@ def _predict_and_write(
     rank: int,
     world_size: int,
     local_ranks: range | None,
-) -> tuple[OutputGrid, GridPlan, _Tally]:
-    model, meta = load_window_model(
-        config.model,
-        backend=config.backend,
-        precision=config.precision,
-        device=device,
-        storage_options=config.storage_options,
-    )
-    check_model(config.model, meta)
-    overlap = window_overlap(config.overlap_px, meta.chip_size)
-    sources = open_images(
-        config.images,
-        storage_options=config.storage_options,
-        zero_is_nodata=config.zero_is_nodata,
-    )
-    check_sources_fit(sources, meta, config.model)
-    plan = plan_output_grid(
-        sources,
-        config.region,
-        resolution_m=meta.resolution_m,
-        crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
-        resolution=config.resolution,
-        max_pixels=config.max_pixels,
-        quiet=rank != 0,  # rank 0 speaks for the job
-    )
-    grid = plan.grid
+) -> tuple[OutputGrid, GridPlan, AreaCounts]:
+    """Set the prediction up, then predict the whole grid into the outputs, or this rank's
+    rows into its part (and on rank 0 assemble the parts)."""
+    # rank 0 speaks for the job
+    prepared = prepare_prediction(config, device, max_pixels=config.max_pixels, quiet=rank != 0)
+    grid, plan = prepared.grid, prepared.plan
     logger.info(
         "predicting %d x %d px at %g in %s from %d of %d images",
         grid.width,
@@ -220,123 +162,28 @@ def _predict_and_write(
         grid.resolution,
         grid.crs.to_string(),
         len(plan.sources),
-        len(sources),
+        len(prepared.sources),
     )
-    layout = WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
-    if plan.region is not None and not region_has_pixels(plan, config.block_px):
-        raise RegionError(
-            f"region covers no pixel centre of the images at {grid.resolution:g} "
-            "units/px after masking; give a larger region or a finer --resolution"
-        )
-    # `auto` decided from the whole grid, alike on every rank; parts record what runs
-    model = for_prediction(model, layout.num_windows * layout.size**2)
-    config = with_inference(config, model)
     if world_size > 1:
-        run = RankRun(
-            config,
-            plan,
-            layout,
-            meta.num_classes,
-            device.type,
-            outputs,
-            rank,
-            world_size,
-            local_ranks,
-        )
-        windows, class_pixels = run_rank(
-            run,
-            lambda share, tiles_out, tiles_prob: _predict_into(
-                model, meta, plan, layout, config, device, share, tiles_out, tiles_prob
-            ),
-        )
-        return grid, plan, _Tally(class_pixels, windows)
+        run = RankRun(prepared, outputs, rank, world_size, local_ranks)
+        return grid, plan, run_rank(run, partial(_predict_into, prepared))
     with TempOutputs(outputs, config.storage_options) as temps:
-        share = whole_grid(grid)
-        tally = _predict_into(
-            model, meta, plan, layout, config, device, share, temps.tiles_out, temps.tiles_prob
-        )
-        require_predicted_pixels(tally.class_pixels)
+        counts = _predict_into(prepared, whole_grid(grid), temps.tiles_out, temps.tiles_prob)
+        require_predicted_pixels(counts.class_pixels)
         write_cogs(temps, temps.tiles_out, temps.tiles_prob)
         temps.commit()
-    return grid, plan, tally
-
-
-@dataclass(slots=True)
-class _Tally:
-    class_pixels: npt.NDArray[np.int64]
-    windows: int = 0
+    return grid, plan, counts
 
 
 def _predict_into(
-    model: BackendModel,
-    meta: ModelMeta,
-    plan: GridPlan,
-    layout: WindowLayout,
-    config: PredictConfig,
-    device: torch.device,
-    share: RankShare,
-    tiles_out: str,
-    tiles_prob: str | None,
-) -> _Tally:
-    """Predict the blocks of `share` (whole block rows) into tiled GeoTIFFs of its rows;
-    reading, inference and writing overlap (`landcover.prediction.pipeline`)."""
-    grid = plan.grid
-    windows = WindowRunner(
-        model,
-        meta,
-        layout,
-        batch_size=config.batch_size,
-        where=config.model,
-        device=device,
-        tta_ops=tta_ops(config.tta),
+    prepared: PreparedPrediction, share: RankShare, tiles_out: str, tiles_prob: str | None
+) -> AreaCounts:
+    """Predict the blocks of `share` (whole block rows) into tiled GeoTIFFs of its rows."""
+    return predict_into_file(
+        prepared,
+        share.window(prepared.grid),
+        tiles_out,
+        tiles_prob,
+        sources=[s.path for s in prepared.plan.sources],
+        progress=shows_progress(prepared.config.progress),
     )
-    show = config.progress if config.progress is not None else sys.stderr.isatty()
-    with ExitStack() as stack:
-        target = share.grid(grid)
-        out_bands = 1 + (meta.num_classes - 1 if tiles_prob is not None else 0)
-        cache = block_cache_bytes(
-            config.block_px, target.width, out_bands, in_bands=meta.in_channels
-        )
-        stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache))
-        dst = stack.enter_context(rasterio.open(tiles_out, "w", **class_profile(target)))
-        describe_class_raster(dst, meta, sources=[s.path for s in plan.sources])
-        dst.update_tags(**model.inference.tags())  # what ran: backend, precision, provider
-        prob = None
-        if tiles_prob is not None:
-            profile = probability_profile(target, meta)
-            prob = stack.enter_context(rasterio.open(tiles_prob, "w", **profile))
-            describe_probability_raster(prob, meta)
-        schedule = block_schedule(layout, share.window(grid), config.block_px)
-        bar = stack.enter_context(
-            tqdm(
-                total=sum(block.owned_windows for block in schedule),
-                unit="window",
-                disable=not show,
-                desc="predict",
-            )
-        )
-        reader = RasterReader(storage_options=config.storage_options)
-        stack.callback(reader.close)
-        predictor = BlockPredictor(
-            windows, meta.num_classes, device=device, probabilities=prob is not None
-        )
-        writer = BlockWriter(dst, prob, meta.num_classes, target=share.window(grid))
-        memory = FreedMemory()
-
-        def predict(prepared: PreparedBlock) -> PredictedBlock:
-            bar.update(prepared.block.owned_windows)
-            predicted = predictor(prepared)
-            if prepared.todo:
-                memory.release()  # the block's logits and activations are free by now
-            return predicted
-
-        # The pipeline's threads have stopped when it returns or raises: the files and the
-        # reader are closed after them.
-        run_pipeline(
-            schedule,
-            partial(prepare_block, plan, layout, reader),
-            predict,
-            writer,
-            threaded=config.pipeline,
-        )
-    return _Tally(writer.class_pixels, windows.windows_run)

@@ -3,13 +3,14 @@ maptiles`), a STAC Collection with one item per tile and a VRT mosaic of them
 (`landcover.prediction.tilecatalog`), in a directory on disk or on az://.
 
 Tiles are the unit of work. `predict_tiles(setup, names)` predicts the given tiles, each as a
-window of the output grid: its blocks are read, run and blended by the very machinery of a
-one-COG prediction (`landcover.prediction.blockstages`), and a pixel comes out the same
-whichever block, tile or rank computes it (`landcover.prediction.windows`), so the mosaic of
-the tiles equals the one COG of the same region pixel for pixel. A tile is committed by its
-record (`landcover.prediction.tilerecords`) after its COG; a tile whose record has this run's
-key and whose COG has the recorded size is kept, so a rerun redoes only the tiles missing or
-half-made. The directory belongs to one product (`landcover.prediction.tileowner`): another
+window of the output grid, with the setup and the window-into-file loop of a one-COG
+prediction (`landcover.prediction.prepared`, `landcover.prediction.intofile`), and a pixel
+comes out the same whichever block, tile or rank computes it (`landcover.prediction.windows`),
+so the mosaic of the tiles equals the one COG of the same region pixel for pixel. A tile is
+committed by its record (`landcover.prediction.tilerecords`) after its COG; a tile whose
+record has this run's key and whose COG has the recorded size is kept, so a rerun redoes only
+the tiles missing or half-made (`landcover.prediction.tilestate`). The directory belongs to
+one product (`landcover.prediction.tileowner`): another
 product's files, or a user's, are replaced only with --overwrite, which leaves nothing of the
 old product; a tile COG carries its product's key in its tags, so one put in place by a run
 that died before its record is predicted again without --overwrite.
@@ -24,60 +25,38 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from contextlib import ExitStack, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import rasterio
-import rasterio.errors
 from pystac.extensions.file import FileExtension
 
-from landcover.errors import OutputExistsError, PredictionError
+from landcover.errors import PredictionError
 from landcover.outputlock import exclusive_outputs
-from landcover.prediction.assemble import PART_POLL  # tile records: as parts
-from landcover.prediction.blocks import block_schedule, require_predicted_pixels
-from landcover.prediction.blockstages import (
-    BlockPredictor,
-    BlockWriter,
-    PredictedBlock,
-    PreparedBlock,
-    prepare_block,
-)
+from landcover.prediction.blocks import require_predicted_pixels
+from landcover.prediction.intofile import predict_into_file
 from landcover.prediction.maptiles import MapTile, assign_tiles
-from landcover.prediction.outfiles import (
-    class_profile,
-    describe_class_raster,
-    to_cog,
-)
-from landcover.prediction.pipeline import run_pipeline
-from landcover.prediction.setup import (
-    GDAL_CACHE_BYTES,
-    FreedMemory,
-    block_cache_bytes,
-    warnings_to_log,
-)
+from landcover.prediction.outfiles import to_cog
+from landcover.prediction.setup import GDAL_CACHE_BYTES, warnings_to_log
 from landcover.prediction.stacitem import ASSET_KEY, cog_item, items_read
 from landcover.prediction.tilecatalog import MOSAIC, write_catalog
-from landcover.prediction.tileowner import check_ownership, claim, product_key
-from landcover.prediction.tileplan import (
-    Product,
-    TiledSetup,
-    plan_product,
+from landcover.prediction.tileowner import claim
+from landcover.prediction.tileplan import Product, TiledSetup, plan_product
+from landcover.prediction.tilerecords import TAG_PRODUCT, ProductDir, TileRecord
+from landcover.prediction.tilestate import (
+    check_owner,
+    committed_count,
+    tiles_to_predict,
+    wait_for_tiles,
 )
-from landcover.prediction.tilerecords import RECORDS_DIR, TAG_PRODUCT, ProductDir, TileRecord
-from landcover.prediction.tta import tta_ops
-from landcover.prediction.windows import WindowRunner
 from landcover.writefailures import raster_write_errors
-from tiling.reader import RasterReader
-from tiling.staged import wait_for_records
 from tiling.units import UnitRunner
 
 logger = logging.getLogger(__name__)
@@ -127,17 +106,17 @@ def predict_product(
     with warnings_to_log(), lock:
         product = plan_product(setup, quiet=rank != 0)
         product_dir = ProductDir(config.out, config.storage_options)
-        key = _check_owner(product, product_dir)
+        key = check_owner(product, product_dir)
         if rank == 0:  # before any tile of this rank; the other ranks' are recognised
             claim(product_dir, key, product.keys)
         owned = assign_tiles(product.costs, world_size)[rank]
         mine = [product.tiles[i] for i in owned]
-        todo = _tiles_to_predict(product, product_dir, mine)
+        todo = tiles_to_predict(product, product_dir, mine)
         kept = len(mine) - len(todo)
         if rank == 0 and world_size > 1:
             own = {t.name for t in mine}
             others = [t for t in product.tiles if t.name not in own]
-            kept += _committed_count(product, product_dir, others)
+            kept += committed_count(product, product_dir, others)
         if run_units is None:
             predicted = _predict(product, product_dir, todo, key)
         else:
@@ -146,18 +125,19 @@ def predict_product(
             run_units(_predict_tile_task, names, shared=(setup, uuid.uuid4().hex), what="tile")
             predicted = len(names)
         if rank == 0:
-            records = _wait_for_tiles(product, product_dir)
+            records = wait_for_tiles(product, product_dir)
             pixels = np.sum([np.asarray(r.class_pixels, np.int64) for r in records], axis=0)
             require_predicted_pixels(pixels)
             read = dict.fromkeys(p for t in product.tiles for p in product.reads[t.name])
             with raster_write_errors(f"{product_dir.url}{MOSAIC}"):
+                prepared = product.prepared
                 write_catalog(
-                    product_dir, records, product.plan.grid, product.meta, config.model, list(read)
+                    product_dir, records, prepared.grid, prepared.meta, config.model, list(read)
                 )
         else:
             records = [r for t in mine if (r := product_dir.read_record(t.name)) is not None]
     valid = int(sum(sum(r.class_pixels[1:]) for r in records))
-    grid = product.plan.grid
+    grid = product.prepared.grid
     return TiledResult(
         out=product_dir.url,
         grid_width=grid.width,
@@ -168,7 +148,7 @@ def predict_product(
         predicted=predicted,
         kept=kept,
         valid_pixels=valid,
-        sources=tuple(s.path for s in product.plan.sources),
+        sources=tuple(s.path for s in product.prepared.plan.sources),
         elapsed_s=time.perf_counter() - started,
     )
 
@@ -217,231 +197,80 @@ def _predict_named(product: Product, names: Sequence[str]) -> None:
             f"its tiles are {', '.join(list(by_name)[:3])}..."
         )
     tiles = [by_name[n] for n in dict.fromkeys(names)]
-    key = _check_owner(product, product_dir)
-    _predict(product, product_dir, _tiles_to_predict(product, product_dir, tiles), key)
-
-
-def _check_owner(product: Product, product_dir: ProductDir) -> str:
-    """The product's key; refuses a directory that holds another product's files, or a
-    user's, unless --overwrite (`landcover.prediction.tileowner`)."""
-    key = product_key(product.keys)
-    check_ownership(
-        product_dir,
-        key,
-        product.keys,
-        overwrite=product.setup.config.overwrite,
-        tile_owner=partial(_tile_product, product_dir),
-    )
-    return key
-
-
-def _tile_product(product_dir: ProductDir, name: str) -> str | None:
-    """The product key in the tags of the tile file `name`; None when it has none (a file
-    that is not a landcover tile, or not a raster)."""
-    with ExitStack() as stack:
-        if product_dir.local:
-            path = product_dir.path(name)
-        else:  # a rare case (a tile without its record): one download
-            into = stack.enter_context(tempfile.TemporaryDirectory(prefix="landcover-tile-"))
-            path = product_dir.fetch(name, into)
-        try:
-            with warnings_to_log(), rasterio.open(path) as ds:
-                key = ds.tags(1).get(TAG_PRODUCT)
-        except (rasterio.errors.RasterioIOError, IndexError):
-            return None
-    return None if key is None else str(key)
-
-
-def _tiles_to_predict(
-    product: Product, product_dir: ProductDir, tiles: Sequence[MapTile]
-) -> list[MapTile]:
-    """Those of `tiles` without a committed COG of this run's key; raises
-    `OutputExistsError` for a file at a tile's name that is not a landcover tile (no product
-    key in its tags: a user's), unless --overwrite. A landcover tile without its committed
-    record (a run died between the two, or it belongs to the product this one replaces) is
-    predicted again. Only the caller's own tiles: another rank may be writing the others."""
-    present = product_dir.names()
-    todo: list[MapTile] = []
-    foreign: list[str] = []
-    for tile in tiles:
-        record = product_dir.read_record(tile.name)
-        if product_dir.committed(record, product.keys[tile.name]):
-            continue
-        todo.append(tile)
-        name = f"{tile.name}.tif"
-        overwrite = product.setup.config.overwrite
-        if name in present and not overwrite and _tile_product(product_dir, name) is None:
-            foreign.append(name)
-    if foreign:
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise OutputExistsError(
-            f"{product_dir.url}{foreign[0]}{more} is not a tile of this product (it holds no "
-            "landcover product key: a file of your own?); move it away, pass --overwrite to "
-            "replace it, or choose another --out"
-        )
-    kept = len(tiles) - len(todo)
-    if kept:
-        logger.info("keeping %d finished tile(s) in %s", kept, product_dir.url)
-    return todo
+    key = check_owner(product, product_dir)
+    _predict(product, product_dir, tiles_to_predict(product, product_dir, tiles), key)
 
 
 def _predict(product: Product, product_dir: ProductDir, tiles: Sequence[MapTile], key: str) -> int:
     """Predict and commit `tiles`, each tagged with the product's `key`; how many. Nothing
-    of a tile is kept once it is committed: memory does not grow with the tiles."""
-    with ExitStack() as stack:
-        stack.enter_context(
-            rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS")
-        )
-        scratch = stack.enter_context(product_dir.scratch())
+    of a tile is kept once it is committed (its images are closed after it, too): memory
+    does not grow with the tiles."""
+    with (
+        rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_BYTES, GDAL_NUM_THREADS="ALL_CPUS"),
+        product_dir.scratch() as scratch,
+    ):
         for tile in tiles:
-            # A reader per tile, closed after it: a tile's pipeline reads in a thread of its
-            # own, and a thread's image handles (each with GDAL's buffers of a decoded block,
-            # a megabyte or more) end only with the reader's close().
-            reader = RasterReader(storage_options=product.setup.config.storage_options)
-            try:
-                # a full disk or ulimit -f under GDAL: one line naming the tile (not committed)
-                with raster_write_errors(f"{product_dir.url}{tile.name}.tif"):
-                    _predict_tile(product, product_dir, reader, tile, scratch, key)
-            finally:
-                reader.close()
+            # a full disk or ulimit -f under GDAL: one line naming the tile (not committed)
+            with raster_write_errors(f"{product_dir.url}{tile.name}.tif"):
+                _predict_tile(product, product_dir, tile, scratch, key)
     return len(tiles)
 
 
 def _predict_tile(
-    product: Product,
-    product_dir: ProductDir,
-    reader: RasterReader,
-    tile: MapTile,
-    scratch: str,
-    key: str,
+    product: Product, product_dir: ProductDir, tile: MapTile, scratch: str, key: str
 ) -> TileRecord:
     """Predict one tile into a COG, put it in place and commit its record."""
     token = uuid.uuid4().hex[:8]
     tiled = str(Path(scratch) / f".{tile.name}.{token}.tiles.part.tif")
     cog = str(Path(scratch) / f".{tile.name}.{token}.cog.part.tif")
     try:
-        windows, class_pixels = _predict_into(product, reader, tile, tiled, key)
-        if not class_pixels[1:].any():
-            # No pixel with data (the tile's images are nodata there): no COG and no item,
-            # the mosaic reads nodata as the one COG has; the record alone commits the tile.
-            record = TileRecord(
-                name=tile.name,
-                key=product.keys[tile.name],
-                rect=tile.window,
-                windows=windows,
-                class_pixels=tuple(int(v) for v in class_pixels),
-                file_bytes=0,
-                item={},
-            )
-            product_dir.commit(record)
-            logger.info("tile %s has no pixel with data: no COG written", tile.name)
-            return record
-        to_cog(tiled, cog, resampling="MODE")
-        item = cog_item(
-            cog, sources=items_read(product.setup.stac_sources, product.reads[tile.name])
+        counts = predict_into_file(
+            product.prepared,
+            tile.window,
+            tiled,
+            sources=product.reads[tile.name],
+            band_tags={TAG_PRODUCT: key},  # known as the product's, record or not
         )
-        item.id = tile.name
-        item.assets[ASSET_KEY].href = f"./{tile.name}.tif"
-        size = Path(cog).stat().st_size
-        files = FileExtension.ext(item.assets[ASSET_KEY], add_if_missing=True)
-        files.size = size
-        files.checksum = "1220" + _sha256(cog)  # multihash: sha2-256, 32 bytes
-        product_dir.put_file(cog, f"{tile.name}.tif")  # replaces a file checked before
+        # No pixel with data (the tile's images are nodata there): no COG and no item, the
+        # mosaic reads nodata as the one COG has; the record alone commits the tile.
+        has_data = bool(counts.class_pixels[1:].any())
+        size, item = _put_cog(product, product_dir, tile, tiled, cog) if has_data else (0, {})
         record = TileRecord(
             name=tile.name,
             key=product.keys[tile.name],
             rect=tile.window,
-            windows=windows,
-            class_pixels=tuple(int(v) for v in class_pixels),
+            windows=counts.windows,
+            class_pixels=tuple(int(v) for v in counts.class_pixels),
             file_bytes=size,
-            item=item.to_dict(include_self_link=False, transform_hrefs=False),
+            item=item,
         )
         product_dir.commit(record)
     finally:
         for path in (tiled, cog):
             Path(path).unlink(missing_ok=True)
             Path(path + ".aux.xml").unlink(missing_ok=True)
-    logger.info("wrote tile %s (%d windows) to %s", tile.name, windows, product_dir.url)
+    if has_data:
+        logger.info("wrote tile %s (%d windows) to %s", tile.name, record.windows, product_dir.url)
+    else:
+        logger.info("tile %s has no pixel with data: no COG written", tile.name)
     return record
 
 
-def _predict_into(
-    product: Product, reader: RasterReader, tile: MapTile, tiled: str, key: str
-) -> tuple[int, npt.NDArray[np.int64]]:
-    """Predict `tile`'s blocks into the tiled GeoTIFF `tiled` of the tile's grid, as a
-    one-COG run predicts its blocks (reading, inference and writing overlap)."""
-    config, meta, plan = product.setup.config, product.meta, product.plan
-    windows = WindowRunner(
-        product.model,
-        meta,
-        product.layout,
-        batch_size=config.batch_size,
-        where=config.model,
-        device=product.device,
-        tta_ops=tta_ops(config.tta),
-    )
-    target = tile.grid(plan.grid)
-    cache = block_cache_bytes(config.block_px, target.width, 1, in_bands=meta.in_channels)
-    with (
-        rasterio.Env(GDAL_CACHEMAX=cache),
-        rasterio.open(tiled, "w", **class_profile(target)) as dst,
-    ):
-        describe_class_raster(dst, meta, sources=product.reads[tile.name])
-        dst.update_tags(**product.model.inference.tags())  # what ran: backend, precision
-        dst.update_tags(1, **{TAG_PRODUCT: key})  # known as the product's, record or not
-        predictor = BlockPredictor(
-            windows, meta.num_classes, device=product.device, probabilities=False
-        )
-        writer = BlockWriter(dst, None, meta.num_classes, target=tile.window)
-        memory = FreedMemory()
-
-        def predict(prepared: PreparedBlock) -> PredictedBlock:
-            predicted = predictor(prepared)  # a block row starts at the tile's left edge
-            if prepared.todo:
-                memory.release()
-            return predicted
-
-        run_pipeline(
-            block_schedule(product.layout, tile.window, config.block_px),
-            partial(prepare_block, plan, product.layout, reader),
-            predict,
-            writer,
-            threaded=config.pipeline,
-        )
-    return windows.windows_run, writer.class_pixels
-
-
-def _committed_count(product: Product, product_dir: ProductDir, tiles: Iterable[MapTile]) -> int:
-    """How many of `tiles` are committed with this run's keys now (one listing, then the
-    records of those listed)."""
-    listed = product_dir.names(RECORDS_DIR)
-    return sum(
-        1
-        for t in tiles
-        if f"{t.name}.json" in listed
-        and product_dir.committed(product_dir.read_record(t.name), product.keys[t.name])
-    )
-
-
-def _wait_for_tiles(product: Product, product_dir: ProductDir) -> list[TileRecord]:
-    """Rank 0: the committed record of every tile, in tile order, once all are there."""
-
-    def read(name: str) -> TileRecord | None:
-        record = product_dir.read_record(name)
-        return record if product_dir.committed(record, product.keys[name]) else None
-
-    def waiting(seconds: float, pending: list[str]) -> None:
-        logger.info("waiting %.0f s for %d tile(s) in %s", seconds, len(pending), product_dir.url)
-
-    found = wait_for_records(
-        product_dir,
-        {t.name: f"{t.name}.json" for t in product.tiles},
-        read,
-        schedule=PART_POLL,
-        under=RECORDS_DIR,
-        waiting=waiting,
-    )
-    return [found[t.name] for t in product.tiles]
+def _put_cog(
+    product: Product, product_dir: ProductDir, tile: MapTile, tiled: str, cog: str
+) -> tuple[int, dict[str, Any]]:
+    """Turn the tile's tiled GeoTIFF into its COG `cog` and put it in place (replacing a
+    file checked before); the COG's size and its STAC item (as JSON)."""
+    to_cog(tiled, cog, resampling="MODE")
+    item = cog_item(cog, sources=items_read(product.setup.stac_sources, product.reads[tile.name]))
+    item.id = tile.name
+    item.assets[ASSET_KEY].href = f"./{tile.name}.tif"
+    size = Path(cog).stat().st_size
+    files = FileExtension.ext(item.assets[ASSET_KEY], add_if_missing=True)
+    files.size = size
+    files.checksum = "1220" + _sha256(cog)  # multihash: sha2-256, 32 bytes
+    product_dir.put_file(cog, f"{tile.name}.tif")
+    return size, item.to_dict(include_self_link=False, transform_hrefs=False)
 
 
 def _sha256(path: str) -> str:

@@ -275,6 +275,7 @@ RERUN_VALUES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "max_pixels": lambda f: 10**7,
     "zero_is_nodata": lambda f: False,
     "pipeline": lambda f: False,
+    "tile_px": lambda f: 64,  # refused: a one COG's config has no tile size (see the test)
 }
 
 
@@ -293,6 +294,13 @@ def test_a_rerun_with_another_option_predicts_again_or_keeps_the_finished_part(
     option: a part of another value is never reused, one of the same pixels is kept."""
     assert name in RERUN_VALUES, f"say which other value of {name} a rerun is tested with"
     base = config_for(random_model, scene, tmp_path / "lc.tif", block_px=40)
+    if name == "tile_px":
+        # A tile size makes a tiled product, which has tiles, not parts (its tiles' keys hold
+        # the tile size): a one-COG job's rerun cannot be given one.
+        value = RERUN_VALUES[name]({"tmp_path": tmp_path})
+        with pytest.raises(PredictionError, match=f"--tile-size {value} needs --out to be a dir"):
+            dataclasses.replace(base, tile_px=value)
+        return
     if name == "precision" and not cpu_features().bf16:
         pytest.skip("this CPU has no native bf16: --precision bf16 is refused here")
     if name == "device" and not torch.cuda.is_available():

@@ -32,7 +32,12 @@ from landcover.prediction.outfiles import PROBABILITY_NODATA, to_cog
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_CLASS_NAMES, plan_output_grid
 from landcover.prediction.region import Region
 from landcover.prediction.runner import predict_region
-from landcover.prediction.setup import GDAL_CACHE_BYTES, block_cache_bytes, open_images
+from landcover.prediction.setup import (
+    GDAL_CACHE_BYTES,
+    FreedMemory,
+    block_cache_bytes,
+    open_images,
+)
 from tests.landcover.prediction.inputs import (
     CLASS_MAP,
     ORIGIN,
@@ -490,10 +495,10 @@ def test_blocks_run_under_a_gdal_cache_sized_to_them(
     # GDAL's cache is process-wide; the Env that sets it is the calling thread's, which runs
     # the model (and releases freed memory after each block) and then writes the COGs.
     seen: dict[str, list[object]] = {"blocks": [], "cogs": []}
-    release = runner.FreedMemory.release
+    release = FreedMemory.release
     write_cogs = runner.write_cogs
 
-    def recording_release(self: runner.FreedMemory) -> None:
+    def recording_release(self: FreedMemory) -> None:
         seen["blocks"].append(rasterio.env.getenv().get("GDAL_CACHEMAX"))
         release(self)
 
@@ -501,7 +506,7 @@ def test_blocks_run_under_a_gdal_cache_sized_to_them(
         seen["cogs"].append(rasterio.env.getenv().get("GDAL_CACHEMAX"))
         write_cogs(*args)
 
-    monkeypatch.setattr(runner.FreedMemory, "release", recording_release)
+    monkeypatch.setattr(FreedMemory, "release", recording_release)
     monkeypatch.setattr(runner, "write_cogs", recording_write_cogs)
     image = write_image(tmp_path / "in.tif", pixels(130, 170, seed=3))
     predict_region(

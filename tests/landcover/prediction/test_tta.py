@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from landcover import cli
 from landcover.errors import PredictionError
 from landcover.models.registry import build_model
-from landcover.prediction import runner
+from landcover.prediction import prepared
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.runner import predict_region
 from landcover.prediction.tta import average_over_symmetries, tta_ops
@@ -90,14 +90,14 @@ def test_tta_costs_one_model_pass_per_symmetry(
     """d4 runs every window through the model 8 times, flips 4 times; the runtime is the same
     model's (the measured time ratio is in benchmarks/bench_tta.py)."""
     counters: list[_CountingModel] = []
-    load = runner.load_window_model
+    load = prepared.load_window_model
 
     def counting_load(*args: Any, **kwargs: Any) -> Any:
         model, meta = load(*args, **kwargs)
         counters.append(_CountingModel(model))
         return counters[-1], meta
 
-    monkeypatch.setattr(runner, "load_window_model", counting_load)
+    monkeypatch.setattr(prepared, "load_window_model", counting_load)
     results = {}
     for mode in ("none", "flips", "d4"):
         out = tmp_path / f"{mode}.tif"

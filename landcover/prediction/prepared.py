@@ -1,0 +1,137 @@
+"""A prediction made ready to run: the one setup of the one-COG runner, its ranks and the
+tiles of a tiled product.
+
+`prepare_prediction(config, device, ...)` loads the model, checks it against the images,
+plans the output grid and lays the model's windows over it, then settles what runs the model
+(`auto` decided from the whole grid, alike in every rank, tile and task). It returns a frozen
+`PreparedPrediction`, the one value that the window-into-file loop
+(`landcover.prediction.intofile`) and the keys of parts and tiles
+(`landcover.prediction.distributed.pixel_settings`) read.
+
+Where later steps plug in (each once, here, so that every rank, tile and task of a job sees
+the same result and the maps stay identical whichever of them runs a pixel):
+- a chosen window size (`--window auto`): the `WindowLayout` is made in `_window_layout`
+  and nowhere else;
+- test-time adaptation (statistics computed once from the images, then a changed model):
+  `prepare_prediction` marks the line, after the grid and the layout are planned (the
+  statistics can read the plan's images) and before `for_prediction` (so `auto` chooses
+  the backend for the adapted model, and `with_inference` records what ran).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from landcover.devices import torch_device
+from landcover.errors import PredictionError, RegionError
+from landcover.models.modelfile import ModelMeta
+from landcover.prediction.blend import WindowLayout
+from landcover.prediction.blocks import region_has_pixels
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.outgrid import GridPlan, OutputGrid, plan_output_grid
+from landcover.prediction.region import parse_crs
+from landcover.prediction.runtime import (
+    BackendModel,
+    for_prediction,
+    load_window_model,
+    with_inference,
+)
+from landcover.prediction.setup import (
+    FreedMemory,
+    check_model,
+    check_sources_fit,
+    open_images,
+    window_overlap,
+)
+from landcover.prediction.tta import tta_ops
+from tiling.sources import RasterInfo
+
+__all__ = ["PreparedPrediction", "prediction_device", "prepare_prediction"]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPrediction:
+    """Everything the window-into-file loop needs, made once per process and run.
+
+    `config.backend` and `config.precision` are what runs `model` (`auto` resolved), so
+    a part's or tile's key records what ran. `sources` are every image given; `plan.sources`
+    those the grid reads."""
+
+    config: PredictConfig
+    model: BackendModel
+    meta: ModelMeta
+    device: torch.device
+    sources: tuple[RasterInfo, ...]
+    plan: GridPlan
+    layout: WindowLayout
+
+    @property
+    def grid(self) -> OutputGrid:
+        """The output grid."""
+        return self.plan.grid
+
+
+def prediction_device(config: PredictConfig) -> torch.device:
+    """The device of `config`, after the checks that read no file (the TTA mode, the
+    device); readies malloc for the model (`FreedMemory.reuse`, before the model loads).
+    The one-COG runner calls it before it takes the output's lock, so that a bad option
+    fails first."""
+    tta_ops(config.tta)  # refuse a bad mode before the model loads
+    device = torch_device(config.device, error=PredictionError)
+    FreedMemory().reuse()
+    return device
+
+
+def prepare_prediction(
+    config: PredictConfig, device: torch.device, *, max_pixels: int | None, quiet: bool
+) -> PreparedPrediction:
+    """Load and check the model, open and check the images, plan the output grid and its
+    windows, and settle what runs the model (see the module docstring for where later steps
+    plug in). `max_pixels`: the largest grid accepted (`config.max_pixels` for one COG; a
+    tiled product checks its tiles instead). `quiet`: leave the grid's warnings to another
+    process of the job (rank 0 speaks for it).
+
+    Raises `PredictionError` for a model or images that cannot make a map, `RegionError`
+    for a region without a pixel of the images."""
+    model, meta = load_window_model(
+        config.model,
+        backend=config.backend,
+        precision=config.precision,
+        device=device,
+        storage_options=config.storage_options,
+    )
+    check_model(config.model, meta)
+    overlap = window_overlap(config.overlap_px, meta.chip_size)
+    sources = open_images(
+        config.images, storage_options=config.storage_options, zero_is_nodata=config.zero_is_nodata
+    )
+    check_sources_fit(sources, meta, config.model)
+    plan = plan_output_grid(
+        sources,
+        config.region,
+        resolution_m=meta.resolution_m,
+        crs=None if config.dst_crs is None else parse_crs(config.dst_crs, what="--dst-crs"),
+        resolution=config.resolution,
+        max_pixels=max_pixels,
+        quiet=quiet,
+    )
+    layout = _window_layout(plan.grid, meta, overlap)
+    if plan.region is not None and not region_has_pixels(plan, config.block_px):
+        raise RegionError(
+            f"region covers no pixel centre of the images at {plan.grid.resolution:g} "
+            "units/px after masking; give a larger region or a finer --resolution"
+        )
+    # Test-time adaptation plugs in here: model = adapted(model, meta, plan, layout, config).
+    # `auto` is decided from the whole grid, alike on every rank, tile and task.
+    model = for_prediction(model, layout.num_windows * layout.size**2)
+    return PreparedPrediction(
+        with_inference(config, model), model, meta, device, tuple(sources), plan, layout
+    )
+
+
+def _window_layout(grid: OutputGrid, meta: ModelMeta, overlap: int) -> WindowLayout:
+    """The model's windows over `grid`: the model's chip, `overlap` px apart from their
+    neighbours. The one place a chosen window size would enter."""
+    return WindowLayout.over(grid.height, grid.width, size=meta.chip_size, overlap=overlap)
