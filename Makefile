@@ -11,8 +11,10 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements.lock
 LATEST_VENV := .venv-latest
 # two test processes (pytest-xdist), one test file each at a time so a file's module fixtures
-# are built once; PYTEST_WORKERS=0 runs the suite in this process
+# are built once, handed out in the order tests/conftest.py gives them (the files with slow
+# tests first, so that no long file starts last); PYTEST_WORKERS=0 runs the suite in this process
 PYTEST_WORKERS ?= 2
+XDIST := --dist loadfile --no-loadscope-reorder
 PYTEST_ARGS ?= -q
 AZURITE := .tools/node_modules/.bin/azurite
 DEMO_OUT ?= demo-output
@@ -36,12 +38,12 @@ demo: $(STAMP)
 
 # everything (what CI runs), the 25 slowest tests listed at the end
 test: $(STAMP) $(AZURITE)
-	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(PY) -m pytest -n $(PYTEST_WORKERS) $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # the quick loop while changing code: no test marked slow, none that needs a service (Azurite,
 # Chromium, SLURM, network namespaces, a Dask cluster: tests/conftest.py marks those), no notebook
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not service" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(XDIST) -m "not slow and not service" $(PYTEST_ARGS)
 
 # The newest versions pyproject allows (as far as this machine's own pip settings let them),
 # in a venv of their own; the lock moves to them only if the whole suite passes.
@@ -50,7 +52,7 @@ test-latest: $(AZURITE)
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
-	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(LATEST_VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	LANDCOVER_AZURITE=$(CURDIR)/$(AZURITE) $(LATEST_VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) $(XDIST) $(PYTEST_ARGS)
 	{ sed -n '/^#/p' $(LOCK); $(LATEST_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	@echo "requirements.lock now pins the versions above; run make test to install them in $(VENV)"

@@ -6,14 +6,19 @@ the reason on one line), and headless Chromium (`chromium`, tests/browser.py).
 
 Every test that needs a service (Azurite, Chromium, SLURM daemons, network namespaces, a Dask
 cluster) is marked `service` here, from the fixtures it asks for, so `make test-fast`
-(`-m "not slow and not service"`) leaves it out without a list kept by hand."""
+(`-m "not slow and not service"`) leaves it out without a list kept by hand.
+
+Under pytest-xdist each worker's torch gets its share of the cores, and the files that hold
+slow tests come first, so that `make test` never starts a long file last."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from cluster.local.netns import network_unavailable_reason
 from tests.azurite import azurite  # noqa: F401  (the session fixture, registered once, here)
@@ -21,6 +26,7 @@ from tests.browser import chromium  # noqa: F401  (the session fixture, register
 from tests.landcover.cli.readers import Scene, write_scene
 from tests.support.paths import REAL_NAIP_DIR, REPO_ROOT  # noqa: F401  (tests import them from here)
 from tests.support.slurm_testbed import SlurmTestbed, slurm_testbed_unavailable_reason
+from tiling.shared.machine import cores_per_rank
 
 HEADER_PACKAGES = ("torch", "torchvision", "numpy", "rasterio", "zarr")
 # Fixtures that start or need a service: a test asking for one (directly or through another
@@ -49,6 +55,63 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line("versions: " + ", ".join(found))
+
+
+def xdist_worker_threads() -> int | None:
+    """This pytest-xdist worker's share of the cores (None outside xdist): the workers run side
+    by side, and torch's OpenMP threads, one per core in every process by default, spin
+    against each other's when both workers compute."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    return None if workers is None else cores_per_rank(int(workers))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Processes a worker's tests start (the CLI, notebook kernels) inherit its share of the
+    cores; the engines and the trainer still set their ranks' threads themselves."""
+    threads = xdist_worker_threads()
+    if threads is not None:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    config.pluginmanager.register(HeaviestFilesFirst(), "heaviest-files-first")
+
+
+# Rough cost of a test by its marks, to order the files (not a measurement of any test)
+SLOW_WEIGHT, SERVICE_WEIGHT, OTHER_WEIGHT = 10.0, 3.0, 0.2
+
+
+def file_weight(items: list[pytest.Item]) -> float:
+    return sum(
+        SLOW_WEIGHT
+        if item.get_closest_marker("slow")
+        else SERVICE_WEIGHT
+        if item.get_closest_marker("service")
+        else OTHER_WEIGHT
+        for item in items
+    )
+
+
+class HeaviestFilesFirst:
+    """Runs the files that hold slow or service tests first, each file's tests kept together
+    and in their order. `make test` hands files to its two workers in this order
+    (`--dist loadfile --no-loadscope-reorder`): a long file handed out last would keep one
+    worker busy while the other has nothing left, and xdist's own order (most tests first)
+    puts the long files, which hold few tests, last."""
+
+    @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        files: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        ordered = sorted(files.values(), key=file_weight, reverse=True)  # stable: ties keep order
+        items[:] = [item for file_items in ordered for item in file_items]
+
+
+@pytest.fixture(autouse=True)
+def share_of_the_cores() -> None:
+    """Each test starts with this worker's share of torch's threads: a test that trains in this
+    process (the trainer takes every core of a one-rank run) leaves no more to the next."""
+    threads = xdist_worker_threads()
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
