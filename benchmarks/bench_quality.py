@@ -275,15 +275,20 @@ def held_out_scenes(
     index: int,
     unshifted: str,
     shifted: str,
+    per_view: bool,
 ) -> list[Scene]:
     """The held-out pairs as one unshifted scene (view `unshifted`) and one scene per view of
-    `shifts_of(index)` (its view, pooled into `shifted`)."""
+    `shifts_of(index)`, pooled into `shifted`; with `per_view`, each shifted scene also counts
+    in its view's own column (the tile's gain, gamma, offsets and season columns)."""
     scenes = []
     for shift in (None, *shifts_of(index)):
         name = "unshifted" if shift is None else shift.name
         image, labels = write_scene(pairs, shift, out_dir, name)
-        view = unshifted if shift is None else shift.view
-        scenes.append(Scene(name, view, unshifted if shift is None else shifted, image, labels))
+        if shift is None:
+            scenes.append(Scene(name, unshifted, unshifted, image, labels))
+        else:
+            view = shift.view if per_view else shifted
+            scenes.append(Scene(name, view, shifted, image, labels))
     return scenes
 
 
@@ -330,7 +335,12 @@ def prepare_datasets(patches: Sequence[Patch], protocol: Protocol, work: Path) -
         )
         held = [(patches[i].image, patches[i].labels) for i in held_ids]
         scenes = held_out_scenes(
-            held, folder / "scenes", index=fold, unshifted=WITHIN, shifted=TILE_SHIFTED
+            held,
+            folder / "scenes",
+            index=fold,
+            unshifted=WITHIN,
+            shifted=TILE_SHIFTED,
+            per_view=True,
         )
         datasets.append(Dataset(f"tile fold {fold}", store, scenes))
     worlds = work / "data" / "worlds"
@@ -354,7 +364,12 @@ def prepare_datasets(patches: Sequence[Patch], protocol: Protocol, work: Path) -
     images = sorted((worlds / "B" / "naip").glob("*.tif"))
     held = [(i, worlds / "B" / "labels" / f"{i.stem}_lc.tif") for i in images]
     scenes = held_out_scenes(
-        held, worlds / "B-scenes", index=0, unshifted=WORLD, shifted=WORLD_SHIFTED
+        held,
+        worlds / "B-scenes",
+        index=0,
+        unshifted=WORLD,
+        shifted=WORLD_SHIFTED,
+        per_view=False,
     )
     datasets.append(Dataset("world A -> B", store, scenes))
     return datasets
@@ -401,21 +416,21 @@ def train_cpu_s(run_dir: Path) -> float:
     return sum(float(json.loads(line)["epoch_cpu_s"]) for line in lines)
 
 
-def predict_confusion(model: Path, scene: Scene, predict_args: Sequence[str], out: Path) -> Any:
+def predict_confusion(
+    model: Path, scene: Scene, predict_args: Sequence[str], out: Path, reuse: bool = False
+) -> Any:
     """`landcover predict` of `scene` with `predict_args`, scored against its labels: the
-    confusion counts (truth rows x predicted columns)."""
-    cli(
-        [
-            "predict",
-            str(model),
-            str(scene.image),
-            "--out",
-            str(out),
-            "--overwrite",
-            "--no-quicklook",
-            *predict_args,
-        ]
-    )
+    confusion counts (truth rows x predicted columns). With `reuse`, a map that this model
+    predicted with the same argv before (a stamp beside it, written after the map) is scored
+    again instead of predicted again."""
+    argv = ["predict", str(model), str(scene.image), "--out", str(out), "--overwrite",
+            "--no-quicklook", *predict_args]  # fmt: skip
+    stamp = out.with_name(out.name + ".argv.json")
+    fresh = stamp.is_file() and stamp.stat().st_mtime >= model.stat().st_mtime
+    if not (reuse and fresh and out.is_file() and json.loads(stamp.read_text()) == argv):
+        stamp.unlink(missing_ok=True)
+        cli(argv)
+        stamp.write_text(json.dumps(argv))
     result = evaluate_prediction(EvaluateConfig(str(out), (str(scene.labels),)))
     return result.confusion
 
@@ -612,7 +627,7 @@ def run_job(
             start = time.perf_counter()
             for scene in data.scenes:
                 out = run_dir / "maps" / f"{c.name}-{scene.name}.tif"
-                confusion = predict_confusion(trained.model, scene, c.predict_args, out)
+                confusion = predict_confusion(trained.model, scene, c.predict_args, out, reuse)
                 found[c.name].append((scene, confusion))
             predict_s[c.name] += time.perf_counter() - start
     result = JobResult(job.seed, {}, {}, predict_s, cpu_s)

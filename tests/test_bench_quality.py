@@ -9,18 +9,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio
+from affine import Affine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import shifts  # type: ignore[import-not-found]
 from bench_quality import (  # type: ignore[import-not-found]
     CANDIDATES,
+    GAP_PX,
     REFERENCE,
     TILE_SHIFTED,
     WITHIN,
+    WORLD,
+    WORLD_SHIFTED,
     Candidate,
     Scene,
     decide,
     fold_split,
+    held_out_scenes,
     pooled_columns,
     verdict,
     with_predict_variants,
@@ -122,6 +128,35 @@ def test_a_scene_counts_in_its_view_and_in_its_group() -> None:
     pooled = pooled_columns([(plain, one), (darker, 2 * one)])
     assert pooled[WITHIN].sum() == 4 and pooled["gain"].sum() == 8
     assert pooled[TILE_SHIFTED].sum() == 8 and pooled["gamma"].sum() == 0
+
+
+def test_the_other_worlds_shifted_scenes_stay_out_of_the_tiles_columns(tmp_path: Path) -> None:
+    """The gain, gamma, offsets and season columns are the tile's held-out patches only: world
+    B's shifted scenes count in 'world B, shifted' alone (they were pooled into both)."""
+    pairs = []
+    for i in range(2):
+        image, labels = tmp_path / f"p{i}_naip.tif", tmp_path / f"p{i}_lc.tif"
+        grid = {"crs": "EPSG:26917", "transform": Affine(1, 0, 500_000 + 20 * i, 0, -1, 0)}
+        profile = {"driver": "GTiff", "width": 8, "height": 6, "dtype": "uint8", **grid}
+        with rasterio.open(image, "w", count=4, **profile) as dst:
+            dst.write(scene(i)[:, :6, 10:18])
+        with rasterio.open(labels, "w", count=1, nodata=15, **profile) as dst:
+            dst.write(np.full((1, 6, 8), 2, np.uint8))
+        pairs.append((image, labels))
+    world = held_out_scenes(
+        pairs, tmp_path / "w", index=0, unshifted=WORLD, shifted=WORLD_SHIFTED, per_view=False
+    )
+    tile = held_out_scenes(
+        pairs, tmp_path / "t", index=1, unshifted=WITHIN, shifted=TILE_SHIFTED, per_view=True
+    )
+    one = np.eye(4, dtype=np.int64)
+    pooled = pooled_columns([(s, one) for s in [*world, *tile]])
+    for view in shifts.VIEWS:
+        assert pooled[view].sum() == 4  # the tile's one scene of that view
+    assert pooled[WORLD_SHIFTED].sum() == pooled[TILE_SHIFTED].sum() == 4 * len(shifts.VIEWS)
+    assert [s.name for s in tile][1:] == ["gain-1.15", "gamma-1.25", "dehaze", "leaf-off"]
+    with rasterio.open(world[0].image) as laid:
+        assert laid.width == 8 + GAP_PX + 8 and laid.height == 6
 
 
 def test_a_default_changes_only_for_a_candidate_better_on_every_seed_in_every_view() -> None:
