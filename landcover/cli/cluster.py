@@ -3,11 +3,11 @@
 The training arguments come after `--`, as `landcover train` takes them:
 `landcover cluster launch cluster.json -- train chips.zarr --out runs/a --epochs 3`.
 
-They are parsed here by the worker's own options (`TrainConfig.from_argv`; the cluster package
-knows nothing of landcover's options), so a bad one is refused before anything is planned or
-started, and the job is built from the configuration (`landcover.training.launch`), the storage
-options going to the workers' environment. On the local engine the parent also checks the store
-and the run dir once (`landcover.training.preflight`) before starting any worker.
+They are parsed here by `landcover train`'s own click options (`train_config`; the cluster
+package knows nothing of landcover's options), so a bad one is refused before anything is
+planned or started, and the job is built from the configuration (`landcover.training.launch`),
+the storage options going to the workers' environment. On the local engine the parent also
+checks the store and the run dir once (`landcover.training.preflight`) before starting any worker.
 
 `-- tile ARGS` and `-- predict ARGS` are parsed by those commands' own parsers and built into
 their stage here (`landcover.cli.tiling.tile_stage`, `landcover.cli.predict.predict_stage`:
@@ -54,7 +54,7 @@ from landcover.scaling.sweep import (
 )
 from landcover.stageconfig import Stage, TileStage
 from landcover.stagerun import Ranks, Tasks, rank_job, run_ranks, run_stage
-from landcover.training.config import TrainConfig, split_argv
+from landcover.training.config import TrainConfig, parse_training
 from landcover.training.launch import WORKER_MODULE, check_run_dir, overwrite_once, training_job
 
 _PASS_THROUGH = {"ignore_unknown_options": True}
@@ -73,38 +73,6 @@ _train_args_argument = click.argument("train_args", nargs=-1, type=click.UNPROCE
 def _quiet(ctx: click.Context) -> bool:
     obj = ctx.find_root().obj
     return bool(obj.get("quiet")) if isinstance(obj, dict) else False
-
-
-def train_argv(args: Sequence[str], *, default_store: str | None = None) -> list[str]:
-    """`train STORE --out RUN_DIR [options]` (what follows `--` on the command line) as the
-    worker's argv. The leading word `train` is optional; STORE may be left out when
-    cluster.json gives `data.url`. `--nproc` is refused: on a cluster the spec decides the
-    processes. --out is checked here, to say what it is for."""
-    tokens = list(args)
-    if tokens and tokens[0] == "train":
-        tokens.pop(0)
-    if not tokens or tokens[0].startswith("-"):
-        if not default_store:
-            raise TrainingError(
-                "no chip store: give it after `train` (`-- train STORE --out RUN_DIR ...`) "
-                'or set "data": {"url": ...} in cluster.json'
-            )
-        tokens.insert(0, default_store)
-    outs = [i for i, t in enumerate(tokens) if t == "--out" or t.startswith("--out=")]
-    if len(outs) > 1:
-        raise TrainingError("--out is given twice in the training arguments; keep one")
-    if not outs or tokens[outs[0]] == "--out=":
-        raise TrainingError(
-            "the training arguments need --out RUN_DIR (where the run directory goes)"
-        )
-    if tokens[outs[0]] == "--out" and outs[0] + 1 >= len(tokens):
-        raise TrainingError("--out needs a value: `--out RUN_DIR`")
-    if any(t == "--nproc" or t.startswith("--nproc=") for t in tokens):
-        raise TrainingError(
-            "--nproc is for `landcover train` on one machine; on a cluster set "
-            "processesPerNode (and targetNodeCount) in cluster.json instead"
-        )
-    return tokens
 
 
 STAGES = ("tile", "predict")
@@ -174,13 +142,52 @@ def describe_stage_tasks(spec: ClusterSpec, stage: Stage) -> str:
 def cluster_training(
     train_args: Sequence[str], spec: ClusterSpec, entry_module: str
 ) -> tuple[Job, TrainConfig]:
-    """The job for the arguments after `--`, and their configuration, refused as a worker
-    would refuse them (a stand-in entry module also gets the arguments it alone takes)."""
-    argv = train_argv(train_args, default_store=spec.data.url)
-    config, stand_in_args = split_argv(argv, strict=entry_module == WORKER_MODULE)
+    """The job for the arguments after `--`, and their configuration (`train_config`)."""
+    config, stand_in_args = train_config(
+        train_args, default_store=spec.data.url, strict=entry_module == WORKER_MODULE
+    )
     check_run_dir(spec, config)
     job = training_job(spec, config, entry_module=entry_module, extra_args=stand_in_args)
     return job, config
+
+
+def train_config(
+    train_args: Sequence[str], *, default_store: str | None = None, strict: bool = True
+) -> tuple[TrainConfig, tuple[str, ...]]:
+    """`[train] STORE --out RUN_DIR [options]` (what follows `--`) parsed by `landcover
+    train`'s own click options into its configuration, refused as `landcover train` refuses
+    them, before anything is planned. STORE may be left out when cluster.json gives
+    `data.url` (`default_store`). `--nproc` is refused: on a cluster the spec decides the
+    processes. Not `strict`: the arguments a stand-in entry module takes besides the
+    training options, returned second (give STORE then: an unknown option's value could
+    otherwise be taken for it)."""
+    from landcover.cli.train import train_command
+
+    args = list(train_args)
+    if args[:1] == ["train"]:
+        del args[0]
+    defaults = {"store_url": default_store} if default_store else {}
+    no_store = (
+        "no chip store: give it after `train` (`-- train STORE --out RUN_DIR ...`) "
+        'or set "data": {"url": ...} in cluster.json'
+    )
+    parsed = parse_training(
+        args,
+        command=train_command,
+        defaults=defaults,
+        strict=strict,
+        prog="train",
+        if_missing={"store_url": no_store},
+    )
+
+    def nproc_refused(flag: str) -> Exception:
+        return TrainingError(
+            f"{flag} is for `landcover train` on one machine; on a cluster set "
+            "processesPerNode (and targetNodeCount) in cluster.json instead"
+        )
+
+    parsed.refuse_given(["nproc"], nproc_refused)
+    return parsed.config, parsed.extra_args
 
 
 @click.group("cluster")

@@ -32,14 +32,13 @@ from landcover.errors import TrainingError
 from landcover.options import check_output_url
 from landcover.outputlock import exclusive_outputs
 from landcover.outputs import local_output
-from landcover.training.config import config_from_params, train_options
+from landcover.training.config import config_from_params, nproc_option, train_options
 from landcover.training.launch import training_job
 
 
 @click.command("train")
 @train_options
-@click.option("--nproc", type=int, default=1, show_default=True,
-              help="Local worker processes (torchrun); 1 trains in this process.")  # fmt: skip
+@nproc_option
 @click.pass_context
 def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     """Train a segmentation model on chip store STORE, writing RUN_DIR (--out)."""

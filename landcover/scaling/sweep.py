@@ -66,7 +66,7 @@ from landcover.scaling.sweepreuse import (
     remove_recorded_runs,
     same_resources,
 )
-from landcover.training.config import TrainConfig, split_argv
+from landcover.training.config import TrainConfig, parse_training, train_parser
 from landcover.training.launch import WORKER_MODULE, training_job, worker_config
 from landcover.training.progress import progress_message
 from landcover.training.records import steady_epoch_time_s, steady_samples_per_s
@@ -80,7 +80,6 @@ __all__ = [
     "SweepConfig",
     "SweepResult",
     "SweepRun",
-    "check_extra_args",
     "format_sweep_table",
     "parse_worker_counts",
     "run_sweep",
@@ -92,7 +91,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RUN_PREFIX = "workers-"
-_RESERVED_ARGS = ("--out", "--epochs", "--nproc")
+_SET_BY_SWEEP = ("out_dir", "epochs", "nproc")  # its run dirs, its epochs, its workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,16 +166,6 @@ def spec_for_workers(base: ClusterSpec | None, workers: int) -> ClusterSpec:
     if base.elastic is not None:  # each point is measured at a fixed size; restarts stay
         elastic = ElasticSpec(nodes, nodes, base.elastic.max_restarts)
     return replace(base, node_count=nodes, processes_per_node=per_node, elastic=elastic)
-
-
-def check_extra_args(args: tuple[str, ...]) -> None:
-    for arg in args:
-        for reserved in _RESERVED_ARGS:
-            if arg == reserved or arg.startswith(reserved + "="):
-                raise ClusterError(
-                    f"{reserved} is set by the sweep (--out DIR, --epochs, --workers); "
-                    "remove it from the training arguments"
-                )
 
 
 def run_sweep(
@@ -271,18 +260,29 @@ def _record(config: SweepConfig, redactor: Redactor) -> SweepRecord:
 
 def sweep_training(config: SweepConfig) -> tuple[TrainConfig, tuple[str, ...]]:
     """The training configuration of every run (its run dir aside: the first run's), parsed
-    from the sweep's store, epochs and `extra_args` by the worker's own options, and the
-    arguments of a stand-in entry module that the worker does not take."""
-    check_extra_args(config.extra_args)
+    from the sweep's store, epochs and `extra_args` by `landcover train`'s click options (the
+    options the sweep sets refused by parameter), and the arguments of a stand-in entry module
+    that the worker does not take."""
     given = {
         "out_dir": str(Path(config.out_dir) / f"{RUN_PREFIX}{config.workers[0]}"),
         "epochs": config.epochs,
     }
-    strict = config.entry_module == WORKER_MODULE
-    # STORE first, as the worker takes it: a stand-in's own option values stay its own
-    training, stand_in_args = split_argv(
-        [config.store, *config.extra_args], strict=strict, given=given
+    # STORE first, as `landcover train` takes it: a stand-in's own option values stay its own
+    parsed = parse_training(
+        [config.store, *config.extra_args],
+        command=train_parser,
+        defaults=given,
+        strict=config.entry_module == WORKER_MODULE,
     )
+
+    def set_by_sweep(flag: str) -> Exception:
+        return ClusterError(
+            f"{flag} is set by the sweep (--out DIR, --epochs, --workers); "
+            "remove it from the training arguments"
+        )
+
+    parsed.refuse_given(_SET_BY_SWEEP, set_by_sweep)
+    training, stand_in_args = parsed.config, parsed.extra_args
     if training.threads is None:
         training = replace(training, threads=sweep_threads(config.cluster, config.workers))
     return training, stand_in_args

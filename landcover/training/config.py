@@ -4,9 +4,11 @@ definition of those options.
 Each field declares its command-line flag and help (`tiling.shared.flags.option`); its type
 gives the kind of value and, for a `Literal`, the choices. From that one table come the click
 options of `landcover train` and of the worker (`train_options`), the checks
-(`TrainConfig.__post_init__`), the argv that gives a worker this configuration (`to_argv`) and
-the parse of such an argv (`from_argv`, with the worker's own options, so that a launcher
-refuses what every worker would). `--compression` is parsed once, here, into a
+(`TrainConfig.__post_init__`), the argv that gives a worker this configuration (`to_argv`, a
+typed serialisation: field by field through the table, never a scan of tokens) and the parse
+of training arguments by click (`parse_training`: the worker's options, or `landcover
+train`'s for what a user gives a launcher, which then refuses by parameter, not by token,
+the options it sets itself). `--compression` is parsed once, here, into a
 `CompressionSpec` that travels typed to the comm hook.
 
 The storage options never go into an argv: a launcher gives them to its workers through their
@@ -259,8 +261,7 @@ class TrainConfig:
     def from_argv(cls, argv: Sequence[str]) -> TrainConfig:
         """The configuration `python -m landcover.training ARGV` would train with; a bad
         argument is one TrainingError line."""
-        config, _ = split_argv(argv, strict=True)
-        return config
+        return parse_training(argv).config
 
 
 OPTIONS: tuple[OptionSpec, ...] = option_specs(TrainConfig)
@@ -272,34 +273,92 @@ def train_options(f: F) -> F:
     return click_options(OPTIONS)(f)
 
 
+nproc_option = click.option(
+    "--nproc",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Local worker processes (torchrun); 1 trains in this process.",
+)
+"""`landcover train`'s own option beside the training options; a launcher's parse of training
+arguments (`train_parser`) knows it too, to refuse it by name."""
+
+
 @click.command("worker", add_help_option=False)
 @train_options
 def _parser(**params: Any) -> None:
     """Parses a worker's argv (never run)."""
 
 
-def config_from_params(params: Mapping[str, Any]) -> TrainConfig:
-    """The TrainConfig of parsed click parameters (other parameters, such as -v, ignored)."""
-    return TrainConfig(**{o.name: params[o.name] for o in OPTIONS if o.name in params})
+@click.command("train", add_help_option=False)
+@train_options
+@nproc_option
+def train_parser(**params: Any) -> None:
+    """Parses training arguments as `landcover train` takes them (never run): what a sweep
+    or a search is given after `--`."""
 
 
-def split_argv(
-    argv: Sequence[str], *, strict: bool, given: Mapping[str, Any] | None = None
-) -> tuple[TrainConfig, tuple[str, ...]]:
-    """The configuration of a worker's argv, and the arguments it does not know: none when
-    `strict` (they are refused); a stand-in entry module's own ones otherwise. `given` holds
-    field values for what argv leaves out (a sweep's run dir and epochs)."""
+@dataclass(frozen=True, slots=True)
+class ParsedTraining:
+    """Training arguments parsed by a command's click options."""
+
+    config: TrainConfig
+    given: frozenset[str]  # the parameters the arguments set (not a default, not `defaults`)
+    extra_args: tuple[str, ...]  # a stand-in entry module's own arguments (none when strict)
+
+    def refuse_given(self, names: Sequence[str], error: Callable[[str], Exception]) -> None:
+        """Raise `error(flag)` for the first of the parameters `names` that the arguments
+        set, `flag` being its option (`--out`, `--nproc`)."""
+        for name in names:
+            if name in self.given:
+                raise error(flag_of(name))
+
+
+def flag_of(name: str) -> str:
+    """The option of parameter `name` (a TrainConfig field, or `nproc`)."""
+    flags = {o.name: o.flag.name for o in OPTIONS}
+    return flags.get(name, "--" + name.replace("_", "-"))
+
+
+def parse_training(
+    args: Sequence[str],
+    *,
+    command: click.Command = _parser,
+    defaults: Mapping[str, Any] | None = None,
+    strict: bool = True,
+    prog: str = WORKER_PROG,
+    if_missing: Mapping[str, str] | None = None,
+) -> ParsedTraining:
+    """`args` parsed by `command`'s click options (the worker's by default; `landcover
+    train`'s, or `train_parser`, for what a user gives a launcher) into the configuration,
+    which parameters they set, and the arguments `command` does not know: refused when
+    `strict`, a stand-in entry module's own otherwise. `defaults` holds values for what
+    `args` leaves out (a sweep's run dir and epochs, cluster.json's store). A bad argument is
+    one TrainingError line; `if_missing` holds the line for a missing parameter by name.
+    """
     try:
-        ctx = _parser.make_context(
-            WORKER_PROG,
-            list(argv),
-            default_map=dict(given or {}),
+        ctx = command.make_context(
+            prog,
+            list(args),
+            default_map=dict(defaults or {}),
             ignore_unknown_options=not strict,
             allow_extra_args=not strict,
         )
+    except click.MissingParameter as exc:
+        name = exc.param.name if exc.param is not None else None
+        if name is not None and name in (if_missing or {}):
+            raise TrainingError((if_missing or {})[name]) from None
+        raise TrainingError(f"training arguments: {exc.format_message()}") from None
     except click.UsageError as exc:
         raise TrainingError(f"training arguments: {exc.format_message()}") from None
-    return config_from_params(ctx.params), tuple(ctx.args)
+    source = click.core.ParameterSource.COMMANDLINE
+    given = frozenset(n for n in ctx.params if ctx.get_parameter_source(n) is source)
+    return ParsedTraining(config_from_params(ctx.params), given, tuple(ctx.args))
+
+
+def config_from_params(params: Mapping[str, Any]) -> TrainConfig:
+    """The TrainConfig of parsed click parameters (other parameters, such as -v, ignored)."""
+    return TrainConfig(**{o.name: params[o.name] for o in OPTIONS if o.name in params})
 
 
 def parse_tracking(value: str) -> tuple[str, ...] | None:

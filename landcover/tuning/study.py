@@ -39,7 +39,7 @@ from cluster.redact import Redactor
 from cluster.spec import ClusterSpec
 from landcover.errors import TuneError
 from landcover.scaling.metricsfile import read_finished_epochs
-from landcover.training.config import OPTIONS, TrainConfig, split_argv
+from landcover.training.config import TrainConfig, parse_training, train_parser
 from landcover.training.launch import WORKER_MODULE, training_job
 from landcover.training.rundir import METRICS_FILE
 from landcover.tuning.precheck import check_trial_values
@@ -73,7 +73,8 @@ logger = logging.getLogger(__name__)
 
 _FINISHED = ("COMPLETE", "PRUNED")
 # set by the search, never by the training arguments after `--`
-_RESERVED_FLAGS = ("--out", "--epochs", "--seed", "--resume", "--overwrite", "--nproc")
+# the parameters a search sets itself: its trials' run dirs, epochs, seed, one worker each
+_SET_BY_TUNE = ("out_dir", "epochs", "seed", "resume", "overwrite", "nproc")
 # A rerun into OUT resumes its study. It may change the trial budget (and moves or overwrites
 # OUT); every other TuneConfig field (the training options of `extra_args` one by one) must
 # match the study's settings (`_settings`), or the rerun is refused naming both values.
@@ -127,31 +128,35 @@ def require_optuna() -> Any:
 
 def tune_training(config: TuneConfig) -> tuple[TrainConfig, tuple[str, ...]]:
     """The training configuration every trial starts from (parsed from the store, epochs, seed
-    and `extra_args` by the worker's own options; its run dir is trial 0's), checked against
-    every value of the space, and a stand-in entry module's own arguments."""
+    and `extra_args` by `landcover train`'s click options, the ones the search sets refused
+    by parameter; its run dir is trial 0's), checked against every value of the space, and a
+    stand-in entry module's own arguments."""
     if config.trials < 1:
         raise TuneError(f"--trials {config.trials} must be >= 1")
-    flags = {o.flag.name for o in OPTIONS if o.name in config.space.names}
-    flags |= {str(o.flag.off) for o in OPTIONS if o.name in config.space.names and o.flag.off}
-    flags |= {old for o in OPTIONS if o.name in config.space.names for old in o.flag.deprecated}
-    for arg in config.extra_args:
-        name = arg.split("=", 1)[0]
-        if name in _RESERVED_FLAGS:
-            raise TuneError(
-                f"{name} is set by landcover tune (--out, --epochs, --seed, the trials' run "
-                "dirs); remove it from the training arguments"
-            )
-        if name in flags:
-            raise TuneError(f"{name} is searched by --space; remove it from the training arguments")
     given = {
         "out_dir": str(trial_dir(Path(config.out_dir), 0)),
         "epochs": config.epochs,
         "seed": config.seed,
     }
-    strict = config.entry_module == WORKER_MODULE
-    training, stand_in_args = split_argv(
-        [config.store, *config.extra_args], strict=strict, given=given
+    parsed = parse_training(
+        [config.store, *config.extra_args],
+        command=train_parser,
+        defaults=given,
+        strict=config.entry_module == WORKER_MODULE,
     )
+
+    def set_by_tune(flag: str) -> Exception:
+        return TuneError(
+            f"{flag} is set by landcover tune (--out, --epochs, --seed, the trials' run "
+            "dirs); remove it from the training arguments"
+        )
+
+    def searched(flag: str) -> Exception:
+        return TuneError(f"{flag} is searched by --space; remove it from the training arguments")
+
+    parsed.refuse_given(_SET_BY_TUNE, set_by_tune)
+    parsed.refuse_given(config.space.names, searched)
+    training, stand_in_args = parsed.config, parsed.extra_args
     config.space.check(training)
     return training, stand_in_args
 

@@ -23,7 +23,7 @@ from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.errors import LaunchError
 from cluster.local import agents
 from landcover.cli.app import main
-from landcover.cli.cluster import train_argv
+from landcover.cli.cluster import train_config
 from landcover.cli.train import worker_command
 from landcover.errors import TrainingError
 from landcover.scaling import sweep
@@ -384,28 +384,41 @@ def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
 # -- the training arguments after `--` --------------------------------------------------------
 
 
-def test_train_args_give_the_workers_argv() -> None:
-    argv = train_argv(["train", "chips.zarr", "--epochs", "3", "--out=runs/a", "--resume"])
-    assert argv == ["chips.zarr", "--epochs", "3", "--out=runs/a", "--resume"]
+def test_train_args_are_parsed_by_the_train_command() -> None:
+    config, extra = train_config(
+        ["train", "chips.zarr", "--epochs", "3", "--out=runs/a", "--resume"]
+    )
+    assert (config.store_url, config.out_dir, config.epochs, config.resume, extra) == (
+        "chips.zarr", "runs/a", 3, True, (),
+    )  # fmt: skip
     # no `train` word, store from cluster.json's data.url
-    assert train_argv(["--out", "r", "--model", "x"], default_store="az://c/chips.zarr") == [
-        "az://c/chips.zarr", "--out", "r", "--model", "x",
-    ]  # fmt: skip
+    config, _ = train_config(["--out", "r", "--model", "x"], default_store="az://c/chips.zarr")
+    assert (config.store_url, config.out_dir, config.model) == ("az://c/chips.zarr", "r", "x")
+    # as `landcover train` parses them: an option given twice, the later value
+    assert train_config(["train", "s", "--out", "a", "--out", "b"])[0].out_dir == "b"
+
+
+def test_a_flag_name_given_as_a_value_is_a_value() -> None:
+    """The arguments are parsed, not scanned: `--nproc` as --tracking's value is that value
+    (refused by --tracking's own check), not the --nproc option."""
+    with pytest.raises(TrainingError, match="--tracking '--nproc': '--nproc' is no tracking"):
+        train_config(["train", "s", "--out", "a", "--tracking", "--nproc"])
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["train", "--out", "r"], "no chip store: give it after `train`"),
-        (["train", "s"], "the training arguments need --out RUN_DIR"),
-        (["train", "s", "--out"], "--out needs a value"),
-        (["train", "s", "--out", "a", "--out", "b"], "--out is given twice"),
+        (["train", "s"], "training arguments: Missing option '--out'"),
+        (["train", "s", "--out"], "training arguments: Option '--out' requires an argument"),
         (["train", "s", "--out", "a", "--nproc", "2"], "--nproc is for `landcover train`"),
+        (["train", "s", "--out", "a", "--nproc=1"], "--nproc is for `landcover train`"),
+        (["train", "s", "--out", "a", "--bogus"], "training arguments: No such option"),
     ],
 )
 def test_bad_train_args(args: list[str], message: str) -> None:
     with pytest.raises(TrainingError, match=message.replace("(", r"\(")):
-        train_argv(args)
+        train_config(args)
 
 
 @pytest.mark.slow

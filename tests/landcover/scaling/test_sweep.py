@@ -220,9 +220,20 @@ def test_a_rerun_reuses_only_runs_of_the_same_per_worker_resources(
     assert {r.threads_per_worker for r in result.runs} == {1}
 
 
-def test_reserved_training_args_are_refused(tmp_path: Path) -> None:
-    config = SweepConfig("s", (1,), 1, str(tmp_path), extra_args=("--out", "x"))
-    with pytest.raises(ClusterError, match="--out is set by the sweep"):
+@pytest.mark.parametrize(
+    ("extra_args", "flag"),
+    [
+        (("--out", "x"), "--out"),
+        (("--out=x",), "--out"),
+        (("--epochs", "2"), "--epochs"),
+        (("--nproc", "2"), "--nproc"),
+    ],
+)
+def test_reserved_training_args_are_refused(
+    tmp_path: Path, extra_args: tuple[str, ...], flag: str
+) -> None:
+    config = SweepConfig("s", (1,), 1, str(tmp_path), extra_args=extra_args)
+    with pytest.raises(ClusterError, match=f"{flag} is set by the sweep"):
         run_sweep(config)
 
 

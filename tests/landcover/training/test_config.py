@@ -25,7 +25,8 @@ from landcover.training.config import (
     LrScaling,
     Optimizer,
     TrainConfig,
-    split_argv,
+    parse_training,
+    train_parser,
 )
 from tests.conftest import REPO_ROOT
 
@@ -166,11 +167,11 @@ def test_bad_values_of_the_api_name_the_option() -> None:
 
 
 def test_a_stand_in_entry_module_keeps_its_own_arguments() -> None:
-    config, extra = split_argv(["s", "--out", "r", "--die-at-epoch", "1", "--epochs", "2"],
-                               strict=False)  # fmt: skip
-    assert (config.epochs, extra) == (2, ("--die-at-epoch", "1"))
+    parsed = parse_training(["s", "--out", "r", "--die-at-epoch", "1", "--epochs", "2"],
+                            strict=False)  # fmt: skip
+    assert (parsed.config.epochs, parsed.extra_args) == (2, ("--die-at-epoch", "1"))
     with pytest.raises(TrainingError, match="No such option"):
-        split_argv(["s", "--out", "r", "--die-at-epoch", "1"], strict=True)
+        parse_training(["s", "--out", "r", "--die-at-epoch", "1"], strict=True)
 
 
 def test_json_redacts_secret_storage_options() -> None:
@@ -193,12 +194,31 @@ def test_the_config_module_does_not_import_torch() -> None:
 
 
 def test_values_given_apart_from_the_argv() -> None:
-    config, extra = split_argv(
-        ["s", "--sleep-s", "0.2"], strict=False, given={"out_dir": "r", "epochs": 2}
+    parsed = parse_training(
+        ["s", "--sleep-s", "0.2"], strict=False, defaults={"out_dir": "r", "epochs": 2}
     )
-    assert (config.store_url, config.out_dir, config.epochs, extra) == (
+    config = parsed.config
+    assert (config.store_url, config.out_dir, config.epochs, parsed.extra_args) == (
         "s", "r", 2, ("--sleep-s", "0.2"),
     )  # fmt: skip
+    assert parsed.given == {"store_url"}  # the defaults are not given by the arguments
+
+
+@pytest.mark.parametrize(
+    ("args", "given"),
+    [
+        (["--out", "r"], {"out_dir"}),
+        (["--out=r", "--no-augment"], {"out_dir", "augment"}),
+        (["--block-size", "4"], {"block_size"}),  # the deprecated spelling of the option
+        (["--nproc", "2"], {"nproc"}),
+        (["--model", "--out"], {"model"}),  # a value, though it looks like a flag
+    ],
+)
+def test_the_parameters_the_arguments_set(args: list[str], given: set[str]) -> None:
+    """What a launcher refuses (the options it sets itself) is found by parameter, whatever
+    the spelling, never by looking at tokens."""
+    parsed = parse_training(["s", *args], command=train_parser, defaults={"out_dir": "d"})
+    assert parsed.given == {"store_url", *given}
 
 
 # Every command that takes training options, as a command line ending in those options

@@ -231,6 +231,8 @@ def test_one_search_at_a_time(tiny_store: str, tmp_path: Path) -> None:
         (("--epochs", "3"), "--epochs is set by landcover tune"),
         (("--out=x",), "--out is set by landcover tune"),
         (("--seed", "1"), "--seed is set by landcover tune"),
+        (("--nproc", "2"), "--nproc is set by landcover tune"),
+        (("--resume",), "--resume is set by landcover tune"),
         (("--lr", "0.1"), "--lr is searched by --space; remove it from the training arguments"),
         (("--bogus",), "training arguments: No such option '--bogus'"),
     ],
