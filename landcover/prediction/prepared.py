@@ -12,10 +12,11 @@ Where later steps plug in (each once, here, so that every rank, tile and task of
 the same result and the maps stay identical whichever of them runs a pixel):
 - a chosen window size (`--window auto`): the `WindowLayout` is made in `_window_layout`
   and nowhere else;
-- test-time adaptation (statistics computed once from the images, then a changed model):
-  `prepare_prediction` marks the line, after the grid and the layout are planned (the
-  statistics can read the plan's images) and before `for_prediction` (so `auto` chooses
-  the backend for the adapted model, and `with_inference` records what ran).
+- test-time adaptation (statistics computed once from the images, then a changed model:
+  `landcover.prediction.adapt.adapt_prediction`): `prepare_prediction` calls it after the
+  grid and the layout are planned (the statistics read the plan's images) and before
+  `for_prediction` (so `auto` chooses the backend for the adapted model, and
+  `with_inference` records what ran).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from landcover.devices import torch_device
 from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
+from landcover.prediction.adapt import adapt_prediction
 from landcover.prediction.blend import WindowLayout
 from landcover.prediction.blocks import region_has_pixels
 from landcover.prediction.config import PredictConfig
@@ -123,7 +125,9 @@ def prepare_prediction(
             f"region covers no pixel centre of the images at {plan.grid.resolution:g} "
             "units/px after masking; give a larger region or a finer --resolution"
         )
-    # Test-time adaptation plugs in here: model = adapted(model, meta, plan, layout, config).
+    # Test-time adaptation (`--adapt`): statistics of the images, computed once from the
+    # whole grid, so the same on every rank, tile and task; the config then carries their digest
+    config, model, meta = adapt_prediction(config, model, meta, plan, device)
     # `auto` is decided from the whole grid, alike on every rank, tile and task.
     model = for_prediction(model, layout.num_windows * layout.size**2)
     return PreparedPrediction(
