@@ -29,18 +29,13 @@ from landcover.prediction.runner import predict_region
 from landcover.prediction.setup import open_images
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
-from tests.landcover.prediction.inputs import UTM18, write_model
+from tests.landcover.prediction.inputs import UTM18
 from tiling.reader import RasterReader
 
 CELL_PX = 32
 TILE_PX = 64
 # A box of the scene's ground in UTM 18N, inside `utm17_scene`'s footprint.
 BOX = "500004,3999922,500091,3999996"
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "random.pt", seed=7)
 
 
 @pytest.fixture(params=[CELL_PX, mosaic.WARP_CELL_PX], ids=["cells-32", "cells-default"])

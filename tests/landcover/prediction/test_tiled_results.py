@@ -18,14 +18,9 @@ from landcover.prediction.config import PredictConfig
 from landcover.prediction.runner import predict_region
 from landcover.prediction.tiled import TiledResult, predict_product
 from landcover.prediction.tileplan import TiledSetup
-from tests.landcover.prediction.inputs import pixels, write_image, write_model
+from tests.landcover.prediction.inputs import pixels, write_image
 
 TILE_PX = 64  # 2 x 2 tiles over the scene
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "random.pt", seed=7)
 
 
 def run_ranks(config: PredictConfig, world_size: int) -> list[TiledResult]:
