@@ -39,13 +39,15 @@ SKIP_MARK = re.compile(r"^<!-- test: skip: (?P<reason>\S.*) -->$")
 SHELL_FENCE = "```bash"
 # files whose marked blocks run, in this order, in one directory (later blocks use earlier outputs)
 RUN_ORDER = ["README.md"]
-# What each guide's commands start from: entries of the guides' workspace (guide_workspace).
+# What each guide's commands start from: entries of the guides' workspace (guide_workspace),
+# each copied under its last name (workers/chips.zarr as chips.zarr: the store with enough
+# train chips for 4 workers' batches; the others train one process on the smaller one).
 GUIDE_INPUTS: dict[str, tuple[str, ...]] = {
     "tile.md": ("naip", "chesapeake", "lc"),
-    "train.md": ("chips.zarr",),
+    "train.md": ("workers/chips.zarr",),
     "models.md": ("chips.zarr",),
-    "cluster.md": ("chips.zarr", "cluster.json"),
-    "scale.md": ("chips.zarr",),
+    "cluster.md": ("workers/chips.zarr", "cluster.json"),
+    "scale.md": ("workers/chips.zarr",),
     "tune.md": ("chips.zarr",),
     "predict.md": ("runs", "naip", "county.geojson"),
     "evaluate.md": ("lc.tif", "chesapeake"),
@@ -320,11 +322,11 @@ def region_inside(image: Path) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def guide_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every file the guides' commands read, under the names they use, made once by the CLI:
-    two small synthetic scenes (naip/, their labels as chesapeake/ and lc/), a chip store of
-    two larger ones (enough train chips for 4 workers' batches of 16), a model trained one
-    epoch (runs/a), its map as one COG (lc.tif, a.tif, b.tif) and as tiled products (lc-2018/,
-    lc-2022/, maps/va-2021/), a region, a saved STAC search, a static STAC catalog and the
-    repository's cluster.json."""
+    two small synthetic scenes (naip/, their labels as chesapeake/ and lc/) and their chip
+    store, a store of two larger ones (workers/: enough train chips for 4 workers' batches of
+    16), a model trained one epoch (runs/a), its map as one COG (lc.tif, a.tif, b.tif) and as
+    tiled products (lc-2018/, lc-2022/, maps/va-2021/), a region, a saved STAC search, a static
+    STAC catalog and the repository's cluster.json."""
     from tests.tiling.stacfiles import raster_item, write_catalog, write_item_collection
 
     root = tmp_path_factory.mktemp("guide-inputs")
@@ -333,10 +335,13 @@ def guide_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(root / "chesapeake", root / "lc")
     images = sorted((root / "naip").glob("*.tif"))
     chips, model = root / "chips.zarr", root / "runs" / "a" / "model.pt"
+    invoke("tile", f"{root}/naip/*.tif", "--labels", f"{root}/chesapeake/*.tif", "--out", chips,
+           "--chip-size", "64", "--shard-size", "8", "--val-fraction", "0.25")  # fmt: skip
     larger = tmp_path_factory.mktemp("guide-store-scenes")
     invoke("synth", larger, "--scenes", "2", "--size", "448", "--seed", "1")
-    invoke("tile", f"{larger}/naip/*.tif", "--labels", f"{larger}/labels/*.tif", "--out", chips,
-           "--chip-size", "64", "--shard-size", "8", "--val-fraction", "0.25")  # fmt: skip
+    invoke("tile", f"{larger}/naip/*.tif", "--labels", f"{larger}/labels/*.tif",
+           "--out", root / "workers" / "chips.zarr", "--chip-size", "64", "--shard-size", "8",
+           "--val-fraction", "0.25")  # fmt: skip
     invoke("train", chips, "--out", model.parent, "--epochs", "1", "--batch-size", "16")
     invoke("predict", model, f"{root}/naip/*.tif", "--out", root / "lc.tif")
     invoke("predict", model, f"{root}/naip/*.tif", "--out", f"{root / 'lc-2018'}/",
@@ -403,9 +408,9 @@ def test_a_guides_commands_run_on_synthetic_data(
     for name in GUIDE_INPUTS[guide]:
         source = guide_workspace / name
         if source.is_dir():
-            shutil.copytree(source, tmp_path / name)
+            shutil.copytree(source, tmp_path / source.name)
         else:
-            shutil.copy2(source, tmp_path / name)
+            shutil.copy2(source, tmp_path / source.name)
     monkeypatch.chdir(tmp_path)
     blocks = guide_commands(guide)
     assert blocks and all(blocks)
