@@ -177,7 +177,10 @@ def train_config(
         defaults=defaults,
         strict=strict,
         prog="train",
-        if_missing={"store_url": no_store},
+        if_missing={
+            "store_url": no_store,
+            "out_dir": "the training arguments need --out RUN_DIR (where the run directory goes)",
+        },
     )
 
     def nproc_refused(flag: str) -> Exception:

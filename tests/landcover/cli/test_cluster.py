@@ -409,7 +409,7 @@ def test_a_flag_name_given_as_a_value_is_a_value() -> None:
     ("args", "message"),
     [
         (["train", "--out", "r"], "no chip store: give it after `train`"),
-        (["train", "s"], "training arguments: Missing option '--out'"),
+        (["train", "s"], "the training arguments need --out RUN_DIR"),
         (["train", "s", "--out"], "training arguments: Option '--out' requires an argument"),
         (["train", "s", "--out", "a", "--nproc", "2"], "--nproc is for `landcover train`"),
         (["train", "s", "--out", "a", "--nproc=1"], "--nproc is for `landcover train`"),
