@@ -282,3 +282,41 @@ def test_bmuf_block_steps_is_the_flag_and_block_size_a_deprecated_alias(
     assert TrainConfig.from_argv(["s", "--out", "r"]).block_size == 8  # the alias no default
     result = CliRunner().invoke(main, ["train", "--help"])
     assert "--bmuf-block-steps INTEGER" in result.output and "--block-size" not in result.output
+
+
+def _cluster_model(args: tuple[str, ...]) -> str:
+    from landcover.cli.cluster import train_config
+
+    return train_config(["train", "s", "--out", "r", *args])[0].model
+
+
+def _sweep_model(args: tuple[str, ...]) -> str:
+    from landcover.scaling.sweep import SweepConfig, sweep_training
+
+    return sweep_training(SweepConfig("s", (1,), 1, "sweep", extra_args=args))[0].model
+
+
+def _tune_model(args: tuple[str, ...]) -> str:
+    from landcover.tuning.space import parse_space
+    from landcover.tuning.study import TuneConfig, tune_training
+
+    config = TuneConfig("s", parse_space("lr=1e-4:1e-2:log"), 1, 1, "tune", extra_args=args)
+    return tune_training(config)[0].model
+
+
+@pytest.mark.parametrize(
+    ("launcher", "flag"),
+    [
+        (_cluster_model, "--nproc"),
+        (_sweep_model, "--out"),
+        (_sweep_model, "--epochs"),
+        (_tune_model, "--epochs"),
+        (_tune_model, "--seed"),
+    ],
+)
+def test_a_launcher_takes_a_value_that_looks_like_an_option_it_sets_for_a_value(
+    launcher: Callable[[tuple[str, ...]], str], flag: str
+) -> None:
+    """Training arguments are parsed, not scanned: `--model --out` names a model (the token
+    scanners that `cluster launch -- train`, `scale` and `tune` had refused it as --out)."""
+    assert launcher(("--model", flag)) == flag
