@@ -1,6 +1,7 @@
 """The quality benchmark's own arithmetic (benchmarks/shifts.py, benchmarks/bench_quality.py),
-without training: the radiometric shifts of its cross-scene sets, the scene layout, the folds,
-and the seed-by-seed verdict that decides a default."""
+without training (the benchmark trains for minutes: it is not a test): the radiometric shifts
+of its cross-scene sets, the scene layout, the folds, pooled scoring, and the seed-by-seed
+verdict that decides a default."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 import rasterio
 from affine import Affine
+
+from landcover.evaluation import confusion_matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import shifts  # type: ignore[import-not-found]
@@ -28,6 +31,7 @@ from bench_quality import (  # type: ignore[import-not-found]
     fold_split,
     held_out_scenes,
     pooled_columns,
+    scores,
     verdict,
     with_predict_variants,
 )
@@ -114,11 +118,33 @@ def test_mosaic_lays_parts_side_by_side_with_a_gap_of_fill() -> None:
         shifts.mosaic([a, np.zeros((4, 4, 2), np.uint8)], gap_px=1, fill=0)
 
 
-def test_folds_hold_every_patch_out_once() -> None:
-    split = fold_split(8, 2)
-    held = sorted(i for _, out in split for i in out)
-    assert held == list(range(8))
-    assert all(not set(train) & set(out) for train, out in split)
+def test_every_patch_is_held_out_once_and_never_trained_on_in_its_fold() -> None:
+    for n, folds in ((8, 2), (8, 4), (7, 3), (5, 5)):
+        split = fold_split(n, folds)
+        assert len(split) == folds
+        held = [i for _, ids in split for i in ids]
+        assert sorted(held) == list(range(n))
+        for train, ids in split:
+            assert not set(train) & set(ids) and sorted([*train, *ids]) == list(range(n))
+        sizes = [len(ids) for _, ids in split]
+        assert max(sizes) - min(sizes) <= 1
+    for bad in (1, 9):
+        with pytest.raises(SystemExit, match=f"--folds {bad}: must be between 2 and the 8"):
+            fold_split(8, bad)
+
+
+def test_pooled_scores_are_those_of_all_pixels_together() -> None:
+    rng = np.random.default_rng(0)
+    truths = [rng.choice([0, 2, 2, 2, 3, 4], size=(9, 11)) for _ in range(3)]
+    preds = [np.where(rng.random(t.shape) < 0.7, t, rng.integers(1, 5, t.shape)) for t in truths]
+    pooled = sum(confusion_matrix(t, p, 5) for t, p in zip(truths, preds, strict=True))
+    got = scores(np.asarray(pooled))
+    truth = np.concatenate([t.ravel() for t in truths])
+    pred = np.concatenate([p.ravel() for p in preds])
+    t, p = truth[truth != 0], pred[truth != 0]
+    assert got["accuracy"] == pytest.approx(np.mean(t == p))
+    ious = {c: np.sum((t == c) & (p == c)) / np.sum((t == c) | (p == c)) for c in (2, 3)}
+    assert got["target_miou"] == pytest.approx((ious[2] + ious[3]) / 2)
 
 
 def test_a_scene_counts_in_its_view_and_in_its_group() -> None:
