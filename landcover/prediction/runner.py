@@ -37,18 +37,9 @@ from landcover.prediction.blocks import require_predicted_pixels
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.distributed import RankRun, run_rank
 from landcover.prediction.intofile import AreaCounts, predict_into_file, shows_progress
-from landcover.prediction.outfiles import (
-    OutputPaths,
-    TempOutputs,
-    check_outputs,
-    write_cogs,
-)
+from landcover.prediction.outfiles import OutputPaths, TempOutputs, check_outputs, write_cogs
 from landcover.prediction.outgrid import GridPlan, OutputGrid
-from landcover.prediction.prepared import (
-    PreparedPrediction,
-    prediction_device,
-    prepare_prediction,
-)
+from landcover.prediction.prepared import PreparedPrediction, prediction_device, prepare_prediction
 from landcover.prediction.ranks import RankShare, whole_grid
 from landcover.prediction.setup import GDAL_CACHE_BYTES, warnings_to_log
 from tiling.shared.urls import check_storage_options

@@ -14,11 +14,7 @@ from landcover.prediction.config import PredictConfig
 from landcover.prediction.distributed import pixel_settings
 from landcover.prediction.maptiles import MapTile, map_tiles, tile_costs
 from landcover.prediction.outgrid import GridPlan
-from landcover.prediction.prepared import (
-    PreparedPrediction,
-    prediction_device,
-    prepare_prediction,
-)
+from landcover.prediction.prepared import PreparedPrediction, prediction_device, prepare_prediction
 from landcover.prediction.tilerecords import tile_key
 from tiling.shared.fingerprint import fingerprint, fingerprints
 from tiling.shared.urls import check_storage_options, is_local, local_path
