@@ -276,14 +276,19 @@ def held_out_scenes(
     unshifted: str,
     shifted: str,
     per_view: bool,
+    write: bool = True,
 ) -> list[Scene]:
     """The held-out pairs as one unshifted scene (view `unshifted`) and one scene per view of
     `shifts_of(index)`, pooled into `shifted`; with `per_view`, each shifted scene also counts
-    in its view's own column (the tile's gain, gamma, offsets and season columns)."""
+    in its view's own column (the tile's gain, gamma, offsets and season columns). Without
+    `write`, the scenes a run wrote before into `out_dir`."""
     scenes = []
     for shift in (None, *shifts_of(index)):
         name = "unshifted" if shift is None else shift.name
-        image, labels = write_scene(pairs, shift, out_dir, name)
+        if write:
+            image, labels = write_scene(pairs, shift, out_dir, name)
+        else:
+            image, labels = out_dir / f"{name}.tif", out_dir / f"{name}_lc.tif"
         if shift is None:
             scenes.append(Scene(name, unshifted, unshifted, image, labels))
         else:
@@ -317,22 +322,37 @@ def cli(argv: Sequence[str]) -> None:
                 raise SystemExit(f"landcover {shlex.join(argv)} failed (exit {exc.code})") from None
 
 
-def prepare_datasets(patches: Sequence[Patch], protocol: Protocol, work: Path) -> list[Dataset]:
-    """The chip store and scenes of every within-tile fold, and of world A -> world B."""
+def prepare_datasets(
+    patches: Sequence[Patch], protocol: Protocol, work: Path, *, reuse: bool
+) -> list[Dataset]:
+    """The chip store and scenes of every within-tile fold, and of world A -> world B. With
+    `reuse`, those a run with the same patches, folds and chip size wrote into `work` before
+    are kept as they are (a run that adds prediction variants may go on beside one that
+    trains on them)."""
+    marker = work / "data" / "prepared.json"
+    made = {
+        "patches": [p.name for p in patches],
+        "folds": protocol.folds,
+        "chip_px": protocol.chip_px,
+    }
+    write = not (reuse and marker.is_file() and json.loads(marker.read_text()) == made)
+    if write:
+        marker.unlink(missing_ok=True)
     datasets = []
     for fold, (train_ids, held_ids) in enumerate(fold_split(len(patches), protocol.folds)):
         folder = work / "data" / f"fold{fold}"
         store = folder / f"chips{protocol.chip_px}.zarr"
         train = [patches[i] for i in train_ids]
-        api.tile(
-            [p.image for p in train],
-            store,
-            labels=[p.labels for p in train],
-            chip_size=protocol.chip_px,
-            val_fraction=0.0,
-            class_map=CLASS_MAP,
-            overwrite=True,
-        )
+        if write:
+            api.tile(
+                [p.image for p in train],
+                store,
+                labels=[p.labels for p in train],
+                chip_size=protocol.chip_px,
+                val_fraction=0.0,
+                class_map=CLASS_MAP,
+                overwrite=True,
+            )
         held = [(patches[i].image, patches[i].labels) for i in held_ids]
         scenes = held_out_scenes(
             held,
@@ -341,10 +361,11 @@ def prepare_datasets(patches: Sequence[Patch], protocol: Protocol, work: Path) -
             unshifted=WITHIN,
             shifted=TILE_SHIFTED,
             per_view=True,
+            write=write,
         )
         datasets.append(Dataset(f"tile fold {fold}", store, scenes))
     worlds = work / "data" / "worlds"
-    for label, seed in (("A", WORLD_A_SEED), ("B", WORLD_B_SEED)):
+    for label, seed in (("A", WORLD_A_SEED), ("B", WORLD_B_SEED)) if write else ():
         cli(
             [
                 *("synth", str(worlds / label), "--scenes", str(WORLD_SCENES)),
@@ -352,15 +373,16 @@ def prepare_datasets(patches: Sequence[Patch], protocol: Protocol, work: Path) -
             ]
         )
     store = worlds / f"A-chips{protocol.chip_px}.zarr"
-    api.tile(
-        sorted((worlds / "A" / "naip").glob("*.tif")),
-        store,
-        labels=sorted((worlds / "A" / "labels").glob("*.tif")),
-        chip_size=protocol.chip_px,
-        val_fraction=0.0,
-        class_map=CLASS_MAP,
-        overwrite=True,
-    )
+    if write:
+        api.tile(
+            sorted((worlds / "A" / "naip").glob("*.tif")),
+            store,
+            labels=sorted((worlds / "A" / "labels").glob("*.tif")),
+            chip_size=protocol.chip_px,
+            val_fraction=0.0,
+            class_map=CLASS_MAP,
+            overwrite=True,
+        )
     images = sorted((worlds / "B" / "naip").glob("*.tif"))
     held = [(i, worlds / "B" / "labels" / f"{i.stem}_lc.tif") for i in images]
     scenes = held_out_scenes(
@@ -370,8 +392,11 @@ def prepare_datasets(patches: Sequence[Patch], protocol: Protocol, work: Path) -
         unshifted=WORLD,
         shifted=WORLD_SHIFTED,
         per_view=False,
+        write=write,
     )
     datasets.append(Dataset("world A -> B", store, scenes))
+    if write:
+        marker.write_text(json.dumps(made))
     return datasets
 
 
@@ -758,7 +783,7 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as scratch:
         work = args.work or Path(scratch)
-        datasets = prepare_datasets(patches, protocol, work)
+        datasets = prepare_datasets(patches, protocol, work, reuse=args.work is not None)
         run = run_protocol(
             candidates,
             datasets,
