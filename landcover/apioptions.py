@@ -82,6 +82,7 @@ class PredictOptions(TypedDict, total=False):
     dst_crs: str | None
     resolution: float | None
     overlap_px: int | None
+    window: str  # --window: chip, auto or an edge in px
     batch_size: int
     device: str
     backend: Backend

@@ -53,6 +53,7 @@ from landcover.stagerun import InProcess, run_stage
 @config_option(OPTIONS["resolution"])
 @config_option(OPTIONS["max_pixels"], type=click.IntRange(min=1))
 @config_option(OPTIONS["overlap_px"])
+@config_option(OPTIONS["window"])
 @config_option(OPTIONS["batch_size"])
 @config_option(OPTIONS["device"], default="auto")  # the library's default is cpu
 @config_option(OPTIONS["backend"])

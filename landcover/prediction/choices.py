@@ -12,6 +12,7 @@ __all__ = [
     "AUTO_ONNX_MIN_WINDOW_PIXELS",
     "BACKENDS",
     "DEFAULT_MAX_PIXELS",
+    "ONNX_CPU_BATCH_PIXELS",
     "PRECISIONS",
     "RESOLUTION_LIMIT_FACTOR",
     "RESOLUTION_WARN_FACTOR",
@@ -43,6 +44,12 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 # (bench_predict.py --only backends prints both). Smaller predictions (a test scene, a quick
 # look) run torch.
 AUTO_ONNX_MIN_WINDOW_PIXELS = 4_000_000
+
+# onnxruntime on the CPU runs at most this many window pixels a batch (4 windows of 256 px):
+# its kernels give the same bits at any batch, it takes as long a pixel from 4 windows a batch
+# to 16, and the activations of a batch are most of a prediction's memory (an smp U-Net on
+# resnet18: about 100 MB a 256 px window; peak RSS 1.07 GB at 4 windows, 1.68 GB at 16).
+ONNX_CPU_BATCH_PIXELS = 4 * 256 * 256
 
 # The model's window (`--window`, landcover.prediction.windows.choose_window_px): the model's
 # chip, `auto`, or an edge in px. Every model of the registry is fully convolutional and takes

@@ -27,6 +27,7 @@ from landcover.prediction.choices import (
     Backend,
     Precision,
     TtaMode,
+    window_choice_problem,
 )
 from landcover.prediction.tilesize import check_tile_size
 from tiling.shared.flags import flag, option
@@ -68,7 +69,19 @@ class PredictConfig:
         None,
         "Window overlap in px, blended smoothly [default: a quarter of the model's chip].",
     )
-    batch_size: int = option("--batch-size", 16, "Windows per batch.")
+    # landcover.prediction.windows.choose_window_px; the value is checked here
+    window: str = option(
+        "--window",
+        "chip",
+        "Model window edge: chip (the model's chip), auto (with onnxruntime or on a GPU, "
+        "windows of up to 4 chips a side and a quarter of --block-px: the overlap costs fewer "
+        "pixels), or an edge in px (a multiple of 32). Same overlap and blending.",
+    )
+    batch_size: int = option(
+        "--batch-size",
+        16,
+        "Windows per batch (of the model's chip: larger windows take as many pixels).",
+    )
     device: str = option("--device", "cpu", "auto, cpu, cuda, cuda:N.")
     # what runs the model (landcover.prediction.runtime); checked where it loads
     backend: Backend = option(
@@ -152,6 +165,9 @@ class PredictConfig:
     pipeline: bool = True
 
     def __post_init__(self) -> None:
+        window_problem = window_choice_problem(self.window)
+        if window_problem is not None:
+            raise PredictionError(window_problem)
         if self.batch_size < 1:
             raise PredictionError(f"--batch-size {self.batch_size}: must be at least 1")
         if self.block_px < MIN_BLOCK_PX:

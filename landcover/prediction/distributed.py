@@ -47,6 +47,7 @@ RERUN_PREDICTS_AGAIN = (
     "dst_crs",  # the grid
     "resolution",
     "overlap_px",
+    "window",  # --window: the model's window edge
     "batch_size",
     "device",  # its type
     "backend",  # what ran (`auto` resolved: landcover.prediction.runtime.with_inference)

@@ -48,6 +48,7 @@ from landcover.prediction.setup import (
     window_overlap,
 )
 from landcover.prediction.tta import tta_ops
+from landcover.prediction.windows import choose_window_px
 from tiling.sources import RasterInfo
 
 __all__ = ["PreparedPrediction", "prediction_device", "prepare_prediction"]
@@ -130,6 +131,19 @@ def prepare_prediction(
     config, model, meta = adapt_prediction(config, model, meta, plan, device)
     # `auto` is decided from the whole grid, alike on every rank, tile and task.
     model = for_prediction(model, layout.num_windows * layout.size**2)
+    # --window: for what runs the model now, from the whole grid (alike everywhere too)
+    window_px = choose_window_px(
+        config.window,
+        model,
+        chip_px=meta.chip_size,
+        overlap_px=overlap,
+        block_px=config.block_px,
+        grid_px=(plan.grid.height, plan.grid.width),
+    )
+    if window_px != layout.size:
+        layout = WindowLayout.over(
+            plan.grid.height, plan.grid.width, size=window_px, overlap=overlap
+        )
     return PreparedPrediction(
         with_inference(config, model), model, meta, device, tuple(sources), plan, layout
     )

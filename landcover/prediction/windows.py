@@ -26,10 +26,15 @@ from landcover.data.normalise import normalise
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout
-from landcover.prediction.choices import WINDOW_AUTO_MAX_CHIPS, window_choice_problem
+from landcover.prediction.choices import (
+    ONNX_CPU_BATCH_PIXELS,
+    WINDOW_AUTO_MAX_CHIPS,
+    window_choice_problem,
+)
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.runtime import (
     CPU_MIN_BATCH,
+    OnnxWindowModel,
     TorchWindowModel,
     WindowModel,
     torch_threads,
@@ -67,7 +72,9 @@ class WindowRunner:
         self.model, self.layout, self.device = model, layout, torch.device(device)
         self.tta_ops = tuple(tta_ops)
         self.num_classes = meta.num_classes
-        self.batch_size = windows_per_batch(batch_size, meta.chip_size, layout.size)
+        self.batch_size = windows_per_batch(
+            batch_size, meta.chip_size, layout.size, max_pixels=_batch_pixels_limit(model)
+        )
         self.where = where
         self.mean = torch.tensor(meta.band_mean, dtype=torch.float32, device=self.device).view(
             1, -1, 1, 1
@@ -204,10 +211,25 @@ def choose_window_px(
     return size
 
 
-def windows_per_batch(batch_size: int, chip_px: int, window_px: int) -> int:
-    """Windows of `window_px` in a batch of as many pixels as `batch_size` chips (at least 1):
-    the model's activations take as much memory whatever the window."""
-    return max(1, batch_size * chip_px * chip_px // (window_px * window_px))
+def windows_per_batch(
+    batch_size: int, chip_px: int, window_px: int, *, max_pixels: int | None = None
+) -> int:
+    """Windows of `window_px` in a batch of as many pixels as `batch_size` chips, and of at
+    most `max_pixels` (None: no limit); at least 1. The model's activations, most of a
+    prediction's memory, grow with a batch's pixels, whatever the window."""
+    count = batch_size * chip_px * chip_px // (window_px * window_px)
+    if max_pixels is not None:
+        count = min(count, max_pixels // (window_px * window_px))
+    return max(1, count)
+
+
+def _batch_pixels_limit(model: WindowModel) -> int | None:
+    """The most pixels a batch of `model` needs: ONNX_CPU_BATCH_PIXELS for onnxruntime on the
+    CPU (as fast a pixel, at a quarter of the memory of 16 windows); None for torch (on the
+    CPU its batches are padded to CPU_MIN_BATCH windows anyway) and for a GPU."""
+    if isinstance(model, OnnxWindowModel) and model.inference.provider == "CPUExecutionProvider":
+        return ONNX_CPU_BATCH_PIXELS
+    return None
 
 
 def _run_model(model: WindowModel, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:

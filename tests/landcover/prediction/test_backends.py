@@ -290,14 +290,19 @@ def test_onnxruntime_gives_the_same_logits_at_any_thread_count_and_batch(
     assert torch.equal(logits[1], logits[2]) and torch.equal(logits[3], logits[2])
 
 
+@pytest.mark.parametrize("window", ["chip", "64"])
 @pytest.mark.parametrize(("backend", "precision"), RUNS)
 def test_ranks_and_tiles_write_the_one_process_map_for_every_backend(
-    backend: str, precision: str, scene: Path, model_dir: Path, tmp_path: Path
+    backend: str, precision: str, window: str, scene: Path, model_dir: Path, tmp_path: Path
 ) -> None:
     """One process on 2 threads, 2 ranks in rank mode on 1 thread each, and a tiled product
-    (other blocks and batches): the same bytes, per backend and precision."""
+    (other blocks and batches): the same bytes, per backend and precision, with the model's
+    chip and with windows of twice its edge (--window 64, onnxruntime only: torch on the CPU
+    refuses windows larger than the chip, test_windows.py)."""
+    if window != "chip" and backend == "torch":
+        pytest.skip("torch on the CPU runs the chip")
     common = ["--backend", backend, "--precision", precision, "--device", "cpu",
-              "--no-quicklook", "--batch-size", "3"]  # fmt: skip
+              "--no-quicklook", "--batch-size", "3", "--window", window]  # fmt: skip
     runs: dict[int, Path] = {}
     before = torch.get_num_threads()
     try:
@@ -327,7 +332,7 @@ def test_ranks_and_tiles_write_the_one_process_map_for_every_backend(
     assert len(np.unique(one)) >= 2  # class boundaries, where kernels could differ
     tiles = config_for(
         model_dir / "model.pt", scene, f"{tmp_path / 'tiles'}/", block_px=40, batch_size=5,
-        backend=backend, precision=precision,
+        backend=backend, precision=precision, window=window,
     )  # fmt: skip
     predict_product(TiledSetup(tiles, 64))
     mosaic, mosaic_tags = read(tmp_path / "tiles" / "mosaic.vrt")

@@ -4,6 +4,7 @@ threads the block started with."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,3 +152,57 @@ def test_a_batch_of_larger_windows_holds_as_many_pixels(window_px: int, expected
     from landcover.prediction.windows import windows_per_batch
 
     assert windows_per_batch(16, 256, window_px) == expected
+
+
+@pytest.mark.parametrize(
+    ("provider", "window_px", "expected"),
+    [
+        ("CPUExecutionProvider", 256, 4),  # ONNX_CPU_BATCH_PIXELS: 4 windows of 256 px
+        ("CPUExecutionProvider", 512, 1),
+        ("CPUExecutionProvider", 1024, 1),
+        ("CUDAExecutionProvider", 256, 16),  # a GPU takes the whole --batch-size
+        ("CUDAExecutionProvider", 512, 4),
+    ],
+)
+def test_onnxruntime_on_the_cpu_runs_small_batches(
+    provider: str, window_px: int, expected: int
+) -> None:
+    """onnxruntime's CPU batches hold at most 4 windows of 256 px: as fast a pixel as 16,
+    whose activations would hold 4x the memory."""
+    from landcover.prediction.runtime import Inference, OnnxWindowModel
+
+    model = OnnxWindowModel.__new__(OnnxWindowModel)  # no session: only what runs it
+    model.inference = Inference("onnxruntime", "fp32", provider)
+    meta = ModelMeta(
+        architecture="small_unet",
+        class_map=get_class_map("chesapeake7to5"),
+        band_names=("red", "green", "blue", "nir"),
+        band_mean=(100.0,) * 4,
+        band_std=(50.0,) * 4,
+        chip_size=256,
+        resolution_m=1.0,
+    )
+    layout = WindowLayout.over(3000, 3000, size=window_px, overlap=64)
+    runner = WindowRunner(model, meta, layout, batch_size=16, where="m.onnx", device="cpu")
+    assert runner.batch_size == expected
+
+
+def test_the_cli_refuses_a_bad_window_in_one_line(
+    scene: Path, random_model: Path, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from landcover.cli.app import main
+
+    out = tmp_path / "lc.tif"
+    args = ["predict", str(random_model), str(scene), "--out", str(out), "--window", "500"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code != 0
+    assert (
+        result.output.strip()
+        .splitlines()[-1]
+        .endswith(
+            "--window 500: the edge must be a multiple of 32 px (the models' stride), e.g. 512"
+        )
+    )
+    assert "Traceback" not in result.output and not out.exists()
