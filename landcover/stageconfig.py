@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +40,7 @@ from landcover.prediction.config import PredictConfig
 from landcover.prediction.tilesize import require_tile_size
 from tiling.config import TileConfig
 from tiling.errors import TilingError
+from tiling.shared.urls import is_local, local_path
 from tiling.stacquery import StacSource
 from tiling.staged import StagedFolder, content_key, staging_url
 
@@ -195,13 +197,20 @@ def read_stage(url: str, *, storage_options: Mapping[str, Any] | None = None) ->
         if content_key(obj, DIGEST_HEX) != digest:
             raise ValueError("its content does not match the digest in its name")
         # a config that refuses a value it holds raises its own one line (not caught here)
-        return stage_from_json(obj, storage_options=storage_options)
+        stage = stage_from_json(obj, storage_options=storage_options)
     except USER_ERRORS:
         raise
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StageConfigError(
             f"{url}: unreadable stage file ({exc}); launch the job again"
         ) from None
+    if not _same_place(url, stage_url(stage)):
+        # a copy elsewhere would run the job outside the staging area its launcher watches
+        raise StageConfigError(
+            f"{url}: a stage file for {stage.out} is read only from its staging area "
+            f"{staging_url(stage.out)}/; launch the job again"
+        )
+    return stage
 
 
 def remove_published(url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
@@ -211,6 +220,13 @@ def remove_published(url: str, *, storage_options: Mapping[str, Any] | None = No
     folder.delete(name)
     if not folder.names():
         folder.remove()
+
+
+def _same_place(url: str, expected: str) -> bool:
+    """Whether `url` names the file at `expected` (local paths compared absolute)."""
+    if is_local(url) and is_local(expected):
+        return os.path.abspath(local_path(url)) == os.path.abspath(local_path(expected))
+    return url.rstrip("/") == expected.rstrip("/")
 
 
 def _folder_of(url: str, storage_options: Mapping[str, Any]) -> tuple[StagedFolder, str]:

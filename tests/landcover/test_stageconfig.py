@@ -127,3 +127,22 @@ def triangle_region(tmp_path: Path) -> Path:
         )
     )
     return path
+
+
+@pytest.mark.parametrize("place", ["elsewhere", "another.tif.parts", "v.tif.parts/sub"])
+def test_a_stage_file_is_read_only_from_its_own_staging_area(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, place: str
+) -> None:
+    """A byte-exact copy of a stage file (its digest right) outside `<out>.parts/` is refused in
+    one line: a rank would otherwise run a job no launcher watches, into that stage's output.
+    The file itself is read by its relative, absolute or file:// name."""
+    monkeypatch.chdir(tmp_path)
+    stage = TileStage(TileConfig(images=("a.tif",), out="v.tif", labels=("l.tif",)))
+    url = publish_stage(stage)
+    copy = tmp_path / place / Path(url).name
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(Path(url).read_bytes())
+    with pytest.raises(LandcoverError, match=r"read only from its staging area v\.tif\.parts/"):
+        read_stage(str(copy))
+    for name in (url, str(tmp_path / url), f"file://{tmp_path / url}"):
+        assert read_stage(name) == stage
