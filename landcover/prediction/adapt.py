@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -435,7 +436,9 @@ def _adapted_model_file(module: nn.Module, adaptation: Adaptation, config: Predi
         # One writer per machine: the ranks of a job find the file the first one wrote, and
         # its digest (the key of its export) never changes under another's export.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.is_file():
+        # a truncated file (a full disk, a copy cut short) is written again, not trusted: the
+        # model file is a zip whose directory is its last bytes
+        if not (path.is_file() and zipfile.is_zipfile(path)):
             save_model_file(path, adapted_module(module, adaptation.bn).to("cpu"), meta)
     finally:
         os.close(lock)

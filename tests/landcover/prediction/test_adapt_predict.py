@@ -158,3 +158,20 @@ def test_the_python_api_adapts_and_refuses_a_bad_value_in_one_line(
     assert _read(out)[1][TAG_ADAPT] == "bands:0.5"
     with pytest.raises(PredictionError, match=r"--adapt 'bn:2': the strength"):
         landcover.predict(random_model, scene, tmp_path / "b.tif", adapt="bn:2", device="cpu")
+
+
+def test_a_truncated_adapted_model_in_the_cache_is_written_again(
+    scene: Path, random_model: Path, tmp_path: Path, user_cache: Path
+) -> None:
+    """`--adapt bn` with onnxruntime saves the adapted model once in the user's cache; a copy
+    of it cut short there is written again by the next run, not loaded (and refused)."""
+    out = tmp_path / "lc.tif"
+    args = [str(random_model), str(scene), "--out", str(out), "--device", "cpu", "--overwrite"]
+    args += ["--no-quicklook", "--adapt", "bn", "--backend", "onnxruntime"]
+    _predict(args)
+    first = _read(out)
+    (saved,) = (user_cache / "landcover" / "adapted").glob("*.pt")
+    saved.write_bytes(saved.read_bytes()[:1000])
+    _predict(args)
+    again = _read(out)
+    assert np.array_equal(again[0], first[0]) and again[1] == first[1]
