@@ -36,7 +36,7 @@ from landcover.models.modelfile import ModelMeta
 from landcover.models.registry import build_model
 from landcover.prediction.adapt import adapted_module, compute_adaptation
 from landcover.prediction.adaptspec import parse_adapt
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 CHIP = 64
 VARIANTS = (

@@ -51,9 +51,9 @@ import torch
 
 from landcover.models.registry import build_model
 from landcover.training.distributed import cpu_model_name
-from tiling.shared.machine import local_cpu_count
-from tiling.synth import SynthConfig, synthesize_scenes
-from tiling.tile import TileConfig, tile
+from tiling.runtime.machine import local_cpu_count
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
+from tiling.tiler.tile import TileConfig, tile
 
 CHIP_PX = 64
 BATCH = 8
@@ -160,7 +160,7 @@ def build_store(work: Path, *, scenes: int) -> tuple[str, int, int]:
             workers=1,
         )
     )
-    from tiling.store import open_store
+    from tiling.chipstore.store import open_store
 
     summary = open_store(url).summary
     return url, int(summary.num_train), int(summary.num_val)

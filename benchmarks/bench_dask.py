@@ -1,7 +1,7 @@
 """The Dask engine's task overheads: tile's sources as tasks against the local engine.
 
-The same N tiny synthetic scenes (`tiling.synth`, 256 px, 64 px chips: the cutting itself is
-cheap, so what is left is the per-unit cost) are tiled
+The same N tiny synthetic scenes (`tiling.synthetic.scenes`, 256 px, 64 px chips: the cutting itself
+is cheap, so what is left is the per-unit cost) are tiled
 
 - by one process (`tile(config)`, 2 reader threads): the baseline;
 - by the local engine's 2 ranks (`landcover tile --nproc 2`, a subprocess: its start is
@@ -44,9 +44,9 @@ from landcover.models.registry import build_model
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
-from tiling.classes import DEFAULT_CLASS_MAP, get_class_map
-from tiling.synth import SynthConfig, synthesize_scenes
-from tiling.tile import TileConfig, tile
+from tiling.sources.classes import DEFAULT_CLASS_MAP, get_class_map
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
+from tiling.tiler.tile import TileConfig, tile
 
 SIZE_PX = 256
 CHIP = 64

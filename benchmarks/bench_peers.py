@@ -55,8 +55,8 @@ from resultfile import ResultFile, ResultTable, this_machine, today, write_resul
 
 from landcover.models.registry import build_model
 from landcover.prediction.blend import window_starts
-from tiling.classes import get_class_map
-from tiling.synth import SynthConfig, synthesize_scenes
+from tiling.sources.classes import get_class_map
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
 
 CHIP = 256
 OVERLAP = CHIP // 4  # predict's default

@@ -63,8 +63,8 @@ from landcover.prediction.config import PredictConfig
 from landcover.prediction.runner import predict_region
 from landcover.prediction.runtime import load_window_model
 from landcover.training.distributed import cpu_model_name
-from tiling.classes import get_class_map
-from tiling.synth import SynthConfig, synthesize_scenes
+from tiling.sources.classes import get_class_map
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
 
 CHIP = 256
 OVERLAP = CHIP // 4  # predict's default

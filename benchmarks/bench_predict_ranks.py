@@ -59,8 +59,8 @@ from landcover.prediction.parts import PartWriter, Staging
 from landcover.prediction.ranks import RankShare, row_costs, split_rows
 from landcover.prediction.setup import GDAL_CACHE_BYTES
 from landcover.training.distributed import cpu_model_name
-from tiling.classes import get_class_map
-from tiling.synth import SynthConfig, synthesize_scenes
+from tiling.sources.classes import get_class_map
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
 
 CHIP = 256
 CLASS_MAP = get_class_map("chesapeake7to5")

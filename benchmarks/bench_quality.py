@@ -86,7 +86,7 @@ from shifts import SHIFTS, VIEWS, Shift, mosaic
 
 from landcover import api
 from landcover.evaluation import EvaluateConfig, evaluate_prediction, scores_from_confusion
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 CLASS_MAP = "chesapeake7to5"
 # The two classes every real patch has (and every synthetic world): the target mIoU.

@@ -55,7 +55,7 @@ from landcover.scaling.projection import (
 )
 from landcover.scaling.runs import RunSummary, load_runs
 from landcover.training.distributed import cpu_model_name
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 MODELS = ("small_unet", "unet_resnet18")
 LINKS: dict[str, str | None] = {"unlimited": None, "1gbit": "1gbit", "100mbit": "100mbit"}

@@ -5,14 +5,14 @@ A whole state is thousands of sources (Virginia: ~4,000 NAIP quarter-quads in UT
 VRT over one file (`statemosaic.build_state_mosaic`): images in UTM 18N, 1 m label tiles in
 EPSG:5070. For each count N it runs, in a fresh process each:
 
-- plan: `tiling.plan.plan_tiling` alone (inputs opened, labels matched, split decided);
-- tile: `tiling.tile.tile`, one worker, the whole run (plan, cut, commit);
+- plan: `tiling.tiler.plan.plan_tiling` alone (inputs opened, labels matched, split decided);
+- tile: `tiling.tiler.tile.tile`, one worker, the whole run (plan, cut, commit);
 
 and prints seconds, milliseconds per source, and the ratio of the per-source cost to that
 at the smallest N (1.0 = linear in N; a cost that grows with N shows as a ratio above 1).
 Then the footprint-planning count alone (`--footprints`, default 40,000): the label index
 built and every image matched, no files opened; and the plan file at that count
-(`tiling.planfile`: its bytes, rank 0's write and another rank's load).
+(`tiling.tiler.planfile`: its bytes, rank 0's write and another rank's load).
 
 Then the end-to-end state-count run (`--end-to-end`, `staterun.py`): for each count, tile and
 then tiled predict (`predict --out DIR/ --tile-size`), each as `--ranks` processes started as
@@ -51,9 +51,9 @@ def _child(kind: str, n: int) -> None:
     sys.path.insert(0, str(HERE))
     from statemosaic import build_state_mosaic
 
-    from tiling.config import TileConfig
-    from tiling.plan import plan_tiling
-    from tiling.tile import tile
+    from tiling.tiler.config import TileConfig
+    from tiling.tiler.plan import plan_tiling
+    from tiling.tiler.tile import tile
 
     warnings.simplefilter("ignore")
     with tempfile.TemporaryDirectory(prefix="bench_state_") as tmp:
@@ -82,8 +82,8 @@ def _footprints(n: int) -> tuple[float, int, int]:
     from rasterio.crs import CRS
     from rasterio.warp import transform_bounds
 
-    from tiling.labels import LabelIndex
-    from tiling.sources import RasterInfo
+    from tiling.sources.labels import LabelIndex
+    from tiling.sources.rasters import RasterInfo
 
     utm, albers = CRS.from_epsg(26918), CRS.from_epsg(5070)
     side = int(n**0.5) + 1
@@ -120,14 +120,14 @@ def _plan_file(n: int) -> tuple[int, float, float]:
     from rasterio.crs import CRS
     from rasterio.warp import transform_bounds
 
-    from tiling.config import TileConfig
-    from tiling.grid import chip_grid
-    from tiling.labels import LabelIndex
-    from tiling.plan import PlacedImage, assemble_plan, class_map_of
-    from tiling.planfile import plan_from_json, plan_to_json
-    from tiling.sources import RasterInfo
-    from tiling.split import chip_blocks, choose_split
-    from tiling.staging import PartStaging
+    from tiling.chipstore.split import chip_blocks, choose_split
+    from tiling.sources.grid import chip_grid
+    from tiling.sources.labels import LabelIndex
+    from tiling.sources.rasters import RasterInfo
+    from tiling.tiler.config import TileConfig
+    from tiling.tiler.plan import PlacedImage, assemble_plan, class_map_of
+    from tiling.tiler.planfile import plan_from_json, plan_to_json
+    from tiling.tiler.staging import PartStaging
 
     utm, albers = CRS.from_epsg(26918), CRS.from_epsg(5070)
     side = int(n**0.5) + 1

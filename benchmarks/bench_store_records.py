@@ -3,7 +3,7 @@ against the first, format 3 beside format 2's group-attribute rewrites, replayed
 
 A chip store's group attribute is its commit point. Format 2 kept every source record in it
 (with the parameters' list of all inputs and every label fingerprint) and rewrote it twice
-per source; format 3 (`tiling.source_table`) writes each record once into the `sources`
+per source; format 3 (`tiling.chipstore.source_table`) writes each record once into the `sources`
 array, and the attribute keeps only counts and totals.
 
 - ours: `ChipStoreWriter` commits `--sources` sources of one 64 px chip each (shard size 1:
@@ -35,12 +35,12 @@ import numpy as np
 import rasterio
 import zarr
 
-from tiling.classes import get_class_map
-from tiling.params import StoreParams
-from tiling.records import BandStats, SourceRecord
-from tiling.resume import open_writer
-from tiling.shared.fingerprint import fingerprint
-from tiling.store import ATTRS_KEY, open_store
+from tiling.chipstore.params import StoreParams
+from tiling.chipstore.records import BandStats, SourceRecord
+from tiling.chipstore.resume import open_writer
+from tiling.chipstore.store import ATTRS_KEY, open_store
+from tiling.runtime.fingerprint import fingerprint
+from tiling.sources.classes import get_class_map
 
 NAIP_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "naip-real"
 CHIP = 64

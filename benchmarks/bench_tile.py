@@ -2,7 +2,7 @@
 
 Three NAIP-sized synthetic scenes (6,000 x 7,500 px x 4 bands uint8, a quarter quad, with
 their 1 m labels; `--quick`: 2,048 x 2,048; `--scenes`, `--size` to change) are written once
-by `tiling.synth` (kept with `--scenes-dir` for later runs), then:
+by `tiling.synthetic.scenes` (kept with `--scenes-dir` for later runs), then:
 
 - ours: `python -m landcover tile SCENES --labels ... --workers 1 --min-valid 0` (every chip
   kept: the same pixels as the limit), timed as a whole process, imports included;
@@ -51,18 +51,18 @@ import rasterio
 import rasterio.windows
 from numcodecs import Zstd
 
-import tiling.append
-import tiling.cut
-import tiling.planfile
-import tiling.rankplan
-from tiling.config import COMPRESSION_LEVEL
-from tiling.grid import chip_offsets
-from tiling.reader import RasterReader
-from tiling.shards import ChunkEncoder
-from tiling.shared.machine import local_cpu_count
-from tiling.synth import SynthConfig, scene_folders, synthesize_scenes
-from tiling.tile import TileConfig, tile
-from tiling.writer import ChipStoreWriter
+import tiling.tiler.append
+import tiling.tiler.cut
+import tiling.tiler.planfile
+import tiling.tiler.rankplan
+from tiling.chipstore.shards import ChunkEncoder
+from tiling.chipstore.writer import ChipStoreWriter
+from tiling.runtime.machine import local_cpu_count
+from tiling.sources.grid import chip_offsets
+from tiling.sources.reader import RasterReader
+from tiling.synthetic.scenes import SynthConfig, scene_folders, synthesize_scenes
+from tiling.tiler.config import COMPRESSION_LEVEL
+from tiling.tiler.tile import TileConfig, tile
 
 CHIP = 256
 NAIP_SIZE = (7500, 6000)  # rows x columns of a NAIP quarter quad
@@ -121,13 +121,13 @@ for k, path in enumerate(sys.argv[4:]):
 # The parts of `tile` timed for the breakdown: (label, owner, attribute). Indented labels are
 # parts of the one above them.
 TIMED_PARTS: tuple[tuple[str, Any, str], ...] = (
-    ("plan: inputs checked, chip grid, split", tiling.planfile, "plan_tiling"),
-    ("fingerprints of the inputs", tiling.rankplan, "fingerprints"),
-    ("open the store", tiling.append, "open_writer"),
-    ("reader threads: windows read and prepared", tiling.cut, "_prepare_window"),
+    ("plan: inputs checked, chip grid, split", tiling.tiler.planfile, "plan_tiling"),
+    ("fingerprints of the inputs", tiling.tiler.rankplan, "fingerprints"),
+    ("open the store", tiling.tiler.append, "open_writer"),
+    ("reader threads: windows read and prepared", tiling.tiler.cut, "_prepare_window"),
     ("  read image: GDAL + valid mask", RasterReader, "read_image"),
     ("  read labels: GDAL + class map", RasterReader, "read_labels"),
-    ("cutting threads: chips compressed (_cut_window)", tiling.cut, "_cut_window"),
+    ("cutting threads: chips compressed (_cut_window)", tiling.tiler.cut, "_cut_window"),
     ("  compress chips: zstd + crc32c", ChunkEncoder, "encode"),
     ("writer: shard objects assembled + written", ChipStoreWriter, "_flush"),
     ("writer: group attributes", ChipStoreWriter, "write_attrs"),

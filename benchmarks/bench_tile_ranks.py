@@ -1,7 +1,7 @@
 """Distributed tiling: `landcover tile --workers 1` as one process and as `--nproc 2` ranks.
 
-The same synthetic NAIP-like scenes and labels (`tiling.synth`, written once to a temporary
-folder) are cut into 256 px chips by `landcover tile` run as a subprocess, the way a user
+The same synthetic NAIP-like scenes and labels (`tiling.synthetic.scenes`, written once to a
+temporary folder) are cut into 256 px chips by `landcover tile` run as a subprocess, the way a user
 runs it: as one process (free to use both cores, and on one core: a rank's share of a node
 whose every core runs a rank), and as 2 ranks on the local engine (`--nproc 2`, one reader
 thread per rank). Prints chips/s per rank count, the speed-up (goal >= 1.8x on 2 cores), the
@@ -35,10 +35,10 @@ from pathlib import Path
 
 from bench_store_records import commit_all
 
-from tiling.blobcopy import COPY_THREADS
-from tiling.commit import assign_sources
-from tiling.store import open_store
-from tiling.synth import SynthConfig, synthesize_scenes
+from tiling.chipstore.store import open_store
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
+from tiling.tiler.blobcopy import COPY_THREADS
+from tiling.tiler.commit import assign_sources
 
 CHIP = 256
 SHARD = 64  # `landcover tile`'s default --shard-size

@@ -47,10 +47,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from landcover.data import ShardDataset, gather_chips, normalise, random_ops
 from landcover.models.registry import build_model
 from landcover.training import cpu_model_name, segmentation_loss
-from tiling.shared.machine import local_cpu_count
-from tiling.store import load_shard_into_memory, open_store
-from tiling.synth import SynthConfig, synthesize_scenes
-from tiling.tile import TileConfig, tile
+from tiling.chipstore.store import load_shard_into_memory, open_store
+from tiling.runtime.machine import local_cpu_count
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
+from tiling.tiler.tile import TileConfig, tile
 
 CHIP = 256
 NUM_CLASSES = 5

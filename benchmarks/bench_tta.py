@@ -33,8 +33,8 @@ from landcover.prediction.runtime import load_window_model
 from landcover.prediction.tta import average_over_symmetries, tta_ops
 from landcover.training import train
 from landcover.training.config import TrainConfig
-from tiling.synth import SynthConfig, synthesize_scenes
-from tiling.tile import TileConfig, tile
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
+from tiling.tiler.tile import TileConfig, tile
 
 REPEATS = 3
 

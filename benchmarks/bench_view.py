@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from landcover.prediction.outgrid import TAG_CLASS_MAP
 from landcover.view import ViewConfig, build_page, class_areas, open_map
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 FIVE = get_class_map("chesapeake7to5")
 

@@ -118,7 +118,7 @@ def predict_tiled(folder: Path, n: int, ranks: int) -> StageRun:
     the pixels' values do not matter here, their cost does)."""
     from landcover.models.modelfile import ModelMeta, save_model_file
     from landcover.models.registry import build_model
-    from tiling.classes import get_class_map
+    from tiling.sources.classes import get_class_map
 
     class_map = get_class_map("chesapeake7to5")
     model = folder / "model.pt"

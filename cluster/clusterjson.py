@@ -91,8 +91,8 @@ from cluster.specfile import (
     validate_document,
 )
 from cluster.vmsizes import LOCAL, known_vm_sizes, lookup_vm_size
-from tiling.shared.jsontext import parse_json
-from tiling.shared.machine import local_cpu_count, local_gpu_count
+from tiling.runtime.jsontext import parse_json
+from tiling.runtime.machine import local_cpu_count, local_gpu_count
 
 logger = logging.getLogger(__name__)
 

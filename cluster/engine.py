@@ -33,8 +33,8 @@ from cluster.engines import SharesCores, engine_info, load
 from cluster.errors import ClusterError
 from cluster.redact import Redactor, collect_secret_values
 from cluster.spec import ClusterSpec
-from tiling.shared.atomic import text_writer, write_files_atomic
-from tiling.shared.machine import cores_per_rank
+from tiling.runtime.atomic import text_writer, write_files_atomic
+from tiling.runtime.machine import cores_per_rank
 
 _REF = re.compile(r"\$\{\{(inputs|outputs)\.([A-Za-z_][A-Za-z0-9_]*)\}\}")
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tiling.shared.atomic import write_text_atomic
-from tiling.shared.rankenv import RESTART_COUNT_ENV
+from tiling.runtime.atomic import write_text_atomic
+from tiling.runtime.rankenv import RESTART_COUNT_ENV
 
 ERROR_DIR_ENV = "LANDCOVER_ERROR_DIR"
 ERROR_SUFFIX = ".error"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from cluster.errors import ClusterError, ClusterSpecError
 from cluster.redact import Redactor
 from cluster.vmsizes import LOCAL
-from tiling.shared.machine import local_cpu_count, local_gpu_count
+from tiling.runtime.machine import local_cpu_count, local_gpu_count
 
 if TYPE_CHECKING:  # the JSON schema's names (pydantic): not imported to run a spec
     from cluster.specfile import DataMode, EngineName

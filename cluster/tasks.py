@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from cluster.engines import ENGINES, engine_info, load
 from cluster.errors import ClusterError
-from tiling.shared.units import UnitRunner
+from tiling.runtime.units import UnitRunner
 
 if TYPE_CHECKING:
     from cluster.engine import Job, Plan

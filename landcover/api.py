@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from landcover.prediction.tiled import TiledResult
     from landcover.stagerun import Executor
     from landcover.training.trainer import TrainResult
-    from tiling.tile import TileResult
+    from tiling.tiler.tile import TileResult
 
 PathLike = str | os.PathLike[str]
 Sources = PathLike | Iterable[PathLike]
@@ -55,7 +55,7 @@ def tile(
 ) -> TileResult:
     """Cut `images` (paths, globs or URLs) and their `labels` into a chip store at `out`.
 
-    `options` are `tiling.config.TileConfig` fields: `chip_size=256`, `stride`, `shard_size`,
+    `options` are `tiling.tiler.config.TileConfig` fields: `chip_size=256`, `stride`, `shard_size`,
     `min_valid`, `class_map`, `val_fraction`, `workers`, `storage_options`, `overwrite`, ...
     Rerunning the same call resumes an interrupted store, as `landcover tile` does.
     `cluster`: a cluster.json path (engine "dask") or a `distributed.Client`; each source is
@@ -63,8 +63,8 @@ def tile(
     """
     from landcover.stageconfig import TileStage
     from landcover.stagerun import run_stage
-    from tiling.config import TileConfig
-    from tiling.inputs import resolve_inputs
+    from tiling.sources.inputs import resolve_inputs
+    from tiling.tiler.config import TileConfig
 
     config = _config(
         TileConfig, images=_strings(images), out=os.fspath(out), labels=_strings(labels), **options
@@ -127,7 +127,7 @@ def predict(
     from landcover.prediction.config import PredictConfig
     from landcover.stageconfig import PredictStage, check_predict_outputs
     from landcover.stagerun import run_stage
-    from tiling.inputs import resolve_inputs
+    from tiling.sources.inputs import resolve_inputs
 
     _check_types({"tile_px": tile_px}, {"tile_px": "int | None"}, "predict")
     config = _config(

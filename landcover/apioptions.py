@@ -1,7 +1,7 @@
 """The keyword options of `landcover.api`'s calls, typed: one `TypedDict` per config.
 
 `landcover.tile(..., **options: Unpack[TileOptions])` lets a type checker and an editor check
-and complete each option of `tiling.config.TileConfig`, and so for `TrainConfig` and
+and complete each option of `tiling.tiler.config.TileConfig`, and so for `TrainConfig` and
 `PredictConfig`. Each key is a field of its config that the call does not take by name, with
 the field's type; the defaults and the checks stay in the config alone (a key left out takes
 the config's default). tests/landcover/test_api.py keeps the keys and the fields equal.
@@ -21,7 +21,7 @@ __all__ = ["PredictOptions", "TileOptions", "TrainOptions"]
 
 
 class TileOptions(TypedDict, total=False):
-    """`tiling.config.TileConfig` fields but images, out and labels."""
+    """`tiling.tiler.config.TileConfig` fields but images, out and labels."""
 
     chip_size: int
     stride: int | None

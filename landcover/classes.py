@@ -1,6 +1,6 @@
 """Class tables for models and maps.
 
-The tables and remaps themselves live in `tiling.classes` (the tile command applies them);
+The tables and remaps themselves live in `tiling.sources.classes` (the tile command applies them);
 this module adds what only the model side needs: colormaps for rasters and plots.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from tiling.classes import (
+from tiling.sources.classes import (
     DEFAULT_CLASS_MAP,
     NODATA_CODE,
     ClassInfo,

@@ -1,7 +1,7 @@
 """Configs whose fields are their command's options: one definition per option.
 
 A config is a frozen dataclass whose fields declare their command-line flag and help
-(`tiling.shared.flags`: `option`, `flag`); the field's type gives the kind of value and, for a
+(`tiling.runtime.flags`: `option`, `flag`); the field's type gives the kind of value and, for a
 `Literal`, the choices. From that one table come the click options of the command
 (`click_options`), the argv that gives a worker the configuration (`config_argv`), its JSON
 (`plain`) and, for a field whose type is a `TextValue` (e.g.
@@ -40,7 +40,7 @@ from typing import (
 import click
 
 from landcover.options import storage_options_option
-from tiling.shared.flags import Flag
+from tiling.runtime.flags import Flag
 
 __all__ = [
     "ALIASES_WARNED",

@@ -40,8 +40,8 @@ from landcover.scaling.report import ReportPaths, write_scaling_report
 from landcover.scaling.runs import load_runs
 from landcover.scaling.sweep import SweepConfig, SweepResult, run_sweep, spec_for_workers
 from landcover.training.config import TrainConfig
-from tiling.synth import SynthConfig, SynthResult, synthesize_scenes
-from tiling.tile import TileConfig, TileResult, tile
+from tiling.synthetic.scenes import SynthConfig, SynthResult, synthesize_scenes
+from tiling.tiler.tile import TileConfig, TileResult, tile
 
 logger = logging.getLogger(__name__)
 

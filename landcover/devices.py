@@ -1,4 +1,4 @@
-"""The torch side of the device policy (`tiling.shared.device`): the GPUs torch sees, and the
+"""The torch side of the device policy (`tiling.runtime.device`): the GPUs torch sees, and the
 `torch.device` a process of train, tune or predict runs on."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from landcover.errors import LandcoverError
-from tiling.shared.device import DeviceChoiceError, choose_device, rank_device_name
+from tiling.runtime.device import DeviceChoiceError, choose_device, rank_device_name
 
 __all__ = ["rank_device", "torch_device", "visible_gpu_count"]
 
@@ -24,7 +24,7 @@ def torch_device(
     gpu_per_rank: bool = False,
     error: type[LandcoverError] = LandcoverError,
 ) -> torch.device:
-    """The device for `--device text` of this process (`tiling.shared.device.choose_device`),
+    """The device for `--device text` of this process (`tiling.runtime.device.choose_device`),
     checked against what is here; a refusal raises `error` (the command's error class)."""
     try:
         name = choose_device(

@@ -2,7 +2,7 @@
 
 `read_dist_env` is the ONE place a stage reads its place in the job: the training worker, and
 `landcover stage-rank URL` (the ranks of a distributed tile or predict job). The
-variables and their parsing are the shared contract (`tiling.shared.rankenv`: torchrun's
+variables and their parsing are the shared contract (`tiling.runtime.rankenv`: torchrun's
 names, or SLURM's under srun); a bad value is a `LaunchEnvError` here. No torch here: the
 environment is checked before anything heavy is imported.
 
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from landcover.errors import LaunchEnvError
-from tiling.shared.rankenv import (
+from tiling.runtime.rankenv import (
     GLOO_SOCKET_IFNAME_ENV,
     NCCL_SOCKET_IFNAME_ENV,
     DistEnv,
@@ -46,7 +46,7 @@ def pooled_share(busy: Sequence[int], rank: int, local_ranks: range, per_rank: i
 
 def read_dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """This process's place in the job from the launcher's variables (default: `os.environ`;
-    `tiling.shared.rankenv.read_rank_env`); none set means a world of one. A bad value raises
+    `tiling.runtime.rankenv.read_rank_env`); none set means a world of one. A bad value raises
     `LaunchEnvError` naming the variable and the fix."""
     try:
         return read_rank_env(os.environ if environ is None else environ)

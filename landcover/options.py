@@ -93,7 +93,7 @@ def check_output_url(url: str, *, option: str, remote: bool = False) -> None:
     az:// (abfs://, abfss://). Any other scheme (s3://, http://, memory://, a typo) would fail
     late, vanish with the process (memory://) or land in a local folder named after the
     scheme ("az:/container/..."). Raises `OutputError`."""
-    from tiling.shared.urls import AZURE_PROTOCOLS, is_local, protocol  # zarr: only when checking
+    from tiling.runtime.urls import AZURE_PROTOCOLS, is_local, protocol  # zarr: only when checking
 
     scheme = protocol(url)
     # "run:1" is a local name; only "scheme://" makes a URL of it

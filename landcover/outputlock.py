@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from landcover.errors import LandcoverError, OutputBusyError
-from tiling.shared.lockfile import still_at
+from tiling.runtime.lockfile import still_at
 
 __all__ = ["exclusive_outputs", "exclusive_writer", "lock_path_for"]
 
@@ -41,7 +41,7 @@ def lock_path_for(output: str, *, inside: bool = False) -> Path:
     one, or with `inside` (a directory output whose parent may be read-only, e.g. a tiled
     product) the hidden `<output>/.landcover.lock`; for a URL, a file named by the URL's hash
     in this machine's temporary directory."""
-    from tiling.shared.urls import is_local, local_path  # imports zarr: only when a lock is taken
+    from tiling.runtime.urls import is_local, local_path  # imports zarr: only when a lock is taken
 
     if is_local(output):
         local = local_path(output).absolute()

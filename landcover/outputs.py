@@ -11,7 +11,7 @@ remains beside the new one. `check_output_file`, `check_can_create` and
 for (a directory that takes new files, not a directory where a file goes), and
 `require_distinct` that no two outputs of one command, nor an output and an input, are one file.
 
-`write_atomic` and its kin are the shared writer (`tiling.shared.atomic`: temp file, fsync,
+`write_atomic` and its kin are the shared writer (`tiling.runtime.atomic`: temp file, fsync,
 the permissions of a plain open, rename, fsync of the directory) under `output_errors`: a file
 system that refuses the write (full, read-only, no permission) becomes `OutputError`, one line
 naming the output and the fix, and a file that appeared after the command's check without
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from landcover.errors import OutputError, OutputExistsError
 from landcover.writefailures import write_failure_message
-from tiling.shared import atomic
-from tiling.shared.atomic import WRITE_FAILURE_ERRNOS, Writer
+from tiling.runtime import atomic
+from tiling.runtime.atomic import WRITE_FAILURE_ERRNOS, Writer
 
 __all__ = [
     "check_can_create",
@@ -220,7 +220,7 @@ def output_errors() -> Iterator[None]:
 
 
 def write_atomic(path: str | os.PathLike[str], write: Writer, *, overwrite: bool = True) -> None:
-    """`tiling.shared.atomic.write_atomic` with landcover's errors (`output_errors`)."""
+    """`tiling.runtime.atomic.write_atomic` with landcover's errors (`output_errors`)."""
     with output_errors():
         atomic.write_atomic(path, write, overwrite=overwrite)
 
@@ -228,7 +228,7 @@ def write_atomic(path: str | os.PathLike[str], write: Writer, *, overwrite: bool
 def write_bytes_atomic(
     path: str | os.PathLike[str], data: bytes, *, overwrite: bool = True
 ) -> None:
-    """`tiling.shared.atomic.write_bytes_atomic` with landcover's errors."""
+    """`tiling.runtime.atomic.write_bytes_atomic` with landcover's errors."""
     with output_errors():
         atomic.write_bytes_atomic(path, data, overwrite=overwrite)
 
@@ -236,7 +236,7 @@ def write_bytes_atomic(
 def write_text_atomic(
     path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8", overwrite: bool = True
 ) -> None:
-    """`tiling.shared.atomic.write_text_atomic` with landcover's errors."""
+    """`tiling.runtime.atomic.write_text_atomic` with landcover's errors."""
     with output_errors():
         atomic.write_text_atomic(path, text, encoding=encoding, overwrite=overwrite)
 
@@ -247,7 +247,7 @@ def write_files_atomic(
     overwrite: bool,
     modes: Mapping[Path, int | None] | None = None,
 ) -> None:
-    """`tiling.shared.atomic.write_files_atomic` (all or nothing) with landcover's errors."""
+    """`tiling.runtime.atomic.write_files_atomic` (all or nothing) with landcover's errors."""
     with output_errors():
         atomic.write_files_atomic(files, overwrite=overwrite, modes=modes)
 
@@ -255,7 +255,7 @@ def write_files_atomic(
 def publish(
     tmp: str | os.PathLike[str], target: str | os.PathLike[str], *, overwrite: bool
 ) -> None:
-    """`tiling.shared.atomic.publish` (a finished temp file put in place) with landcover's
+    """`tiling.runtime.atomic.publish` (a finished temp file put in place) with landcover's
     errors."""
     with output_errors():
         atomic.publish(tmp, target, overwrite=overwrite)
@@ -285,7 +285,7 @@ def _probe(label: str, directory: Path) -> None:
 def _holds(directory: str, path: str) -> bool:
     """Whether the output `directory` (a trailing slash, or an existing local directory)
     holds `path`, at any depth."""
-    from tiling.shared.urls import is_local, local_path
+    from tiling.runtime.urls import is_local, local_path
 
     if not (is_local(directory) and is_local(path)):
         return directory.endswith("/") and path.startswith(directory)
@@ -299,7 +299,7 @@ def _holds(directory: str, path: str) -> bool:
 
 
 def _same_file(a: str, b: str) -> bool:
-    from tiling.shared.urls import is_local, local_path  # zarr and fsspec: only when comparing
+    from tiling.runtime.urls import is_local, local_path  # zarr and fsspec: only when comparing
 
     if not (is_local(a) and is_local(b)):
         return a.rstrip("/") == b.rstrip("/")

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 from landcover.errors import LandcoverError, OutputError
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.tilesize import require_tile_size
-from tiling.config import TileConfig
 from tiling.errors import TilingError
-from tiling.shared.urls import is_local, local_path
-from tiling.stacquery import StacSource
+from tiling.runtime.urls import is_local, local_path
+from tiling.sources.stacquery import StacSource
 from tiling.staged import StagedFolder, content_key, staging_url
+from tiling.tiler.config import TileConfig
 
 if TYPE_CHECKING:
     from landcover.prediction.region import Region

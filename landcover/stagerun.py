@@ -35,7 +35,7 @@ from landcover.errors import LandcoverError
 from landcover.options import storage_options_env
 from landcover.stageconfig import PredictStage, Stage, publish_stage, remove_published, stage_url
 from landcover.stagework import ProgressBar, StageOutcome, run_as_rank, run_here
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 
 RANK_MODULE = "landcover"  # every rank runs `python -m landcover stage-rank URL`
 RANK_COMMAND = "stage-rank"

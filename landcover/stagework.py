@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from landcover.distenv import pooled_share
 from landcover.stageconfig import PredictStage, Stage, TileStage
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 
 if TYPE_CHECKING:
     from landcover.prediction.config import PredictConfig
     from landcover.prediction.outgrid import OutputGrid
-    from tiling.store import StoreSummary
-    from tiling.tile import TilePlan
-    from tiling.units import UnitRunner
+    from tiling.chipstore.store import StoreSummary
+    from tiling.tiler.tile import TilePlan
+    from tiling.tiler.units import UnitRunner
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def imports_kept_out_of_collections() -> Iterator[None]:
     a fifth of the CPU the imports cost. Only when this call imports them (a process's
     first tile), so that a process running many commands freezes its objects once.
     """
-    first = "tiling.tile" not in sys.modules
+    first = "tiling.tiler.tile" not in sys.modules
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -140,9 +140,9 @@ def _tile(
     say: _Lines,
 ) -> Any:
     with imports_kept_out_of_collections():
-        from tiling.planfile import plan_for_rank
-        from tiling.shared.machine import cores_per_rank
-        from tiling.tile import tile
+        from tiling.runtime.machine import cores_per_rank
+        from tiling.tiler.planfile import plan_for_rank
+        from tiling.tiler.tile import tile
 
     config = stage.config
     pooled = dist.is_distributed and config.workers is None  # the ranks on a node share cores
@@ -174,7 +174,7 @@ def _pooled_workers(plan: TilePlan, dist: DistEnv, per_rank: int) -> int:
     """Reader threads for this rank when the ranks of its machine pool their cores: a rank
     that owns no source (more ranks than sources) leaves its share to those that do; rank 0
     always has work (it commits)."""
-    from tiling.commit import source_owners
+    from tiling.tiler.commit import source_owners
 
     owners = set(source_owners(plan, dist.world_size))
     busy = [r for r in dist.local_ranks if r == 0 or r in owners]

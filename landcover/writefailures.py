@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from landcover.errors import OutputError
-from tiling.shared.atomic import FULL_ERRNOS, WRITE_FAILURE_ERRNOS
+from tiling.runtime.atomic import FULL_ERRNOS, WRITE_FAILURE_ERRNOS
 
 __all__ = ["raster_write_errors", "raster_write_refusal", "write_failure_message"]
 

@@ -26,7 +26,7 @@ from tests.browser import chromium  # noqa: F401  (the session fixture, register
 from tests.landcover.cli.readers import Scene, write_scene
 from tests.support.paths import REAL_NAIP_DIR, REPO_ROOT  # noqa: F401  (tests import them from here)
 from tests.support.slurm_testbed import SlurmTestbed, slurm_testbed_unavailable_reason
-from tiling.shared.machine import cores_per_rank
+from tiling.runtime.machine import cores_per_rank
 
 HEADER_PACKAGES = ("torch", "torchvision", "numpy", "rasterio", "zarr")
 # Fixtures that start or need a service: a test asking for one (directly or through another

@@ -11,7 +11,7 @@ import torch
 
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_peers import EDGE_PX, SameWeights, near_window_edges  # type: ignore[import-not-found]

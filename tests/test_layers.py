@@ -8,7 +8,7 @@ The graph is grimp's (import-linter's engine), built from the sources without im
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import grimp
@@ -106,7 +106,7 @@ def test_a_circle_and_an_upward_import_are_found(
     assert made.find_shortest_chains(importer="layered.low", imported="layered.top")
 
 
-SHARED = "tiling.shared"
+RUNTIME = "tiling.runtime"
 
 
 def _tiling_imports(graph: grimp.ImportGraph, package: str) -> set[tuple[str, str]]:
@@ -120,33 +120,35 @@ def _tiling_imports(graph: grimp.ImportGraph, package: str) -> set[tuple[str, st
     }
 
 
-def _in_shared(module: str) -> bool:
-    return module == SHARED or module.startswith(f"{SHARED}.")
+def _in_runtime(module: str) -> bool:
+    return module == RUNTIME or module.startswith(f"{RUNTIME}.")
 
 
-def test_cluster_uses_only_the_shared_layer_of_tiling(graph: grimp.ImportGraph) -> None:
-    """cluster may import `tiling.shared` (the layer all three packages use), nothing else of
-    tiling; and the shared layer imports nothing of tiling but itself and `tiling.errors`, so
+def test_cluster_uses_only_the_runtime_layer_of_tiling(graph: grimp.ImportGraph) -> None:
+    """cluster may import `tiling.runtime` (the layer all three packages use), nothing else of
+    tiling; and the runtime layer imports nothing of tiling but itself and `tiling.errors`, so
     cluster reaches no more of tiling through it."""
-    beyond = {pair for pair in _tiling_imports(graph, "cluster") if not _in_shared(pair[1])}
+    beyond = {pair for pair in _tiling_imports(graph, "cluster") if not _in_runtime(pair[1])}
     assert not beyond, sorted(beyond)
     outside = {
         (m, t)
-        for m, t in _tiling_imports(graph, SHARED)
-        if not _in_shared(t) and t not in ("tiling", "tiling.errors")
+        for m, t in _tiling_imports(graph, RUNTIME)
+        if not _in_runtime(t) and t not in ("tiling", "tiling.errors")
     }
     assert not outside, sorted(outside)
 
 
-def test_the_shared_layer_is_cheap_to_import() -> None:
-    """No torch, zarr, fsspec or rasterio when every shared module is imported."""
+def test_the_runtime_layer_is_cheap_to_import() -> None:
+    """No torch, zarr, fsspec or rasterio when every runtime module is imported."""
     import subprocess
     import sys
 
-    shared = sorted(p.stem for p in (Path(__file__).parents[1] / "tiling" / "shared").glob("*.py"))
+    runtime = sorted(
+        p.stem for p in (Path(__file__).parents[1] / "tiling" / "runtime").glob("*.py")
+    )
     code = (
         "import sys\n"
-        + "".join(f"import tiling.shared.{name}\n" for name in shared if name != "__init__")
+        + "".join(f"import tiling.runtime.{name}\n" for name in runtime if name != "__init__")
         + "print(sorted({'torch', 'zarr', 'fsspec', 'rasterio'} & set(sys.modules)))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -204,3 +206,90 @@ def test_an_import_of_an_engine_module_is_found(
         "engined.top.indirect -> engined.helper -> engined.eng.client",
     ]
     assert not imports_into(made, "engined.top.clean", "engined.eng")
+
+
+# The sub-packages of tiling, floor by floor from the bottom. A module imports modules of its
+# own sub-package and of lower floors only: no import sideways between two sub-packages of one
+# floor, none back up. A module of tiling outside every entry has no floor and fails the test.
+TILING_ROOT = ("tiling", "tiling.errors")  # the package's own modules: floor 0
+TILING_FLOORS: tuple[tuple[str, ...], ...] = (
+    TILING_ROOT,
+    ("tiling.runtime",),
+    ("tiling.staged", "tiling.sources"),
+    ("tiling.chipstore", "tiling.synthetic"),
+    ("tiling.tiler",),
+)
+
+
+def floor_units(
+    floors: tuple[tuple[str, ...], ...], root: tuple[str, ...]
+) -> Callable[[str], tuple[int, str] | None]:
+    """`module -> (floor, unit)`: the root modules are one unit, a sub-package's module belongs
+    to its sub-package; None for a module on no floor."""
+
+    def place(module: str) -> tuple[int, str] | None:
+        for floor, units in enumerate(floors):
+            for unit in units:
+                if module == unit or (unit not in root and module.startswith(f"{unit}.")):
+                    return floor, (root[0] if unit in root else unit)
+        return None
+
+    return place
+
+
+def floor_violations(
+    graph: grimp.ImportGraph,
+    package: str,
+    floors: tuple[tuple[str, ...], ...],
+    root: tuple[str, ...],
+) -> list[str]:
+    """Each module of `package` on no floor, and each import from one unit into another that
+    is not on a lower floor, as text."""
+    place = floor_units(floors, root)
+    found = []
+    modules = sorted({package} | graph.find_descendants(package))
+    for module in modules:
+        here = place(module)
+        if here is None:
+            found.append(f"{module}: on no floor")
+            continue
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            there = place(imported) if imported.split(".")[0] == package else None
+            if there is None or there[1] == here[1] or there[0] < here[0]:
+                continue
+            way = "sideways" if there[0] == here[0] else "up"
+            found.append(f"{module} -> {imported} ({way}: floor {here[0]} -> {there[0]})")
+    return found
+
+
+def test_tiling_imports_point_down_its_floors(graph: grimp.ImportGraph) -> None:
+    assert not floor_violations(graph, "tiling", TILING_FLOORS, TILING_ROOT)
+
+
+def test_an_import_sideways_or_up_a_floor_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above on a package with one import up a floor, one sideways and a module on
+    no floor."""
+    root = tmp_path / "floored"
+    for folder in (root, root / "low", root / "left", root / "right", root / "top"):
+        folder.mkdir()
+        (folder / "__init__.py").write_text("")
+    (root / "errors.py").write_text("")
+    (root / "low" / "base.py").write_text("from floored import errors\n")
+    (root / "left" / "a.py").write_text("from floored.low import base\n")
+    (root / "right" / "b.py").write_text("def f():\n    from floored.left import a\n")
+    (root / "top" / "run.py").write_text(
+        "from floored.left import a\nfrom floored.right import b\n"
+    )
+    (root / "low" / "up.py").write_text("from floored.top import run\n")
+    (root / "stray.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = grimp.build_graph("floored", cache_dir=None)
+    floors = (("floored", "floored.errors"), ("floored.low",), ("floored.left", "floored.right"),
+              ("floored.top",))  # fmt: skip
+    assert floor_violations(made, "floored", floors, ("floored", "floored.errors")) == [
+        "floored.low.up -> floored.top.run (up: floor 1 -> 3)",
+        "floored.right.b -> floored.left.a (sideways: floor 2 -> 2)",
+        "floored.stray: on no floor",
+    ]

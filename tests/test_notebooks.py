@@ -15,7 +15,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from tests.conftest import REPO_ROOT
-from tiling.store import FORMAT_VERSION
+from tiling.chipstore.store import FORMAT_VERSION
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = (

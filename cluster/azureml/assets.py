@@ -39,7 +39,7 @@ from typing import Any
 from cluster.azureml.section import AzureMLSpec
 from cluster.errors import ClusterError
 from cluster.spec import ClusterSpec
-from tiling.shared.urls import is_local
+from tiling.runtime.urls import is_local
 
 # PyTorch's own image: Python 3.11 with torch 2.6.0 + torchvision 0.21.0 built for CUDA 12.4
 # (pyproject's floor: below torch 2.6 weights_only loading can be bypassed).

@@ -61,7 +61,7 @@ from cluster.engine import (
 from cluster.errors import ClusterError, EngineUnavailableError, LaunchError
 from cluster.redact import Redactor
 from cluster.spec import ClusterSpec
-from tiling.shared.urls import is_local
+from tiling.runtime.urls import is_local
 
 logger = logging.getLogger(__name__)
 

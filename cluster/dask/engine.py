@@ -44,9 +44,9 @@ from cluster.errors import LaunchError
 from cluster.failures import ERROR_DIR_ENV, clear_worker_errors, first_worker_error
 from cluster.redact import REDACTED, Redactor
 from cluster.spec import ClusterSpec
-from tiling.shared import rankenv
-from tiling.shared.rankenv import DistEnv
-from tiling.shared.urls import is_local
+from tiling.runtime import rankenv
+from tiling.runtime.rankenv import DistEnv
+from tiling.runtime.urls import is_local
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def assign_ranks(
 
 
 def rank_environment(place: RankPlace, *, world: int, master: tuple[str, int]) -> dict[str, str]:
-    """The variables a rank reads its place from (`tiling.shared.rankenv`), and its worker."""
+    """The variables a rank reads its place from (`tiling.runtime.rankenv`), and its worker."""
     return rankenv.rank_environment(
         DistEnv(
             rank=place.rank,

@@ -22,7 +22,7 @@ from pydantic import AfterValidator, Field, StrictInt, StrictStr
 from cluster.engines import EngineRules
 from cluster.errors import ClusterSpecError
 from cluster.jsonmodel import JsonModel
-from tiling.shared.machine import cores_per_rank, local_cpu_count
+from tiling.runtime.machine import cores_per_rank, local_cpu_count
 
 # a scheduler address as distributed takes it: [tcp|tls|ucx|ws|wss://]host[:port]
 _SCHEDULER_RE = re.compile(

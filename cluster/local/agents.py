@@ -25,7 +25,7 @@ from cluster.failures import clear_worker_errors, first_worker_error
 from cluster.local.netns import NodeNetwork
 from cluster.local.plan import LocalPlan
 from cluster.output import OutputPump, TerminalFilter
-from tiling.shared.urls import is_local
+from tiling.runtime.urls import is_local
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from cluster._lifecycle import Started
 from cluster.errors import ClusterError, ClusterSpecError
-from tiling.shared.rankenv import GLOO_SOCKET_IFNAME_ENV, NCCL_SOCKET_IFNAME_ENV
+from tiling.runtime.rankenv import GLOO_SOCKET_IFNAME_ENV, NCCL_SOCKET_IFNAME_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from cluster.failures import ERROR_DIR_ENV
 from cluster.local.netns import LinkShape, NetworkLayout, plan_network, silent_nameservers
 from cluster.redact import REDACTED, Redactor
 from cluster.spec import ClusterSpec
-from tiling.shared.machine import local_cpu_count, local_gpu_count
-from tiling.shared.rankenv import DistEnv, rank_environment
-from tiling.shared.urls import is_local
+from tiling.runtime.machine import local_cpu_count, local_gpu_count
+from tiling.runtime.rankenv import DistEnv, rank_environment
+from tiling.runtime.urls import is_local
 
 LOOPBACK = "127.0.0.1"
 # node 0's namespace is fresh: nothing else listens there

@@ -31,8 +31,8 @@ from cluster.errors import EngineUnavailableError, LaunchError
 from cluster.failures import clear_worker_errors, first_worker_error
 from cluster.output import TerminalFilter, error_message
 from cluster.slurm.plan import SCRIPT_NAME, SlurmPlan, plan_slurm
-from tiling.shared.atomic import write_text_atomic
-from tiling.shared.urls import is_local
+from tiling.runtime.atomic import write_text_atomic
+from tiling.runtime.urls import is_local
 
 logger = logging.getLogger(__name__)
 

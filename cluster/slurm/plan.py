@@ -34,8 +34,8 @@ from cluster.failures import ERROR_DIR_ENV
 from cluster.redact import REDACTED, Redactor
 from cluster.slurm.section import SlurmSpec
 from cluster.spec import ClusterSpec
-from tiling.shared.rankenv import GLOO_SOCKET_IFNAME_ENV, NCCL_SOCKET_IFNAME_ENV
-from tiling.shared.urls import is_local
+from tiling.runtime.rankenv import GLOO_SOCKET_IFNAME_ENV, NCCL_SOCKET_IFNAME_ENV
+from tiling.runtime.urls import is_local
 
 SCRIPT_NAME = "slurm.sbatch"
 # MASTER_PORT = MASTER_PORT_BASE + job id % MASTER_PORT_SPAN: above the well-known and

@@ -68,9 +68,9 @@ from landcover.prediction.tilevrt import VrtTile, write_tile_vrt
 from landcover.view.areas import cell_areas
 from landcover.view.mapfile import MapFile, open_map
 from landcover.writefailures import raster_write_errors
-from tiling.classes import NODATA_CODE
-from tiling.shared.atomic import text_writer
-from tiling.shared.urls import is_local
+from tiling.runtime.atomic import text_writer
+from tiling.runtime.urls import is_local
+from tiling.sources.classes import NODATA_CODE
 
 __all__ = [
     "CHANGE_FILES",

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from landcover.errors import ChangeError
 from landcover.markup import markdown_text
-from tiling.classes import NODATA_CODE, ClassInfo, ClassMap
+from tiling.sources.classes import NODATA_CODE, ClassInfo, ClassMap
 
 __all__ = [
     "CHANGE_FORMAT",

@@ -44,7 +44,7 @@ from landcover.markup import terminal_text
 from landcover.warnlog import WarningLogger
 from landcover.writefailures import write_failure_message
 from tiling.errors import TilingError
-from tiling.shared.atomic import WRITE_FAILURE_ERRNOS
+from tiling.runtime.atomic import WRITE_FAILURE_ERRNOS
 
 # ctx.meta keys (shared by every context of one command line; see landcover.cli.stagejob)
 SUBCOMMAND_ARGS = "landcover.subcommand_args"  # the subcommand's raw arguments (as typed)
@@ -262,7 +262,7 @@ def storage_refusal(exc: BaseException) -> str | None:
     """The one line for a full or read-only file system that reached us as another library's
     error rather than an OSError (SQLite's "database or disk is full", GDAL's "No space left
     on device"), found anywhere in the exception's chain; None when it is no such refusal."""
-    from tiling.shared.urls import exception_chain  # imports zarr: only on this error path
+    from tiling.runtime.urls import exception_chain  # imports zarr: only on this error path
 
     for error in exception_chain(exc):
         said = (str(error).splitlines() or [""])[0]

@@ -45,7 +45,7 @@ def evaluate_command(
     """Score PREDICTION (a land-cover raster) against truth rasters, or estimate its class
     areas and accuracies from a labelled stratified sample (--reference)."""
     from landcover.evaluation import check_report_target, evaluate_prediction, write_report
-    from tiling.shared.urls import check_storage_options
+    from tiling.runtime.urls import check_storage_options
 
     if overwrite and out_dir is None:
         raise EvaluationError(
@@ -80,7 +80,7 @@ def evaluate_command(
 def _map_of(prediction: str) -> str:
     """PREDICTION as a raster: a tiled product's directory stands for its mosaic
     (DIR/mosaic.vrt); another directory is refused in one line saying what to give."""
-    from tiling.shared.urls import is_local, local_path
+    from tiling.runtime.urls import is_local, local_path
 
     if not is_local(prediction) or not local_path(prediction).is_dir():
         return prediction

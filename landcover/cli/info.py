@@ -11,9 +11,9 @@ import click
 
 from landcover.cli.tiling import mb
 from landcover.options import storage_options_option
+from tiling.chipstore.store import StoreSummary, open_store
 from tiling.errors import StoreCorruptError
-from tiling.shared.urls import check_storage_options
-from tiling.store import StoreSummary, open_store
+from tiling.runtime.urls import check_storage_options
 
 
 @click.command("info")

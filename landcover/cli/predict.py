@@ -197,7 +197,7 @@ def _check_quicklook(out: str, quicklook: bool, *, tiled: bool, overwrite: bool)
     """Whether to write the map's quicklook: asked for and the output local. Refuses, before
     any work, a file at the quicklook's path without --overwrite (a tiled product's own
     quicklook is replaced: a rerun resumes the product)."""
-    from tiling.shared.urls import is_local
+    from tiling.runtime.urls import is_local
 
     if not quicklook or not is_local(out):
         return False

@@ -4,7 +4,7 @@
 `--stac-asset`, `--stac-pick` (and, for `tile`, `--bbox`: `predict` searches its own
 --region / --bbox) and hands the command a single `stac_inputs: StacInputArgs`;
 `StacInputArgs.resolve` expands IMAGES and the search into raster paths with
-`tiling.inputs.resolve_inputs`.
+`tiling.sources.inputs.resolve_inputs`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from tiling.errors import TilingError
-from tiling.stacquery import (
+from tiling.sources.stacquery import (
     DEFAULT_ASSET,
     DEFAULT_MAX_ITEMS,
     PICKS,
@@ -28,7 +28,7 @@ from tiling.stacquery import (
 )
 
 if TYPE_CHECKING:
-    from tiling.inputs import Inputs
+    from tiling.sources.inputs import Inputs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -128,7 +128,9 @@ class StacInputArgs:
         intersects: Mapping[str, Any] | None = None,
     ) -> Inputs:
         """IMAGES (rasters and STAC documents) and the search → raster paths and STAC items."""
-        from tiling.inputs import resolve_inputs  # pystac, shapely, zarr: not for the parent
+        from tiling.sources.inputs import (
+            resolve_inputs,  # pystac, shapely, zarr: not for the parent
+        )
 
         self.check(images, area=intersects is not None)
         options = self._options(intersects=intersects)

@@ -30,7 +30,7 @@ from landcover.cli.app import RANK_KEY, RANK_SECRETS_KEY
 from landcover.distenv import read_dist_env
 from landcover.stageconfig import Stage
 from landcover.stagerun import Ranks, StageError, run_stage
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,6 +1,6 @@
 """`landcover synth` and `landcover tile`: thin wrappers over `tiling` (info: cli/info.py).
 
-`tile`'s options are generated from `tiling.config.TileConfig` (their defaults, help and
+`tile`'s options are generated from `tiling.tiler.config.TileConfig` (their defaults, help and
 checks are its fields'), adding only what is the command's own (the output-URL callback, the
 class-map choices). The command (and `cluster launch -- tile ...`, through `tile_stage`)
 builds one `landcover.stageconfig.TileStage`, its images resolved once, and runs it with
@@ -28,11 +28,11 @@ from landcover.outputs import check_can_create_in
 from landcover.stageconfig import TileStage
 from landcover.stagerun import InProcess, run_stage
 from landcover.stagework import skipped_note
-from tiling.classes import available_class_maps
-from tiling.config import TileConfig
+from tiling.sources.classes import available_class_maps
+from tiling.tiler.config import TileConfig
 
 if TYPE_CHECKING:
-    from tiling.tile import TilePlan
+    from tiling.tiler.tile import TilePlan
 
 DRY_RUN_WORLD_SIZES = (1, 2, 4, 8)
 
@@ -72,7 +72,7 @@ def _progress_bar(total: int) -> Iterator[Callable[[int], None] | None]:
 @click.option("--seed", type=int, default=0, show_default=True)
 def synth_command(out_dir: Path, scenes: int, size_px: int, seed: int) -> None:
     """Write synthetic NAIP-like scenes and Chesapeake labels to OUT_DIR."""
-    from tiling.synth import SynthConfig, scene_folders, synthesize_scenes
+    from tiling.synthetic.scenes import SynthConfig, scene_folders, synthesize_scenes
 
     for folder in scene_folders(out_dir):  # before the world is built
         check_can_create_in(folder)
@@ -135,7 +135,7 @@ def tile_command(
     """
     stage = tile_stage(images=images, stac_inputs=stac_inputs, options=options)
     if dry_run:
-        from tiling.planfile import plan_for_rank
+        from tiling.tiler.planfile import plan_for_rank
 
         for line in describe_plan(plan_for_rank(stage.config, rank=0, world_size=1)):
             click.echo(line)

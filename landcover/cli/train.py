@@ -45,7 +45,7 @@ def train_command(ctx: click.Context, /, nproc: int, **params: Any) -> None:
     from landcover.training import train
     from landcover.training.preflight import check_local_training
     from landcover.training.rundir import removed_if_left_empty
-    from tiling.shared.urls import check_storage_options
+    from tiling.runtime.urls import check_storage_options
 
     config = config_from_params(params)
     # a file:// RUN_DIR is its path, for this process and the workers' argv alike

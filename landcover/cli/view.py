@@ -63,7 +63,7 @@ def view_command(
     opacity, zoom and pan. The output directory of `landcover change` shows its change map
     over the two maps it compares."""
     from landcover.view import ViewConfig, build_page, open_map, serve_page
-    from tiling.sources import expand_inputs
+    from tiling.sources.rasters import expand_inputs
 
     page_path = Path(out)
     maps, change_title = _with_change_maps(tuple(local_output(m) for m in maps))

@@ -1,7 +1,7 @@
 """A rank's shard of chips held in RAM, and the batches cut from it.
 
-The shard is loaded once (`tiling.store.load_shard_into_memory`) and kept as one uint8 tensor
-(on the GPU when it fits). A batch is gathered from it chip by chip, each chip under a random
+The shard is loaded once (`tiling.chipstore.store.load_shard_into_memory`) and kept as one uint8
+tensor (on the GPU when it fits). A batch is gathered from it chip by chip, each chip under a random
 flip/rot90 (the same for image and mask) and converted to float32 in the same strided copy,
 then normalised in place by `landcover.data.normalise`, the function prediction calls too. No
 DataLoader workers: producing a batch this way costs well under 1 % of a training step

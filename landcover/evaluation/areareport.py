@@ -17,7 +17,7 @@ from landcover.outputs import (
     finish_directory_output,
     write_files_atomic,
 )
-from tiling.shared.atomic import text_writer
+from tiling.runtime.atomic import text_writer
 
 __all__ = [
     "AREA_REPORT_FILES",

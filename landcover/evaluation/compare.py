@@ -27,16 +27,16 @@ from landcover.evaluation.scores import Evaluation, confusion_matrix, scores_fro
 from landcover.prediction.outgrid import TAG_CLASS_MAP, OutputGrid, footprint_in_crs
 from landcover.view.display import DisplayGrid
 from landcover.view.mapfile import wrong_bands
-from tiling.classes import (
+from tiling.errors import TilingError
+from tiling.runtime.urls import check_remote_file
+from tiling.sources.classes import (
     DEFAULT_CLASS_MAP,
     NODATA_CODE,
     ClassMap,
     get_class_map,
 )
-from tiling.errors import TilingError
-from tiling.reader import RasterReader
-from tiling.shared.urls import check_remote_file
-from tiling.sources import RasterInfo, expand_inputs, open_label
+from tiling.sources.rasters import RasterInfo, expand_inputs, open_label
+from tiling.sources.reader import RasterReader
 
 __all__ = ["evaluate_prediction", "prediction_on_grid"]
 

@@ -1,7 +1,7 @@
 """`EvaluateConfig`: what an evaluation compares, and the one definition of the options of
 `landcover evaluate` that the library reads.
 
-Each field that is an option declares its flag and help (`tiling.shared.flags`); the command
+Each field that is an option declares its flag and help (`tiling.runtime.flags`); the command
 generates those click options from it and builds the config from the parsed values. Values
 no evaluation can use are refused here, in the constructor (one line). Free of rasterio and
 torch, so that the command's options are known without importing them.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from landcover.errors import EvaluationError
-from tiling.shared.flags import flag, option
+from tiling.runtime.flags import flag, option
 
 __all__ = ["EvaluateConfig"]
 

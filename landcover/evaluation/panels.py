@@ -6,8 +6,8 @@ A scene is a truth raster's footprint on the prediction. Its pictures are read o
 display grid (at most `PANEL_PX` on the longer side): the prediction from its overviews, the
 imagery it was predicted from (recorded by `predict`) from theirs, the truth warped with
 nearest neighbour and remapped as the scores remap it (`landcover.view.display`,
-`tiling.reader`). Drawn with matplotlib, as the confusion matrix is; scene and class names are
-plain text in the pictures and escaped in the page (`landcover.markup`).
+`tiling.sources.reader`). Drawn with matplotlib, as the confusion matrix is; scene and class names
+are plain text in the pictures and escaped in the page (`landcover.markup`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from landcover.markup import html_text, plain_figures, plot_text
 from landcover.prediction.outgrid import footprint_in_crs
 from landcover.view.display import DisplayGrid, class_rgba, locate, read_classes, read_imagery
 from landcover.view.mapfile import open_map
-from tiling.classes import ClassMap
-from tiling.reader import RasterReader
-from tiling.shared.urls import is_local
-from tiling.sources import open_label
+from tiling.runtime.urls import is_local
+from tiling.sources.classes import ClassMap
+from tiling.sources.rasters import open_label
+from tiling.sources.reader import RasterReader
 
 __all__ = [
     "AGREE_RGB",

@@ -30,7 +30,7 @@ from pyproj import Transformer
 from landcover.errors import EvaluationError, OutputError, reason
 from landcover.evaluation.sampling import SamplePoints, values_at
 from landcover.outputs import write_atomic, write_text_atomic
-from tiling.classes import NODATA_CODE, ClassMap
+from tiling.sources.classes import NODATA_CODE, ClassMap
 
 __all__ = [
     "MAP_CODE_COLUMN",

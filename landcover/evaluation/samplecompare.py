@@ -31,8 +31,8 @@ from landcover.evaluation.referencesample import (
 )
 from landcover.evaluation.sampling import count_map_classes, open_maps, values_at
 from landcover.view.mapfile import MapFile
-from tiling.classes import NODATA_CODE, ClassMap, get_class_map
 from tiling.errors import TilingError
+from tiling.sources.classes import NODATA_CODE, ClassMap, get_class_map
 
 __all__ = ["SampleEvaluation", "evaluate_sample"]
 

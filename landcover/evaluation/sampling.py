@@ -27,8 +27,8 @@ from landcover.classes import unknown_codes
 from landcover.errors import EvaluationError
 from landcover.view.areas import CellAreas, cell_areas
 from landcover.view.mapfile import MapFile, open_map
-from tiling.classes import NODATA_CODE, ClassMap
-from tiling.shared.urls import is_local
+from tiling.runtime.urls import is_local
+from tiling.sources.classes import NODATA_CODE, ClassMap
 
 __all__ = [
     "DEFAULT_MIN_PER_CLASS",

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from landcover.errors import EvaluationError
 from landcover.markup import markdown_text
-from tiling.classes import NODATA_CODE, ClassMap
+from tiling.sources.classes import NODATA_CODE, ClassMap
 
 __all__ = ["ClassScore", "Evaluation", "confusion_matrix", "scores_from_confusion"]
 

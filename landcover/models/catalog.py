@@ -20,7 +20,7 @@ from landcover.models.smp_models import (
     architectures,
     encoder_names,
 )
-from tiling.classes import DEFAULT_CLASS_MAP, get_class_map
+from tiling.sources.classes import DEFAULT_CLASS_MAP, get_class_map
 
 __all__ = [
     "CURATED_ENCODERS",

@@ -54,8 +54,8 @@ from landcover.outputs import (
     write_atomic,
     write_bytes_atomic,
 )
-from tiling.shared.flags import flag, option
-from tiling.shared.urls import check_storage_options
+from tiling.runtime.flags import flag, option
+from tiling.runtime.urls import check_storage_options
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -94,7 +94,7 @@ ModelKind = Literal["model", "onnx", "torchscript"]
 @dataclass(frozen=True, slots=True)
 class ExportConfig:
     """What `export` writes, and the one definition of the options of `landcover export`
-    (each field's flag and help: `tiling.shared.flags`); the format is checked when made."""
+    (each field's flag and help: `tiling.runtime.flags`); the format is checked when made."""
 
     model: str = field(metadata=flag("MODEL"))
     out: str = field(metadata=flag("--out", "Output file, e.g. model.onnx (local path)."))

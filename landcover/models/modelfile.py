@@ -22,7 +22,7 @@ from torch import nn
 from landcover.errors import ModelFileError
 from landcover.models.registry import build_model
 from landcover.outputs import write_atomic
-from tiling.classes import ClassMap
+from tiling.sources.classes import ClassMap
 
 MODEL_FORMAT = "landcover-model"
 MODEL_FORMAT_VERSION = 1

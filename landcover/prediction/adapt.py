@@ -66,7 +66,7 @@ from landcover.prediction.runtime import (
     TorchWindowModel,
     load_window_model,
 )
-from tiling.reader import RasterReader
+from tiling.sources.reader import RasterReader
 
 if TYPE_CHECKING:
     from landcover.prediction.config import PredictConfig

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 # On blob storage polls start fast and slow down: rank 0 waits at most half again as long as
 # the last part took to arrive (0.1 s early on, 5 s once a state's hours-long parts are still
-# running). On a local or mounted path it looks every 0.05 s (tiling.shared.polling). The tiled
+# running). On a local or mounted path it looks every 0.05 s (tiling.runtime.polling). The tiled
 # product's rank 0 waits for tile records on the same schedule.
 PART_POLL = PollSchedule(first_s=0.1, max_s=5.0, growth=1.5)
 

@@ -38,7 +38,7 @@ from landcover.prediction.outfiles import PROBABILITY_NODATA, PROBABILITY_SCALE
 from landcover.prediction.outgrid import GridPlan
 from landcover.prediction.runtime import torch_threads
 from landcover.prediction.windows import BlockPixels, WindowRunner
-from tiling.reader import RasterReader
+from tiling.sources.reader import RasterReader
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """`PredictConfig`: everything a prediction needs, and the one definition of the options of
 `landcover predict` that the library reads.
 
-Each field that is an option declares its flag and help (`tiling.shared.flags.option`); the
+Each field that is an option declares its flag and help (`tiling.runtime.flags.option`); the
 command generates those click options from it (`PREDICT_OPTIONS`), adding only what is the
 command's own (output-URL callbacks, the narrower click types), and builds the config from the
 parsed values. The values the library cannot use are refused once, here, in the constructor
@@ -30,7 +30,7 @@ from landcover.prediction.choices import (
     window_choice_problem,
 )
 from landcover.prediction.tilesize import check_tile_size
-from tiling.shared.flags import flag, option
+from tiling.runtime.flags import flag, option
 
 if TYPE_CHECKING:
     from landcover.prediction.region import Region

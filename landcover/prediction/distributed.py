@@ -34,7 +34,7 @@ from landcover.prediction.parts import PartRecord, PartWriter, Staging, part_key
 from landcover.prediction.prepared import PreparedPrediction
 from landcover.prediction.ranks import RankShare, pooled_threads, sources_read, split_rows
 from landcover.version import __version__
-from tiling.shared.fingerprint import fingerprint, fingerprints
+from tiling.runtime.fingerprint import fingerprint, fingerprints
 
 logger = logging.getLogger(__name__)
 

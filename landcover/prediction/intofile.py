@@ -43,7 +43,7 @@ from landcover.prediction.prepared import PreparedPrediction
 from landcover.prediction.setup import FreedMemory, block_cache_bytes
 from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import WindowRunner
-from tiling.reader import RasterReader
+from tiling.sources.reader import RasterReader
 
 
 @dataclass(frozen=True, slots=True)

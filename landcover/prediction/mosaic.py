@@ -1,9 +1,9 @@
 """Reading source rasters onto any rectangle of an output grid.
 
 `read_mosaic` fills one rectangle of the grid from the sources that cover it, first source
-wins where they overlap. Pixels come from `tiling.reader.RasterReader` (validity from nodata
+wins where they overlap. Pixels come from `tiling.sources.reader.RasterReader` (validity from nodata
 or an internal mask, never from an alpha band). Sources on the same grid (within
-`tiling.grid.GRID_TOLERANCE_PX`) are copied as they are; the others are warped from that
+`tiling.sources.grid.GRID_TOLERANCE_PX`) are copied as they are; the others are warped from that
 numpy window, so GDAL never sees a band's colour interpretation: NAIP files whose NIR band is
 tagged ALPHA keep NIR as data.
 
@@ -38,10 +38,10 @@ from shapely.geometry import box
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.outgrid import GridPlan, OutputGrid, metres_per_unit
 from tiling.errors import SourceFormatError
-from tiling.grid import aligned_offset
-from tiling.reader import RasterReader
-from tiling.shared.gdal import gdal_reason, open_failed
-from tiling.sources import RasterInfo
+from tiling.runtime.gdal import gdal_reason, open_failed
+from tiling.sources.grid import aligned_offset
+from tiling.sources.rasters import RasterInfo
+from tiling.sources.reader import RasterReader
 
 __all__ = ["WARP_CELL_PX", "GridRect", "Pixels", "read_mosaic", "read_source_onto", "warp_cells"]
 

@@ -50,7 +50,7 @@ from landcover.prediction.outgrid import (
     sources_tag,
 )
 from landcover.writefailures import raster_write_refusal
-from tiling.shared.urls import filesystem, is_local, storage_errors
+from tiling.runtime.urls import filesystem, is_local, storage_errors
 
 if TYPE_CHECKING:  # modelfile imports torch, which writing files never needs
     from landcover.models.modelfile import ModelMeta

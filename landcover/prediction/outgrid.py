@@ -27,8 +27,8 @@ from landcover.prediction.choices import (
 )
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.region import Region, reproject_geometry
-from tiling.grid import north_up_bounds, same_pixel_size, snap_px
-from tiling.sources import RasterInfo
+from tiling.sources.grid import north_up_bounds, same_pixel_size, snap_px
+from tiling.sources.rasters import RasterInfo
 
 logger = logging.getLogger(__name__)
 

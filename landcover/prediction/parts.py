@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from landcover.outputs import output_errors
 from landcover.prediction.ranks import RankShare
-from tiling.shared.fingerprint import Fingerprint
+from tiling.runtime.fingerprint import Fingerprint
 from tiling.staged import (
     StagedFolder,
     check_format,

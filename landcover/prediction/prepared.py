@@ -49,7 +49,7 @@ from landcover.prediction.setup import (
 )
 from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import choose_window_px
-from tiling.sources import RasterInfo
+from tiling.sources.rasters import RasterInfo
 
 __all__ = ["PreparedPrediction", "prediction_device", "prepare_prediction"]
 

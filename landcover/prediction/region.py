@@ -27,8 +27,8 @@ from shapely.geometry import box, shape
 from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import RegionError, reason
-from tiling.crs import transformer
-from tiling.shared.jsontext import parse_json
+from tiling.runtime.jsontext import parse_json
+from tiling.sources.crs import transformer
 
 DEFAULT_REGION_CRS = "EPSG:4326"
 # Edge segments per side when reprojecting: enough that a 1-degree box in UTM is within

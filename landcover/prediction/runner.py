@@ -42,7 +42,7 @@ from landcover.prediction.outgrid import GridPlan, OutputGrid
 from landcover.prediction.prepared import PreparedPrediction, prediction_device, prepare_prediction
 from landcover.prediction.ranks import RankShare, whole_grid
 from landcover.prediction.setup import GDAL_CACHE_BYTES, warnings_to_log
-from tiling.shared.urls import check_storage_options
+from tiling.runtime.urls import check_storage_options
 
 logger = logging.getLogger(__name__)
 

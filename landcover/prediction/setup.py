@@ -23,7 +23,7 @@ from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.outfiles import COG_BLOCK_PX
 from landcover.warnlog import warnings_logged
-from tiling.sources import RasterInfo, expand_inputs, open_image
+from tiling.sources.rasters import RasterInfo, expand_inputs, open_image
 
 logger = logging.getLogger(__name__)
 

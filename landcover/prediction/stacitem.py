@@ -45,8 +45,8 @@ from landcover.errors import PredictionError
 from landcover.outputs import check_output_file, write_text_atomic
 from landcover.prediction.adaptspec import TAG_ADAPT, TAG_ADAPT_SHA256
 from landcover.prediction.outgrid import TAG_CLASS_MAP
-from tiling.classes import ClassMap
-from tiling.stacquery import StacSource
+from tiling.sources.classes import ClassMap
+from tiling.sources.stacquery import StacSource
 
 ASSET_KEY = "landcover"
 COG_MEDIA_TYPE = pystac.MediaType.COG

@@ -32,7 +32,7 @@ from landcover.prediction.outgrid import TAG_SOURCES, OutputGrid
 from landcover.prediction.stacitem import ASSET_KEY, COG_MEDIA_TYPE
 from landcover.prediction.tilerecords import TAG_PRODUCT, ProductDir, TileRecord
 from landcover.prediction.tilevrt import VrtTile, write_tile_vrt
-from tiling.shared.urls import is_local
+from tiling.runtime.urls import is_local
 
 if TYPE_CHECKING:  # modelfile imports torch, which writing files never needs
     from landcover.models.modelfile import ModelMeta

@@ -57,7 +57,7 @@ from landcover.prediction.tilestate import (
     wait_for_tiles,
 )
 from landcover.writefailures import raster_write_errors
-from tiling.units import UnitRunner
+from tiling.tiler.units import UnitRunner
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def predict_product(
     """Predict the tiled product of `setup` as rank `rank` of `world_size`: this rank's tiles,
     and on rank 0 the collection and the mosaic once every tile is committed.
 
-    With `run_units` (a task scheduler's runner, `tiling.units.UnitRunner`; one rank only),
+    With `run_units` (a task scheduler's runner, `tiling.tiler.units.UnitRunner`; one rank only),
     every tile left to predict is a task of its own, started largest first, and this process
     writes the collection and the mosaic when the tasks are done."""
     started = time.perf_counter()

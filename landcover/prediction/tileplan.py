@@ -16,9 +16,9 @@ from landcover.prediction.maptiles import MapTile, map_tiles, tile_costs
 from landcover.prediction.outgrid import GridPlan
 from landcover.prediction.prepared import PreparedPrediction, prediction_device, prepare_prediction
 from landcover.prediction.tilerecords import tile_key
-from tiling.shared.fingerprint import fingerprint, fingerprints
-from tiling.shared.urls import check_storage_options, is_local, local_path
-from tiling.stacquery import StacSource
+from tiling.runtime.fingerprint import fingerprint, fingerprints
+from tiling.runtime.urls import check_storage_options, is_local, local_path
+from tiling.sources.stacquery import StacSource
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from landcover.outputs import output_errors
 from landcover.prediction.gridwindow import Window
-from tiling.shared.fingerprint import Fingerprint
+from tiling.runtime.fingerprint import Fingerprint
 from tiling.staged.folder import StagedFolder
 from tiling.staged.keys import content_key
 from tiling.staged.record import (

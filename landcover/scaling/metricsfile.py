@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from landcover.errors import ReportError
 from landcover.training.records import EpochRecord
-from tiling.shared.jsontext import parse_json
+from tiling.runtime.jsontext import parse_json
 
 __all__ = ["is_int", "parse_metrics_line", "read_epoch_records", "read_finished_epochs"]
 

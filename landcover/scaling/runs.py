@@ -39,7 +39,7 @@ from landcover.training.records import (
     steady_samples_per_s,
 )
 from landcover.training.rundir import METRICS_FILE, RUN_FILE
-from tiling.shared.jsontext import parse_json
+from tiling.runtime.jsontext import parse_json
 
 logger = logging.getLogger(__name__)
 

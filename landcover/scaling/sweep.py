@@ -71,7 +71,7 @@ from landcover.training.launch import WORKER_MODULE, training_job, worker_config
 from landcover.training.progress import progress_message
 from landcover.training.records import steady_epoch_time_s, steady_samples_per_s
 from landcover.training.rundir import METRICS_FILE
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 __all__ = [
     "RUN_PREFIX",

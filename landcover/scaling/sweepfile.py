@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from landcover.errors import ReportError
 from landcover.outputs import write_text_atomic
-from tiling.shared.jsontext import json_syntax
+from tiling.runtime.jsontext import json_syntax
 
 __all__ = [
     "LAUNCH_FILE",

@@ -29,9 +29,9 @@ from landcover.training.losses import class_weights_from_counts
 from landcover.training.preflight import TrainingStore, open_training_store
 from landcover.training.resume import ResumeState, load_optimizer_state, store_identity
 from landcover.training.schedule import LrSchedule, build_optimizer
+from tiling.chipstore.store import load_shard_into_memory, shard_bytes
 from tiling.errors import StorageAccessError
-from tiling.shared.urls import check_storage_options
-from tiling.store import load_shard_into_memory, shard_bytes
+from tiling.runtime.urls import check_storage_options
 
 __all__ = [
     "Optimization",

@@ -1,7 +1,7 @@
 """`TrainConfig`: every option of a training run, identical on every rank, and the one
 definition of those options.
 
-Each field declares its command-line flag and help (`tiling.shared.flags.option`); its type
+Each field declares its command-line flag and help (`tiling.runtime.flags.option`); its type
 gives the kind of value and, for a `Literal`, the choices. From that one table come the click
 options of `landcover train` and of the worker (`train_options`), the checks
 (`TrainConfig.__post_init__`), the argv that gives a worker this configuration (`to_argv`, a
@@ -38,7 +38,7 @@ from landcover.cliconfig import (
 from landcover.comm.spec import CompressionSpec
 from landcover.errors import TrainingError
 from landcover.models.weightsource import check_pretrained_value
-from tiling.shared.flags import flag, option
+from tiling.runtime.flags import flag, option
 
 Optimizer = Literal["adamw", "sgd"]
 Loss = Literal["ce", "ce+dice"]

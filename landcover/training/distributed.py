@@ -38,8 +38,8 @@ from landcover.devices import torch_device
 from landcover.distenv import SocketChoice, choose_socket_interface
 from landcover.distenv import read_dist_env as read_dist_env
 from landcover.errors import TrainingError
-from tiling.shared.machine import cores_per_rank
-from tiling.shared.rankenv import DistEnv as DistEnv
+from tiling.runtime.machine import cores_per_rank
+from tiling.runtime.rankenv import DistEnv as DistEnv
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from cluster.spec import ClusterSpec
 from landcover.options import storage_options_env
 from landcover.training import rundir
 from landcover.training.config import TrainConfig
-from tiling.shared.urls import is_local
+from tiling.runtime.urls import is_local
 
 logger = logging.getLogger(__name__)
 

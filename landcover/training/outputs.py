@@ -24,7 +24,7 @@ from landcover.training.resume import ResumeState
 from landcover.training.rundir import jsonable, utc_now, write_run_json
 from landcover.training.sync import SyncStrategy
 from landcover.version import __version__
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 __all__ = ["EpochStats", "epoch_record", "model_meta", "write_run_info"]
 

@@ -24,8 +24,8 @@ import numpy.typing as npt
 from landcover.data.shards import steps_per_epoch
 from landcover.errors import TrainingError
 from landcover.training.rundir import check_run_dir
-from tiling.classes import ClassMap
-from tiling.store import StoreSummary, assign_chips_to_ranks, open_store
+from tiling.chipstore.store import StoreSummary, assign_chips_to_ranks, open_store
+from tiling.sources.classes import ClassMap
 
 if TYPE_CHECKING:
     from landcover.training.config import TrainConfig

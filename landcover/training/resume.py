@@ -46,7 +46,7 @@ from landcover.training.records import Checkpoint, EpochRecord
 from landcover.training.rundir import START_OVER, last_checkpoint, rewrite_metrics
 
 if TYPE_CHECKING:
-    from tiling.store import StoreSummary
+    from tiling.chipstore.store import StoreSummary
 
 __all__ = [
     "RESUME_MAY_CHANGE",

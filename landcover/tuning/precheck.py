@@ -27,7 +27,7 @@ from landcover.errors import LandcoverError, TrainingError, TuneError
 from landcover.training.config import TrainConfig
 from landcover.tuning.space import SearchSpace, parameter_values
 from tiling.errors import TilingError
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 
 __all__ = ["check_trial_values"]
 

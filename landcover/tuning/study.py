@@ -322,7 +322,7 @@ def _settings(config: TuneConfig, training: TrainConfig) -> dict[str, Any]:
 def _store_digest(training: TrainConfig) -> str:
     """The digest of the trials' chips (`store_identity`: read from the store's attributes)."""
     from landcover.training.resume import store_identity  # imports torch
-    from tiling.store import open_store
+    from tiling.chipstore.store import open_store
 
     store = open_store(training.store_url, storage_options=training.storage_options)
     return str(store_identity(training.store_url, store.summary)["digest"])

@@ -28,7 +28,7 @@ from rasterio.crs import CRS
 from rasterio.enums import ColorInterp, Resampling
 
 from landcover.classes import NODATA_CODE, ClassMap
-from tiling.grid import covering_window, north_up_bounds
+from tiling.sources.grid import covering_window, north_up_bounds
 
 __all__ = [
     "DisplayGrid",

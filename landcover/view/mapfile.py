@@ -29,9 +29,9 @@ from rasterio.crs import CRS
 
 from landcover.errors import ViewError, reason
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
-from tiling.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
-from tiling.grid import north_up_bounds
-from tiling.shared.urls import is_local, local_path
+from tiling.runtime.urls import is_local, local_path
+from tiling.sources.classes import DEFAULT_CLASS_MAP, ClassMap, get_class_map
+from tiling.sources.grid import north_up_bounds
 
 __all__ = [
     "MapFile",

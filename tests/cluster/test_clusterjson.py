@@ -14,7 +14,7 @@ from cluster.slurm.section import SlurmSpec
 from cluster.spec import BlobMount, ElasticSpec, local_spec
 from tests.conftest import REPO_ROOT
 from tests.support.clusterspecs import ACCOUNT_KEY, LEGACY_TUTORIAL
-from tiling.shared.machine import local_cpu_count, local_gpu_count
+from tiling.runtime.machine import local_cpu_count, local_gpu_count
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 # The shape of the original Batch AI tutorial's cluster.json.

@@ -27,7 +27,7 @@ from cluster.errors import ClusterError
 from cluster.kubernetes.section import KubernetesSpec
 from cluster.spec import local_spec
 from tests.cluster.fake_worker import fake_job
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 
 def test_references_are_bound_to_the_job_inputs_and_outputs() -> None:

@@ -11,7 +11,7 @@ from cluster.failures import (
     first_worker_error,
     record_worker_error,
 )
-from tiling.shared.rankenv import RESTART_COUNT_ENV
+from tiling.runtime.rankenv import RESTART_COUNT_ENV
 
 
 def write_record(directory: Path, rank: int, attempt: int, time_s: float, message: str) -> None:

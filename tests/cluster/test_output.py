@@ -10,7 +10,8 @@ from cluster.output import TerminalFilter, error_message
 
 # What torchrun printed when rank 1 of 2 failed to load its shard (abridged, real lines).
 FAILED_RUN = """\
-2026-11-23 16:28:59,681 rank 0 INFO tiling.store: rank 0/2: loaded 37 train chips in 0.08 s
+2026-11-23 16:28:59,681 rank 0 INFO tiling.chipstore.store: rank 0/2: loaded 37 train chips in \
+0.08 s
 error: x.zarr: storage error (ValueError: Stored and computed checksum do not match.)
 [rank0]: Traceback (most recent call last):
 [rank0]:   File "<frozen runpy>", line 198, in _run_module_as_main

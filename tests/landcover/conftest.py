@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.landcover.prediction.inputs import pixels, write_image, write_model
-from tiling.synth import SynthConfig, SynthResult, synthesize_scenes
-from tiling.tile import TileConfig, tile
+from tiling.synthetic.scenes import SynthConfig, SynthResult, synthesize_scenes
+from tiling.tiler.tile import TileConfig, tile
 
 TINY_SCENE_PX = 448
 TINY_CHIP_PX = 64

@@ -17,8 +17,8 @@ from cluster.errors import ClusterError
 from landcover.cli import main
 from landcover.errors import LandcoverError, RegionError
 from tests.landcover.conftest import TINY_CHIP_PX
-from tiling.store import open_store
-from tiling.synth import SynthResult
+from tiling.chipstore.store import open_store
+from tiling.synthetic.scenes import SynthResult
 
 
 def _cli(*args: str) -> None:
@@ -101,7 +101,7 @@ def test_an_unknown_option_is_one_line_naming_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "config", "by_name"),
     [
-        ("TileOptions", "tiling.config:TileConfig", {"images", "out", "labels"}),
+        ("TileOptions", "tiling.tiler.config:TileConfig", {"images", "out", "labels"}),
         ("TrainOptions", "landcover.training.config:TrainConfig", {"store_url", "out_dir"}),
         (
             "PredictOptions",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from landcover.classes import unknown_codes
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 FIVE = get_class_map("chesapeake7to5")  # codes 0-4
 

@@ -23,7 +23,7 @@ from landcover.distenv import (
 )
 from landcover.errors import LaunchEnvError
 from tests.conftest import REPO_ROOT
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 
 TORCHRUN_ENV = {
     "RANK": "5",

@@ -46,7 +46,7 @@ from tests.landcover.view.maps import (
     write_map,
     write_mosaic,
 )
-from tiling.classes import ClassInfo, ClassMap
+from tiling.sources.classes import ClassInfo, ClassMap
 
 HOSTILE = (
     "<img src=x onerror=alert(1)>",

@@ -28,7 +28,7 @@ from tests.cluster.fake_task_engine import NAME, ROW, FakeCluster
 from tests.landcover.conftest import TINY_CHIP_PX
 from tests.support.chipstores import snapshot
 from tests.support.stageruns import tile_pixels
-from tiling.synth import SynthResult
+from tiling.synthetic.scenes import SynthResult
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ class run through the CLI against every command it applies to:
 - an output URL of a scheme the command cannot write (`check_output_url`): one line naming
   the option, the scheme and what is supported, exit 2, before any work and with nothing
   written (not even a local folder named after the scheme, "s3:/bucket/...");
-- `--storage-options` with nothing but local paths (`tiling.shared.urls.check_storage_options`):
+- `--storage-options` with nothing but local paths (`tiling.runtime.urls.check_storage_options`):
   refused by every command that takes them, the keys named and their values not shown;
 - an option value the command would ignore or quietly change: refused with one line.
 """

@@ -27,8 +27,8 @@ from landcover.outputs import (
     write_files_atomic,
 )
 from landcover.training.rundir import write_json_atomic
-from tiling.classes import get_class_map
-from tiling.shared import atomic
+from tiling.runtime import atomic
+from tiling.sources.classes import get_class_map
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from landcover.stageconfig import (
     remove_published,
     stage_url,
 )
-from tiling.config import TileConfig
-from tiling.stacquery import StacSource
+from tiling.sources.stacquery import StacSource
+from tiling.tiler.config import TileConfig
 
 SECRET = {"account_name": "acct", "account_key": "c2VjcmV0LWtleQ=="}
 

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tiling.classes import get_class_map
-from tiling.params import StoreParams
-from tiling.parts import SourcePart, SourceTotals
-from tiling.shared.urls import filesystem
-from tiling.store import ATTRS_KEY, BandStats, SourceRecord
-from tiling.tile import TileConfig, tile
-from tiling.writer import ChipStoreWriter
+from tiling.chipstore.params import StoreParams
+from tiling.chipstore.store import ATTRS_KEY, BandStats, SourceRecord
+from tiling.chipstore.writer import ChipStoreWriter
+from tiling.runtime.urls import filesystem
+from tiling.sources.classes import get_class_map
+from tiling.tiler.parts import SourcePart, SourceTotals
+from tiling.tiler.tile import TileConfig, tile
 
 
 def snapshot(url: str, options: Mapping[str, Any]) -> dict[str, bytes]:

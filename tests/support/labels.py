@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tiling.labels import footprint_in
-from tiling.sources import RasterInfo
+from tiling.sources.labels import footprint_in
+from tiling.sources.rasters import RasterInfo
 
 
 def pairwise_matches(image: RasterInfo, labels: list[RasterInfo]) -> tuple[RasterInfo, ...]:

@@ -10,7 +10,7 @@ from typing import Any
 from landcover.training import Checkpoint, TrainConfig
 from landcover.training.checkpoint import save_checkpoint
 from landcover.training.resume import store_identity
-from tiling.store import open_store
+from tiling.chipstore.store import open_store
 
 # The store a `saved_checkpoint` records.
 STORE = {"url": "chips.zarr", "chips": 90, "train_chips": 70, "val_chips": 20, "digest": "d"}

@@ -1,6 +1,6 @@
 """Staged parts: the one protocol by which ranks hand their work to rank 0.
 
-Tiling (`tiling.staging`: a source's part), a distributed prediction
+Tiling (`tiling.tiler.staging`: a source's part), a distributed prediction
 (`landcover.prediction.parts`: a rank's rows) and a tiled map product
 (`landcover.prediction.tilerecords`: a tile) all run it; docs/CONTRACTS.md, "Staged parts",
 is the contract. In five steps:
@@ -13,7 +13,7 @@ is the contract. In five steps:
    only when its record is readable, names this key and its files have the recorded sizes (a
    tiling part, one source's chips, is its own record: its body ends with its key and a crc32c).
 4. **Wait** (`wait`): the reader polls the folder, on a schedule that depends on whether it
-   is local (`tiling.shared.polling`); no process group, no notification.
+   is local (`tiling.runtime.polling`); no process group, no notification.
 5. **Commit**: rank 0 alone builds the output from the parts, then removes the staging
    folder (`StagedFolder.remove`); a rerun keeps every part whose key and record check out.
 """

@@ -3,7 +3,7 @@
 A staging folder is a local or mounted directory, or a prefix on blob storage (az://). Every
 file is published whole, so a reader sees all of it or nothing: on local disk and NFS it is
 written under a temporary name, fsynced and renamed over the final name
-(`tiling.shared.atomic`); on blob storage it is one upload (a blob is not visible before its
+(`tiling.runtime.atomic`); on blob storage it is one upload (a blob is not visible before its
 upload commits). Readers ask again each time (listings are not cached): another process may
 have published since. The filesystem is made on first use, in the process using it, so a
 folder can be handed to another process (a task scheduler's worker) before it is used.
@@ -33,9 +33,9 @@ from typing import Any
 
 import fsspec
 
-from tiling.shared.atomic import publish, replaced_when_done
-from tiling.shared.lockfile import still_at
-from tiling.shared.urls import filesystem, is_local, local_path, storage_errors
+from tiling.runtime.atomic import publish, replaced_when_done
+from tiling.runtime.lockfile import still_at
+from tiling.runtime.urls import filesystem, is_local, local_path, storage_errors
 
 STAGING_SUFFIX = ".parts"
 SCRATCH_PREFIX = ".scratch-"

@@ -2,7 +2,7 @@
 
 Ranks share no process group and file systems have no change notification that works across
 machines, so a reader looks again on a schedule (`PollSchedule`, the delays of
-`tiling.shared.polling`: short on a local or mounted path, growing on blob storage where each look
+`tiling.runtime.polling`: short on a local or mounted path, growing on blob storage where each look
 is a billed request). A wait has no timeout of its own unless its caller gives it one
 (`give_up`): when a rank dies, the engine stops the others, and the rerun resumes.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tiling.shared.polling import LOCAL_MAX_S, poll_delays
+from tiling.runtime.polling import LOCAL_MAX_S, poll_delays
 from tiling.staged.folder import StagedFolder
 
 K = TypeVar("K")
@@ -27,7 +27,7 @@ WAIT_LOG_EVERY_S = 60.0  # a waiting rank says what it waits for this often
 class PollSchedule:
     """How often a reader looks again: from `first_s`, times `growth` each time, up to
     `max_s`; on a local or mounted path at most `local_max_s`
-    (`tiling.shared.polling.poll_delays`)."""
+    (`tiling.runtime.polling.poll_delays`)."""
 
     first_s: float
     max_s: float

@@ -39,7 +39,7 @@ from landcover.models.export import (
     onnx_model_digest,
     require_onnx,
 )
-from tiling.shared.urls import is_local, local_path
+from tiling.runtime.urls import is_local, local_path
 
 __all__ = ["cache_dir", "cached_onnx", "onnx_cache_path", "recorded_digest"]
 

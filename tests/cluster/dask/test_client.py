@@ -25,7 +25,7 @@ from cluster.dask.section import DaskSpec
 from cluster.engine import Job
 from cluster.errors import ClusterSpecError, LaunchError
 from tiling.errors import SourceFormatError
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from cluster.dask.section import DaskSpec
 from cluster.engine import Job
 from cluster.engines import ENGINES, engine_info
 from cluster.errors import ClusterError, ClusterSpecError, LaunchError
-from tiling.shared.rankenv import WORKER_ADDRESS_ENV
+from tiling.runtime.rankenv import WORKER_ADDRESS_ENV
 
 
 def test_the_section_and_its_refusals() -> None:

@@ -28,7 +28,7 @@ from cluster.engine import Job, LaunchOptions, LaunchResult, Plan
 from cluster.engines import EngineInfo, EngineRules
 from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
-from tiling.shared.rankenv import DistEnv, rank_environment
+from tiling.runtime.rankenv import DistEnv, rank_environment
 
 NAME = "fake"
 R = TypeVar("R")

@@ -27,7 +27,7 @@ from cluster.local.plan import LocalPlan
 from cluster.spec import local_spec
 from tests.cluster.fake_worker import ENTRY_MODULE, fake_job
 from tests.conftest import REPO_ROOT
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 
 def local_plan(tmp_path: Path, **spec_fields: object) -> LocalPlan:

@@ -28,8 +28,8 @@ from tests.landcover.change.years import (
     true_transitions,
 )
 from tests.landcover.view.maps import FIVE, RES_M, X0, class_blocks, write_map, write_mosaic
-from tiling.classes import ClassInfo, ClassMap
-from tiling.synth import SynthResult
+from tiling.sources.classes import ClassInfo, ClassMap
+from tiling.synthetic.scenes import SynthResult
 
 
 def run(*args: str) -> tuple[int, str]:

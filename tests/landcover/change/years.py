@@ -13,7 +13,7 @@ import numpy.typing as npt
 import rasterio
 
 from tests.landcover.view.maps import FIVE, write_map
-from tiling.classes import ClassMap
+from tiling.sources.classes import ClassMap
 
 TREE, IMPERVIOUS = 2, 4  # codes of the 5-class table (chesapeake7to5)
 

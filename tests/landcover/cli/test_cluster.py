@@ -37,7 +37,7 @@ from tests.support.clusterspecs import (
     write_json,
 )
 from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 REPO_CLUSTER_JSON = REPO_ROOT / "cluster.json"
 FAKE_WORKER = "tests.cluster.fake_worker"
@@ -361,7 +361,7 @@ def test_train_nproc_keeps_the_account_key_out_of_argv_logs_and_files(
     # The local store stands in for a remote one: the parent's refusal of storage options
     # for local paths only (tests/landcover/test_options.py) is lifted so that they reach
     # the workers.
-    monkeypatch.setattr("tiling.shared.urls.check_storage_options", lambda urls, options: None)
+    monkeypatch.setattr("tiling.runtime.urls.check_storage_options", lambda urls, options: None)
     caplog.set_level(logging.DEBUG)
     run = tmp_path / "run"
     storage = f'{{"account_name": "acct", "account_key": "{ACCOUNT_KEY}"}}'

@@ -31,7 +31,7 @@ pytestmark = [
 KILL_AFTER_FIRST_PART = """
 import os
 from pathlib import Path
-from tiling.staging import PartStaging
+from tiling.tiler.staging import PartStaging
 
 _put = PartStaging.put
 

@@ -541,7 +541,7 @@ def test_a_directory_output_holds_one_product(inputs: Inputs, tmp_path: Path, na
 
 _KILLED_WHILE_WRITING = """
 import os, signal, sys
-from tiling.shared import atomic
+from tiling.runtime import atomic
 def killed(*args, **kwargs):  # the temp file is written, not yet in place
     os.kill(os.getpid(), signal.SIGKILL)
 atomic._finish = killed

@@ -93,7 +93,7 @@ def test_no_report_joins_runs_with_other_threads_per_worker(
 ) -> None:
     cores = 2 if command is _report_after_an_overwrite_with_fewer_workers else 4
     monkeypatch.setattr(sweep, "local_cpu_count", lambda: cores)
-    monkeypatch.setattr("tiling.shared.machine.local_cpu_count", lambda: cores)
+    monkeypatch.setattr("tiling.runtime.machine.local_cpu_count", lambda: cores)
     monkeypatch.setattr(sweep, "launch_plan", FakeLaunch())
     curves = command(tmp_path)
     assert curves

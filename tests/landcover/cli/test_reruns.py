@@ -3,7 +3,7 @@ workers and as a cluster launch; tile; tune; scale) refuses a rerun that changes
 output must keep: one line naming the option, the recorded and the new value, and the fix;
 exit 2; the output untouched; no worker started. Which options each command keeps or lets
 change is tested over every option in the tests of its package
-(tests/landcover/training/test_resume.py, tests/tiling/test_resume.py,
+(tests/landcover/training/test_resume.py, tests/tiling/chipstore/test_resume.py,
 tests/landcover/tuning/test_studydir.py, tests/landcover/scaling/test_sweep.py); a predict
 rerun never reuses a part of other options (tests/landcover/prediction/test_distributed.py)."""
 
@@ -25,7 +25,7 @@ from tests.conftest import REPO_ROOT
 from tests.landcover.tuning.stand_in_worker import replace_trainer
 from tests.support.sweeps import FakeLaunch
 from tests.support.trainruns import write_saved_run
-from tiling.synth import SynthResult
+from tiling.synthetic.scenes import SynthResult
 
 # (the rerun's arguments, the one line it must print); run in tmp_path
 Rerun = tuple[list[str], str]

@@ -168,7 +168,7 @@ def test_a_malformed_api_answer_is_one_line_naming_the_page_and_the_field(
 def test_a_search_logs_each_page_stops_where_a_page_repeats_and_at_max_items(
     reader_scene: Scene, tmp_path: Path, command: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="tiling.stacsearch")
+    caplog.set_level(logging.INFO, logger="tiling.sources.stacsearch")
     features = [item_dict(reader_scene, command, f"scene-{n}") for n in range(3)]
     looping = paged(features, 1)
     looping[2]["links"] = [{"rel": "next", "href": "{root}/search?page=1"}]  # back to page 2

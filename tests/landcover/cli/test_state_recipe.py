@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from landcover.cli.app import main
 from tests.conftest import REPO_ROOT
-from tiling.store import open_store
+from tiling.chipstore.store import open_store
 
 README = REPO_ROOT / "README.md"
 PAGE = REPO_ROOT / "docs" / "guide" / "state.md"

@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 import rasterio
 
-import tiling.stager
+import tiling.tiler.stager
 from tests.azurite import Azurite
 from tests.conftest import REPO_ROOT
 from tests.support.chipstores import snapshot
 from tests.support.slurm_testbed import SlurmTestbed, two_node_slurm_job
 from tests.support.stageruns import rank_args, run, tile_args
-from tiling.shared.machine import cores_per_rank
-from tiling.staging import PartStaging
+from tiling.runtime.machine import cores_per_rank
+from tiling.tiler.staging import PartStaging
 
 # Imported by every rank (PYTHONPATH): rank 1 is SIGKILLed right after staging its first part.
 KILL_RANK_1 = """
 import os
-from tiling.staging import PartStaging
+from tiling.tiler.staging import PartStaging
 
 _put = PartStaging.put
 
@@ -38,7 +38,7 @@ def test_rank_mode_reads_its_place_and_only_rank_0_speaks(
     images: Path, one_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`stage-rank URL` as an engine runs it (here one rank after the other, in process)."""
-    monkeypatch.setattr(tiling.stager, "COUNT_WAIT_S", 0.2)  # no rank 0 to count its sources
+    monkeypatch.setattr(tiling.tiler.stager, "COUNT_WAIT_S", 0.2)  # no rank 0 to count its sources
     out = tmp_path / "env.zarr"
     env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29500", "LANDCOVER_ERROR_DIR": str(tmp_path)}  # fmt: skip

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from landcover.cli.app import main
 from tests.tiling.rasters import Scenes, image_pixels, make_scenes, write_raster
 from tests.tiling.stacfiles import raster_item, write_item_collection
-from tiling.store import FORMAT_VERSION, open_store
+from tiling.chipstore.store import FORMAT_VERSION, open_store
 
 
 @pytest.fixture(scope="module")

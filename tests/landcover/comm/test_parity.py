@@ -66,8 +66,8 @@ from landcover.models.registry import build_model
 from landcover.training import TrainCallbacks, TrainConfig, read_metrics, train
 from landcover.training.distributed import DistEnv
 from tests.multiprocess import free_ports, spawn_and_wait
-from tiling.synth import SynthConfig, synthesize_scenes
-from tiling.tile import TileConfig, tile
+from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
+from tiling.tiler.tile import TileConfig, tile
 
 WORLD_SIZE = 2
 BLOCK_SIZE = 5  # 12 steps per epoch: blocks of 5, 5 and 2 (the partial one merged at the end)

@@ -60,7 +60,7 @@ def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> N
     from landcover.prediction.blend import LogitBlender, WindowLayout
     from landcover.prediction.gridwindow import Window
     from landcover.prediction.windows import BlockPixels, WindowRunner
-    from tiling.classes import get_class_map
+    from tiling.sources.classes import get_class_map
 
     images, labels = _chips_with_missing_pixels()
     ds = ShardDataset(images, labels, band_mean=MEAN, band_std=STD)

@@ -9,7 +9,7 @@ import torch
 from landcover.data.shards import ShardDataset, derive_seed, steps_per_epoch
 from landcover.errors import TrainingError
 from tests.landcover.data.chips import MEAN, STD, make_dataset
-from tiling.store import load_shard_into_memory, open_store
+from tiling.chipstore.store import load_shard_into_memory, open_store
 
 
 def test_derive_seed_is_pure_and_mixes_every_part() -> None:

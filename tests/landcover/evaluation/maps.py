@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from landcover import cli
 from landcover.prediction.outgrid import TAG_CLASS_MAP
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 UTM = "EPSG:32618"
 X0, Y0 = 400_000.0, 4_100_000.0

@@ -25,7 +25,7 @@ from landcover.evaluation.sampling import (
 )
 from tests.landcover.change.years import retag
 from tests.landcover.view.maps import FIVE, RES_M, X0, Y0, class_blocks, write_map, write_mosaic
-from tiling.classes import ClassInfo, ClassMap
+from tiling.sources.classes import ClassInfo, ClassMap
 
 # wider than one sampling block, so the draw crosses blocks
 HEIGHT, WIDTH = 300, SAMPLE_BLOCK_PX + 176

@@ -14,7 +14,7 @@ import torch
 from landcover.errors import ModelFileError
 from landcover.models.modelfile import ModelMeta, load_model_file, read_model_file, save_model_file
 from landcover.models.registry import build_model
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 
 def test_save_then_load_rebuilds_the_same_model_and_metadata(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from landcover.models.export import export_model, load_torchscript
 from landcover.models.modelfile import ModelMeta, load_model_file, read_model_file, save_model_file
 from landcover.models.registry import build_model
 from landcover.models.smp_models import check_chip_size
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 # One model per family, on the smallest encoder that builds them all: timm's test network (a
 # tiny EfficientNet). smp's own encoders (mit_b0, resnet18) appear in the pretrained tests.

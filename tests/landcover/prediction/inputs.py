@@ -18,7 +18,7 @@ from rasterio.enums import ColorInterp
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
 from landcover.prediction.region import Region, parse_bbox
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 UTM18 = "EPSG:32618"
 ORIGIN = (500_000.0, 4_000_000.0)

@@ -21,7 +21,7 @@ from landcover.errors import PredictionError
 from landcover.prediction.adaptspec import TAG_ADAPT, TAG_ADAPT_SHA256, parse_adapt
 from tests.support.exported import write_onnx
 from tests.support.stageruns import rank_args
-from tiling.synth import SynthResult
+from tiling.synthetic.scenes import SynthResult
 
 # -- predictions with adaptation ---------------------------------------------------------------
 

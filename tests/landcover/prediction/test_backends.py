@@ -38,7 +38,7 @@ from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
 from tests.landcover.prediction.inputs import CHIP, write_model
 from tests.support.stageruns import rank_args as stage_rank_args
-from tiling.synth import SynthResult
+from tiling.synthetic.scenes import SynthResult
 
 CPU = torch.device("cpu")
 HAS_BF16 = cpu.cpu_features().bf16

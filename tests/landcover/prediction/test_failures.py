@@ -36,7 +36,7 @@ from tests.landcover.prediction.inputs import (
     write_image,
     write_model,
 )
-from tiling.classes import identity_class_map
+from tiling.sources.classes import identity_class_map
 
 NOT_A_MODEL = "is not a landcover model file (model.pt from `landcover train`)"
 

@@ -102,7 +102,7 @@ def test_thousands_of_sources_are_found_under_a_window_as_a_scan_finds_them() ->
     import numpy as np
     import shapely
 
-    from tiling.sources import RasterInfo
+    from tiling.sources.rasters import RasterInfo
 
     utm, albers = CRS.from_epsg(26918), CRS.from_epsg(5070)
     sources = [

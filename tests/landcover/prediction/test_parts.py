@@ -10,7 +10,7 @@ import pytest
 
 from landcover.prediction.parts import CLASSES, RECORD, PartRecord, PartWriter, Staging, part_key
 from landcover.prediction.ranks import RankShare
-from tiling.shared.fingerprint import Fingerprint
+from tiling.runtime.fingerprint import Fingerprint
 
 MODEL = Fingerprint(size=10, modified="1", sample_sha256="a" * 64)
 IMAGE = Fingerprint(size=20, modified="2", sample_sha256="b" * 64)

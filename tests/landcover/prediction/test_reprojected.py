@@ -30,7 +30,7 @@ from landcover.prediction.setup import open_images
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
 from tests.landcover.prediction.inputs import UTM18
-from tiling.reader import RasterReader
+from tiling.sources.reader import RasterReader
 
 CELL_PX = 32
 TILE_PX = 64

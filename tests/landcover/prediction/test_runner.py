@@ -48,7 +48,7 @@ from tests.landcover.prediction.inputs import (
     write_image,
     write_model,
 )
-from tiling.reader import RasterReader
+from tiling.sources.reader import RasterReader
 
 
 def test_predicted_raster_has_the_planned_grid(
@@ -161,7 +161,7 @@ def collar_image(path: Path, *, nodata: float | None) -> tuple[Path, npt.NDArray
 def test_black_collar_of_an_image_without_nodata_is_nodata(
     random_model: Path, tmp_path: Path
 ) -> None:
-    # Runs once the tiling change (zero_is_nodata in tiling.sources) is merged.
+    # Runs once the tiling change (zero_is_nodata in tiling.sources.rasters) is merged.
     bare, collar = collar_image(tmp_path / "bare.tif", nodata=None)
     declared, _ = collar_image(tmp_path / "declared.tif", nodata=0)
     maps = {}
@@ -182,7 +182,7 @@ def test_black_collar_of_an_image_without_nodata_is_nodata(
 
 
 def test_no_zero_nodata_keeps_black_pixels_as_data(random_model: Path, tmp_path: Path) -> None:
-    # Runs once the tiling change (zero_is_nodata in tiling.sources) is merged.
+    # Runs once the tiling change (zero_is_nodata in tiling.sources.rasters) is merged.
     bare, _ = collar_image(tmp_path / "bare.tif", nodata=None)
     out = tmp_path / "lc.tif"
     result = CliRunner().invoke(

@@ -38,7 +38,7 @@ from tests.azurite import Azurite
 from tests.landcover.prediction.inputs import UTM18
 from tests.support.prediction import config_for
 from tests.support.stageruns import tile_pixels
-from tiling.stacdoc import check_item
+from tiling.sources.stacdoc import check_item
 
 TILE_PX = 64
 

@@ -16,7 +16,7 @@ from landcover.prediction.blocks import block_schedule
 from landcover.prediction.blockstages import BlockPredictor, PreparedBlock
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.windows import BlockPixels, WindowRunner
-from tiling.classes import get_class_map
+from tiling.sources.classes import get_class_map
 
 SIZE = 16
 

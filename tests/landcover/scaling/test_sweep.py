@@ -184,7 +184,7 @@ def test_overwrite_with_fewer_worker_counts_leaves_only_the_new_runs(
     # workers-2 (1 thread per worker) beside the new workers-1 (2 threads), and the report
     # fitted the two: efficiency 23 %
     monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
-    monkeypatch.setattr("tiling.shared.machine.local_cpu_count", lambda: 2)
+    monkeypatch.setattr("tiling.runtime.machine.local_cpu_count", lambda: 2)
     monkeypatch.setattr(sweep, "launch_plan", FakeLaunch())
     out = tmp_path / "sweep"
     config = SweepConfig("chips.zarr", (1, 2), 2, str(out))
@@ -209,7 +209,7 @@ def test_a_rerun_reuses_only_runs_of_the_same_per_worker_resources(
     # 1,2 on 4 cores gives 2 threads per worker; 1,2,4 gives 1: the old 1 and 2 are not
     # points of the new sweep, and reusing them would mix thread counts in one table
     monkeypatch.setattr(sweep, "local_cpu_count", lambda: 4)
-    monkeypatch.setattr("tiling.shared.machine.local_cpu_count", lambda: 4)
+    monkeypatch.setattr("tiling.runtime.machine.local_cpu_count", lambda: 4)
     fake = FakeLaunch()
     monkeypatch.setattr(sweep, "launch_plan", fake)
     config = SweepConfig("chips.zarr", (1, 2), 2, str(tmp_path / "sweep"))
@@ -348,7 +348,7 @@ def test_every_point_of_a_sweep_gets_the_threads_of_its_largest_worker_count(
     # `landcover scale STORE --workers 1,2` on 2 cores: 1 thread per worker at both points,
     # so the second worker adds a core instead of splitting the first worker's two
     monkeypatch.setattr(sweep, "local_cpu_count", lambda: cores)
-    monkeypatch.setattr("tiling.shared.machine.local_cpu_count", lambda: cores)
+    monkeypatch.setattr("tiling.runtime.machine.local_cpu_count", lambda: cores)
     fake = ArgvLaunch()
     monkeypatch.setattr(sweep, "launch_plan", fake)
     run_sweep(SweepConfig("chips.zarr", workers, 3, str(tmp_path / "sweep")))
@@ -414,7 +414,7 @@ def test_a_rerun_refuses_or_takes_each_changed_sweep_option(
 ) -> None:
     assert name in SWEEP_CHANGES, f"say what a sweep rerun with another {name} does"
     monkeypatch.setattr(sweep, "local_cpu_count", lambda: 2)
-    monkeypatch.setattr("tiling.shared.machine.local_cpu_count", lambda: 2)
+    monkeypatch.setattr("tiling.runtime.machine.local_cpu_count", lambda: 2)
     monkeypatch.setattr(sweep, "launch_plan", FakeLaunch())
     out = tmp_path / "sweep"
     config = SweepConfig("chips.zarr", (1,), 2, str(out), extra_args=("--batch-size", "8"))

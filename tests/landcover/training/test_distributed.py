@@ -22,7 +22,7 @@ from landcover.training.distributed import (
 )
 from tests.conftest import REPO_ROOT
 from tests.multiprocess import free_port
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 
 
 def test_shard_too_big_names_the_worker_count_that_fits() -> None:
@@ -131,7 +131,7 @@ def test_a_rank_that_cannot_connect_is_one_line_naming_master_interface_and_fix(
 
 _RANK_ON_A_NODE = """
 import os, sys, torch
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 from landcover.training.distributed import process_group
 rank, master, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 env = DistEnv(rank=rank, world_size=2, local_rank=0, local_world_size=1, node_rank=rank,

@@ -19,7 +19,7 @@ from landcover.training.launch import (
     training_job,
     worker_config,
 )
-from tiling.shared.machine import local_cpu_count
+from tiling.runtime.machine import local_cpu_count
 
 RESTARTS = {"targetNodeCount": 2, "elastic": {"maxRestarts": 2}}
 

@@ -12,7 +12,7 @@ from torch import nn
 from landcover.training.config import TrainConfig
 from landcover.training.distributed import Collectives
 from landcover.training.sync import build_sync
-from tiling.shared.rankenv import DistEnv
+from tiling.runtime.rankenv import DistEnv
 
 CPU = torch.device("cpu")
 

@@ -37,10 +37,10 @@ from landcover.training.losses import Scores
 from landcover.training.records import RUN_KEYS
 from tests.multiprocess import free_ports
 from tests.support.trainruns import make_config
-from tiling.shared.machine import local_cpu_count
-from tiling.store import open_store
-from tiling.synth import SynthResult
-from tiling.tile import TileConfig, tile
+from tiling.chipstore.store import open_store
+from tiling.runtime.machine import local_cpu_count
+from tiling.synthetic.scenes import SynthResult
+from tiling.tiler.tile import TileConfig, tile
 
 METRIC_FIELDS = [
     "epoch", "world_size", "nodes", "epoch_time_s", "load_time_s", "val_time_s", "train_loss",

@@ -28,8 +28,8 @@ from landcover.tuning.study import (
 from landcover.tuning.studydir import setting_changes
 from tests.landcover.training.option_values import other_value
 from tests.landcover.tuning.stand_in_worker import replace_trainer
-from tiling.synth import SynthResult
-from tiling.tile import TileConfig, tile
+from tiling.synthetic.scenes import SynthResult
+from tiling.tiler.tile import TileConfig, tile
 
 SPACE = "lr=1e-4:1e-2:log"
 REFUSED = "pass --overwrite to replace it or choose another --out"

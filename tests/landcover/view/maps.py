@@ -15,7 +15,7 @@ from affine import Affine
 from pyproj import Geod, Transformer
 
 from landcover.prediction.outgrid import TAG_CLASS_MAP, TAG_SOURCES
-from tiling.classes import ClassMap, get_class_map
+from tiling.sources.classes import ClassMap, get_class_map
 
 UTM = "EPSG:32618"
 X0, Y0 = 500_000.0, 4_000_000.0
