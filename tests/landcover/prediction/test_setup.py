@@ -66,9 +66,9 @@ def test_freed_buffers_are_reused_and_released_once_rss_grows() -> None:
     pages = 64 * 2**20 // 4096
     # By default each 64 MiB buffer is a fresh mmap: every page faults in every batch.
     assert default["faults"] > 4.5 * pages
-    # Reused: the pages fault once (twice: torch's aligned allocation), and stay for the next
-    # block.
-    assert reuse["faults"] < 2.5 * pages
+    # Reused: the pages fault once or twice (torch's aligned allocation; a loaded CI run has
+    # shown a third time), never once per batch as by default, and stay for the next block.
+    assert reuse["faults"] < 3.5 * pages
     assert reuse["kept_mib"] > 64
     # A block that needed more leaves RSS above the limit: the free pages go back.
     assert reuse["grown_mib"] - reuse["kept_mib"] > 48
