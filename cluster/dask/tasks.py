@@ -58,7 +58,7 @@ class DaskTasks:
         self, spec: ClusterSpec, fn: Callable[..., R], *args: Any, client: Any = None
     ) -> list[R]:
         from cluster.dask.client import dask_client, wait_for_tasks, worker_hosts
-        from cluster.dask.engine import assign_ranks
+        from cluster.dask.places import assign_ranks
         from cluster.dask.remote import run_capturing
         from cluster.dask.section import DaskSpec
 

@@ -60,7 +60,7 @@ COMMANDS: dict[str, str] = {
     "info": "landcover.cli.info:info_command",
     "train": "landcover.cli.train:train_command",
     "cluster": "landcover.cli.cluster:cluster_group",
-    "scale": "landcover.cli.cluster:scale_command",
+    "scale": "landcover.cli.scale:scale_command",
     "report": "landcover.cli.report:report_group",
     "predict": "landcover.cli.predict:predict_command",
     "evaluate": "landcover.cli.evaluate:evaluate_command",

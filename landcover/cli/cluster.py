@@ -1,4 +1,5 @@
-"""`landcover cluster plan|launch` and `landcover scale`: thin wrappers over the cluster package.
+"""`landcover cluster plan|launch`: thin wrappers over the cluster package (`landcover scale`
+is `landcover.cli.scale`).
 
 The training arguments come after `--`, as `landcover train` takes them:
 `landcover cluster launch cluster.json -- train chips.zarr --out runs/a --epochs 3`.
@@ -36,30 +37,21 @@ from cluster.engine import (
     write_plan_files,
 )
 from cluster.engines import engine_info
-from cluster.errors import LaunchError
 from cluster.spec import ClusterSpec
 from cluster.tasks import task_engine
 from landcover.cli.stacinputs import pack_stac_inputs
 from landcover.cli.stagejob import StageError, logging_args_of
 from landcover.errors import TrainingError
-from landcover.options import cluster_json_option, out_dir_option, overwrite_option
+from landcover.options import out_dir_option, overwrite_option
 from landcover.outputs import check_can_create_in
-from landcover.scaling.sweep import (
-    SweepConfig,
-    SweepRun,
-    format_sweep_table,
-    parse_worker_counts,
-    run_sweep,
-    sweep_training,
-)
 from landcover.stageconfig import Stage, TileStage
 from landcover.stagerun import Ranks, Tasks, rank_job, run_ranks, run_stage
 from landcover.training.config import TrainConfig, parse_training
 from landcover.training.launch import WORKER_MODULE, check_run_dir, overwrite_once, training_job
 
-_PASS_THROUGH = {"ignore_unknown_options": True}
+PASS_THROUGH = {"ignore_unknown_options": True}
 
-_entry_module_option = click.option(
+entry_module_option = click.option(
     "--entry-module",
     default=WORKER_MODULE,
     show_default=True,
@@ -67,10 +59,10 @@ _entry_module_option = click.option(
     help="Python module every worker runs with `python -m` (a stand-in for the training "
     "worker: it gets the same arguments, and its own after them).",
 )
-_train_args_argument = click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
+train_args_argument = click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 
 
-def _quiet(ctx: click.Context) -> bool:
+def quiet_of(ctx: click.Context) -> bool:
     obj = ctx.find_root().obj
     return bool(obj.get("quiet")) if isinstance(obj, dict) else False
 
@@ -207,15 +199,15 @@ def cluster_group() -> None:
     """
 
 
-@cluster_group.command("plan", context_settings=_PASS_THROUGH)
+@cluster_group.command("plan", context_settings=PASS_THROUGH)
 @click.argument("cluster_json", type=click.Path(dir_okay=False, path_type=Path))
 @out_dir_option(
     "Also write the plan's files here (torchrun.sh, job.yaml + compute.yaml, "
     "trainjob.yaml / pytorchjob.yaml + secret.yaml, or slurm.sbatch), secrets redacted."
 )
 @overwrite_option
-@_entry_module_option
-@_train_args_argument
+@entry_module_option
+@train_args_argument
 def plan_command(
     cluster_json: Path,
     out_dir: Path | None,
@@ -243,7 +235,7 @@ def plan_command(
         click.echo("wrote " + ", ".join(str(p) for p in written))
 
 
-@cluster_group.command("launch", context_settings=_PASS_THROUGH)
+@cluster_group.command("launch", context_settings=PASS_THROUGH)
 @click.argument("cluster_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--wait/--no-wait",
@@ -259,8 +251,8 @@ def plan_command(
     default=None,
     help="Stop a local job (or stop waiting) after this many seconds.",
 )
-@_entry_module_option
-@_train_args_argument
+@entry_module_option
+@train_args_argument
 @click.pass_context
 def launch_command(
     ctx: click.Context,
@@ -300,7 +292,7 @@ def _run_tasks_and_report(ctx: click.Context, spec: ClusterSpec, stage: Stage) -
     """Show the plan (unless -q), then run the stage here with its units as tasks; print the
     stage's summary, then one line: done, and where."""
     started = time.monotonic()
-    if not _quiet(ctx):
+    if not quiet_of(ctx):
         click.echo(describe_stage_tasks(spec, stage), err=True)
     run_stage(stage, Tasks(spec))
     click.echo(f"done: {spec.engine} tasks in {time.monotonic() - started:.1f} s")
@@ -311,7 +303,7 @@ def _launch_stage_and_report(
 ) -> None:
     """Run `stage` as the ranks of `spec`'s engine: show the plan (unless -q), launch, and
     print one line: the job submitted, or done and where its output is."""
-    quiet = _quiet(ctx)
+    quiet = quiet_of(ctx)
 
     def show(plan: Plan) -> None:
         if not quiet:
@@ -343,7 +335,7 @@ def _launch_and_report(
     """Show the plan (unless -q), run `before`, launch, and print one line: the job
     submitted, or done with `result_text(result)` (where its results are) and its logs."""
     plan = plan_job(spec, job)
-    quiet = _quiet(ctx)
+    quiet = quiet_of(ctx)
     if not quiet:
         click.echo(plan.describe(), err=True)
     options = LaunchOptions(on_output=None if quiet else click.echo, wait=wait, timeout_s=timeout_s)
@@ -367,86 +359,3 @@ def _report_launch(result: LaunchResult, result_text: str) -> None:
             + (f"; logs {result.log_location}" if result.log_location else "")
             + where
         )
-
-
-@click.command("scale", context_settings=_PASS_THROUGH)
-@click.argument("store")
-@click.option("--workers", "workers_text", required=True, help="Worker counts, e.g. 1,2,4.")
-@click.option("--epochs", type=click.IntRange(min=1), required=True, help="Epochs per run.")
-@out_dir_option(
-    "Sweep directory: one run dir per worker count (workers-N) and sweep.json.", required=True
-)
-@cluster_json_option("cluster.json to run on (default: this machine, one node, N processes).")
-@click.option(
-    "--overwrite",
-    is_flag=True,
-    help="Redo every run, removing the runs the previous sweep.json recorded (default: reuse "
-    "the finished runs that had the same threads per worker).",
-)
-@_entry_module_option
-@_train_args_argument
-@click.pass_context
-def scale_command(
-    ctx: click.Context,
-    store: str,
-    workers_text: str,
-    epochs: int,
-    out_dir: Path,
-    cluster_json: Path | None,
-    overwrite: bool,
-    entry_module: str,
-    train_args: tuple[str, ...],
-) -> None:
-    """Train the same model at several worker counts and print epoch time against workers.
-
-    \b
-    landcover scale chips.zarr --workers 1,2,4 --epochs 3 --out sweep -- --model small_unet
-
-    Extra training options go after `--`. Each run goes to OUT/workers-N; OUT/sweep.json
-    lists them. More workers than cores runs, but is marked oversubscribed. A rerun reuses
-    the runs that finished.
-    """
-    check_can_create_in(out_dir, option="--out")
-    config = SweepConfig(
-        store=store,
-        workers=parse_worker_counts(workers_text),
-        epochs=epochs,
-        out_dir=str(out_dir),
-        extra_args=tuple(train_args),
-        cluster=load_cluster_spec(cluster_json) if cluster_json is not None else None,
-        entry_module=entry_module,
-        overwrite=overwrite,
-    )
-    if entry_module == WORKER_MODULE:
-        _check_sweep(config)
-    quiet = _quiet(ctx)
-
-    def worker_output(line: str) -> None:
-        click.echo(line, err=True)
-
-    def run_done(run: SweepRun) -> None:
-        if not quiet:
-            state = run.status + (f": {run.error}" if run.error else "")
-            click.echo(f"workers {run.workers}: {state}", err=True)
-
-    options = LaunchOptions(on_output=None if quiet else worker_output)
-    result = run_sweep(config, options, on_run=run_done)
-    click.echo(format_sweep_table(result))
-    click.echo(f"sweep: {result.path}")
-    if result.failed:
-        first = result.failed[0]
-        raise LaunchError(
-            f"{len(result.failed)} of {len(result.runs)} runs failed; "
-            f"workers {first.workers}: {first.error}"
-        )
-
-
-def _check_sweep(config: SweepConfig) -> None:
-    """Refuse bad training arguments before any run (parsed as the workers parse them), and
-    on the local engine check the store once for every worker count."""
-    from landcover.training.preflight import check_local_training  # imports torch
-
-    training, _ = sweep_training(config)
-    if config.cluster is None or engine_info(config.cluster.engine).runs_here:
-        # the sweep replaces its own run dirs: only the store is checked
-        check_local_training(training, world_sizes=config.workers, check_out_dir=False)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cluster.clusterjson import parse_cluster_spec
-from cluster.dask.engine import assign_ranks, plan_dask, rank_environment
+from cluster.dask.engine import plan_dask
+from cluster.dask.places import assign_ranks, rank_environment
 from cluster.dask.rank import run_rank
 from cluster.dask.section import DaskSpec
 from cluster.engine import Job
