@@ -87,6 +87,7 @@ class PredictOptions(TypedDict, total=False):
     device: str
     backend: Backend
     precision: Precision
+    calibration: str | None  # --calibration: a chip store for --precision int8
     tta: TtaMode
     adapt: str  # --adapt: METHOD[:STRENGTH] (landcover.prediction.adaptspec)
     probabilities: str | None

@@ -58,6 +58,7 @@ from landcover.stagerun import InProcess, run_stage
 @config_option(OPTIONS["device"], default="auto")  # the library's default is cpu
 @config_option(OPTIONS["backend"])
 @config_option(OPTIONS["precision"])
+@config_option(OPTIONS["calibration"], metavar="STORE")
 @config_option(OPTIONS["tta"], is_flag=False, flag_value="d4")
 @config_option(OPTIONS["adapt"], metavar="METHOD[:STRENGTH]")
 @config_option(OPTIONS["probabilities"], callback=output_url_callback(remote=True))

@@ -11,6 +11,8 @@ from typing import Literal, get_args
 __all__ = [
     "AUTO_ONNX_MIN_WINDOW_PIXELS",
     "BACKENDS",
+    "CALIBRATION_BATCH",
+    "CALIBRATION_CHIPS",
     "DEFAULT_MAX_PIXELS",
     "ONNX_CPU_BATCH_PIXELS",
     "PRECISIONS",
@@ -24,6 +26,7 @@ __all__ = [
     "Backend",
     "Precision",
     "TtaMode",
+    "int8_choice_problem",
     "window_choice_problem",
 ]
 
@@ -34,9 +37,18 @@ Backend = Literal["auto", "torch", "onnxruntime"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # The numbers the model computes in (landcover.prediction.runtime): auto is fp32 until a
-# benchmark shows a reduced precision agrees with it (bench_predict.py).
-Precision = Literal["auto", "fp32", "bf16"]
+# benchmark shows a reduced precision agrees with it (bench_predict.py). int8 is onnxruntime's
+# static quantization of the model's ONNX export (landcover.prediction.backends.quantize).
+Precision = Literal["auto", "fp32", "bf16", "int8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+# `--precision int8` calibrates the activations' ranges on this many train chips of the
+# `--calibration` store, evenly spaced in store order (landcover.prediction.backends.calibration):
+# a fixed sample, so every rank and task quantizes the same bits, from all of the store's
+# sources rather than the first one's corner. onnxruntime holds the activations of one batch of
+# CALIBRATION_BATCH chips at a time (an smp U-Net on resnet18: about 100 MB a 256 px chip).
+CALIBRATION_CHIPS = 32
+CALIBRATION_BATCH = 4
 
 # `--backend auto` exports a model.pt to ONNX only for a prediction whose windows hold at least
 # this many pixels (about 61 windows of 256 px): the export takes seconds to a minute once,
@@ -97,5 +109,31 @@ def window_choice_problem(window: str) -> str | None:
         return (
             f"--window {window}: the edge must be a multiple of {WINDOW_MULTIPLE_PX} px (the "
             f"models' stride), e.g. {nearest}"
+        )
+    return None
+
+
+def int8_choice_problem(
+    *, backend: str, precision: str, calibration: str | None, adapting: bool
+) -> str | None:
+    """What is wrong with `--precision int8`'s company (None: nothing): it runs on onnxruntime
+    only, `--calibration` calibrates int8 only, and a model adapted at run time (`--adapt`)
+    would need its own calibration."""
+    if precision != "int8":
+        if calibration is not None:
+            return (
+                f"--calibration {calibration}: calibrates --precision int8 only (this run is "
+                f"--precision {precision}); drop --calibration or add --precision int8"
+            )
+        return None
+    if backend == "torch":
+        return (
+            "--precision int8 --backend torch: int8 runs on onnxruntime's static quantization "
+            "only; use --backend onnxruntime (or auto)"
+        )
+    if adapting:
+        return (
+            "--precision int8 with --adapt: the int8 model is calibrated for the model's own "
+            "statistics, not adapted ones; use --adapt none, or --precision fp32"
         )
     return None

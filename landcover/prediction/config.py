@@ -27,6 +27,7 @@ from landcover.prediction.choices import (
     Backend,
     Precision,
     TtaMode,
+    int8_choice_problem,
     window_choice_problem,
 )
 from landcover.prediction.tilesize import check_tile_size
@@ -98,9 +99,19 @@ class PredictConfig:
     precision: Precision = option(
         "--precision",
         "auto",
-        "Numbers the model computes in: fp32, or bf16 (torch autocast, on CPUs with AVX-512 "
-        "BF16 or AMX and on CUDA GPUs with bf16; refused elsewhere); auto is fp32. The "
-        "output's LANDCOVER_PRECISION tag says what ran.",
+        "Numbers the model computes in: fp32, bf16 (torch autocast, on CPUs with AVX-512 "
+        "BF16 or AMX and on CUDA GPUs with bf16; refused elsewhere), or int8 (onnxruntime's "
+        "static quantization, calibrated on --calibration chips, on CPUs with AVX-512 VNNI or "
+        "AVX-VNNI); auto is fp32. The output's LANDCOVER_PRECISION tag says what ran.",
+    )
+    # landcover.prediction.backends.calibration; once the sample is read, STORE@DIGEST
+    calibration: str | None = option(
+        "--calibration",
+        None,
+        "With --precision int8: the chip store (from `landcover tile`) whose train chips "
+        "calibrate the quantized model [default: the model's training store, where it can be "
+        "read]. The output's LANDCOVER_CALIBRATION tags record the store and the sample's "
+        "SHA-256.",
     )
     # landcover.prediction.tta; checked before the model loads
     tta: TtaMode = option(
@@ -172,7 +183,15 @@ class PredictConfig:
             raise PredictionError(f"--batch-size {self.batch_size}: must be at least 1")
         if self.block_px < MIN_BLOCK_PX:
             raise PredictionError(f"--block-px {self.block_px} px: must be at least {MIN_BLOCK_PX}")
-        parse_adapt(self.adapt)  # one line naming a bad --adapt
+        adapting = parse_adapt(self.adapt).active  # one line naming a bad --adapt
+        int8_problem = int8_choice_problem(
+            backend=self.backend,
+            precision=self.precision,
+            calibration=self.calibration,
+            adapting=adapting,
+        )
+        if int8_problem is not None:
+            raise PredictionError(int8_problem)
         if self.tile_px is not None:  # the one check of the tile size
             check_tile_size(self.tile_px, self.out, self.max_pixels)
             if self.probabilities is not None:

@@ -52,6 +52,7 @@ RERUN_PREDICTS_AGAIN = (
     "device",  # its type
     "backend",  # what ran (`auto` resolved: landcover.prediction.runtime.with_inference)
     "precision",
+    "calibration",  # int8's store and its sample's digest (STORE@DIGEST once read)
     "tta",
     "adapt",  # with its statistics' digest (landcover.prediction.adapt)
     "probabilities",  # whether a part has them
@@ -83,6 +84,7 @@ def pixel_settings(prepared: PreparedPrediction) -> dict[str, Any]:
         "batch_size": options.batch_size,
         "backend": options.backend,
         "precision": options.precision,
+        "calibration": options.calibration,  # STORE@DIGEST for int8, else None
         "tta": options.tta,
         "adapt": options.adapt,  # METHOD:STRENGTH@DIGEST once computed
         "device": prepared.device.type,  # cpu, cuda, ...: a model may round differently

@@ -104,6 +104,7 @@ def prepare_prediction(
         precision=config.precision,
         device=device,
         storage_options=config.storage_options,
+        calibration=config.calibration,  # int8: the chip store, read and quantized once
     )
     check_model(config.model, meta)
     overlap = window_overlap(config.overlap_px, meta.chip_size)

@@ -19,7 +19,11 @@ says what runs it) with the model's metadata. The backends (`--backend`):
 
 The precision (`--precision`): fp32, or bf16 through torch's autocast where the hardware has
 native bf16 (a CPU with AVX-512 BF16 or AMX, `landcover.prediction.backends.cpu`; a CUDA GPU
-that supports it); refused in one line elsewhere and with onnxruntime. `auto` is fp32.
+that supports it); refused in one line elsewhere and with onnxruntime. int8: a model file's
+ONNX export quantized once by onnxruntime, calibrated on a chip store's chips and cached
+(`landcover.prediction.backends.quantize`), run by onnxruntime (`auto` resolves to it) on a
+CPU with int8 dot products (VNNI); refused in one line with torch and elsewhere. `auto` is
+fp32: bench_predict.py measures how far bf16 and int8 agree with it.
 """
 
 from __future__ import annotations
@@ -27,32 +31,43 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import fsspec
 import torch
 from torch import nn
 
-from landcover.errors import ExportError, ModelFileError, PredictionError
+from landcover.errors import ExportError, PredictionError
 from landcover.models.export import (
     EXPORT_SOURCE,
     load_torchscript,
     meta_from_onnx_props,
     model_kind,
-    onnx_model_digest,
     require_onnx,
 )
 from landcover.models.modelfile import ModelMeta, load_model_file
+from landcover.prediction.backends.calibration import calibration_sample
 from landcover.prediction.backends.cpu import cpu_features
+from landcover.prediction.backends.inference import (
+    TAG_BACKEND,
+    TAG_CALIBRATION,
+    TAG_CALIBRATION_SHA256,
+    TAG_PRECISION,
+    TAG_PROVIDER,
+    Inference,
+    QuantizedInference,
+)
 from landcover.prediction.backends.onnxcache import cached_onnx
+from landcover.prediction.backends.onnxgraph import check_graph_matches_meta
+from landcover.prediction.backends.onnxmodel import OnnxWindowModel, onnx_model
+from landcover.prediction.backends.quantize import cached_int8
 from landcover.prediction.choices import (
     AUTO_ONNX_MIN_WINDOW_PIXELS,
     BACKENDS,
     PRECISIONS,
     Backend,
     Precision,
+    int8_choice_problem,
 )
 
 if TYPE_CHECKING:
@@ -60,9 +75,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CPU_MIN_BATCH",
+    "TAG_BACKEND",
+    "TAG_CALIBRATION",
+    "TAG_CALIBRATION_SHA256",
+    "TAG_PRECISION",
+    "TAG_PROVIDER",
     "BackendModel",
     "Inference",
     "OnnxWindowModel",
+    "QuantizedInference",
     "TorchWindowModel",
     "WindowModel",
     "auto_onnx_min_window_pixels",
@@ -76,33 +97,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TAG_BACKEND = "LANDCOVER_BACKEND"
-TAG_PRECISION = "LANDCOVER_PRECISION"
-TAG_PROVIDER = "LANDCOVER_PROVIDER"
-
 
 class WindowModel(Protocol):
     """Logits (n, classes, h, w) for normalised pixels (n, bands, h, w), on their device."""
 
     def __call__(self, pixels: torch.Tensor) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Inference:
-    """What runs a model: the backend, the precision and where (torch's device, or the
-    onnxruntime providers). Written into the outputs' tags (`tags`)."""
-
-    backend: str  # torch | onnxruntime
-    precision: str  # fp32 | bf16
-    provider: str  # e.g. "cpu", "cuda:0", "CPUExecutionProvider"
-
-    def tags(self) -> dict[str, str]:
-        """The GeoTIFF tags that record what ran."""
-        return {
-            TAG_BACKEND: self.backend,
-            TAG_PRECISION: self.precision,
-            TAG_PROVIDER: self.provider,
-        }
 
 
 class BackendModel(WindowModel, Protocol):
@@ -163,49 +162,6 @@ class TorchWindowModel:
         return logits[:count].float() if self.precision == "bf16" else logits[:count]
 
 
-class OnnxWindowModel:
-    """An onnxruntime session; copies pixels to host memory and logits back to their device.
-
-    On the CPU the session runs on as many threads as torch has now (the ranks of a machine
-    pool theirs: `landcover.prediction.distributed`); a session is made per thread count.
-    """
-
-    def __init__(self, model_bytes: bytes, providers: list[Any], *, ort: Any, where: str) -> None:
-        self.model_bytes, self.providers, self.ort, self.where = model_bytes, providers, ort, where
-        self.sessions: dict[int, Any] = {}
-        session = self.session()
-        self.input_name = session.get_inputs()[0].name
-        self.output_name = session.get_outputs()[0].name
-        provider = session.get_providers()[0]
-        self.inference = Inference("onnxruntime", "fp32", provider)
-
-    def session(self) -> Any:
-        """The session for torch's thread count now (made on first use)."""
-        threads = torch.get_num_threads()
-        if threads not in self.sessions:
-            options = self.ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            # Idle workers sleep instead of spinning between operators and batches: the
-            # pipeline's reading and writing threads need those cores meanwhile.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            try:
-                self.sessions[threads] = self.ort.InferenceSession(
-                    self.model_bytes, options, providers=self.providers
-                )
-            except Exception as exc:  # onnxruntime raises its own untyped Fail/InvalidProtobuf
-                reason = " ".join(str(exc).split())[:200]
-                raise ModelFileError(
-                    f"{self.where}: not a readable ONNX model ({reason})"
-                ) from None
-        return self.sessions[threads]
-
-    def __call__(self, pixels: torch.Tensor) -> Any:
-        array = pixels.detach().to("cpu", torch.float32).contiguous().numpy()
-        (logits,) = self.session().run([self.output_name], {self.input_name: array})
-        return torch.from_numpy(logits).to(pixels.device)
-
-
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Run torch's CPU operators on `count` threads inside the block, then on as many as before.
@@ -228,11 +184,26 @@ def torch_threads(count: int) -> Iterator[None]:
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     """The precision `--precision` asks for on `device`: auto is fp32; bf16 where the
-    hardware has native bf16, else `PredictionError` in one line."""
+    hardware has native bf16, int8 on a CPU with int8 dot products; else `PredictionError`
+    in one line."""
     if precision not in PRECISIONS:
         raise PredictionError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if precision in ("auto", "fp32"):
         return "fp32"
+    if precision == "int8":
+        if device.type != "cpu":
+            raise PredictionError(
+                f"--precision int8 runs on the CPU (onnxruntime's int8 kernels), not {device}; "
+                "use --device cpu, or --precision fp32"
+            )
+        features = cpu_features()
+        if not features.int8:
+            raise PredictionError(
+                "--precision int8: this CPU has no int8 dot products (AVX-512 VNNI or "
+                f"AVX-VNNI; it has {features.describe()}), where onnxruntime's int8 kernels "
+                "saturate; use --precision fp32"
+            )
+        return "int8"
     if device.type == "cuda":
         if not torch.cuda.is_bf16_supported():
             raise PredictionError(
@@ -258,13 +229,17 @@ def load_window_model(
     precision: str = "auto",
     device: torch.device,
     storage_options: Mapping[str, Any] | None = None,
+    calibration: str | None = None,
 ) -> tuple[BackendModel, ModelMeta]:
     """The model of `url` run by `backend` in `precision` (see the module docstring) and its
-    metadata. Under `auto` a model file runs with torch until `for_prediction` sizes it."""
+    metadata. Under `auto` a model file runs with torch until `for_prediction` sizes it.
+    `calibration`: the chip store that calibrates int8 (None: the model's training store)."""
     if backend not in BACKENDS:
         raise PredictionError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     numbers = resolve_precision(precision, device)
     kind = model_kind(url, storage_options=storage_options)
+    if numbers == "int8":
+        return _quantized_model(url, kind, backend, device, storage_options, calibration)
     if backend == "auto" and kind != "model":
         backend = "onnxruntime" if kind == "onnx" else "torch"
     if backend == "onnxruntime":
@@ -280,7 +255,7 @@ def load_window_model(
                 "with `landcover export RUN_DIR/model.pt --format onnx --out model.onnx`"
             )
         if kind == "onnx":
-            return _onnx_model(url, device, storage_options)
+            return onnx_model(url, device, storage_options)
         return _exported_model(url, device, storage_options, auto=False)
     if kind == "onnx":
         raise PredictionError(f"{url} is an ONNX file; use --backend onnxruntime (or auto)")
@@ -318,8 +293,14 @@ def with_inference(config: PredictConfig, model: BackendModel) -> PredictConfig:
     """`config` (a `PredictConfig`) with the backend and precision that run `model`, so that
     what a part or tile's key records is what ran, not `auto`."""
     ran = model.inference
+    calibration = config.calibration
+    if isinstance(ran, QuantizedInference):  # the store and its sample's digest
+        calibration = f"{ran.calibration}@{ran.calibration_sha256}"
     return replace(
-        config, backend=cast(Backend, ran.backend), precision=cast(Precision, ran.precision)
+        config,
+        backend=cast(Backend, ran.backend),
+        precision=cast(Precision, ran.precision),
+        calibration=calibration,
     )
 
 
@@ -355,82 +336,55 @@ def _exported_model(
         if auto:
             raise
         raise PredictionError(f"--backend onnxruntime: {exc}; or use --backend torch") from None
-    model, meta = _onnx_model(str(path), device, None, digest=digest)
+    model, meta = onnx_model(str(path), device, None, digest=digest)
     logger.info("running %s through its ONNX export %s", url, path)
     return model, meta
 
 
-def _onnx_model(
+def _quantized_model(
     url: str,
+    kind: str,
+    backend: str,
     device: torch.device,
     storage_options: Mapping[str, Any] | None,
-    *,
-    digest: str | None = None,
+    calibration: str | None,
 ) -> tuple[BackendModel, ModelMeta]:
-    """An ONNX file run by onnxruntime; `digest`: the model file's digest the file must
-    record (a cached export), None for an ONNX file given as the model."""
+    """A model file run by onnxruntime through the int8 quantization of its cached ONNX
+    export, calibrated on `calibration`'s chips (`landcover.prediction.backends.quantize`)."""
+    problem = int8_choice_problem(
+        backend=backend, precision="int8", calibration=calibration, adapting=False
+    )
+    if problem is not None:
+        raise PredictionError(problem)
+    if kind != "model":
+        raise PredictionError(
+            f"--precision int8 quantizes a model file (model.pt), not {url} (an exported "
+            f"{kind} file); predict with its model.pt"
+        )
     try:
-        ort = require_onnx("onnxruntime")
+        for module in ("onnxruntime", "onnxscript"):
+            require_onnx(module)
+        onnx = require_onnx("onnx")
+        path, digest = cached_onnx(url, storage_options=storage_options)
     except ExportError as exc:
-        raise PredictionError(f"--backend onnxruntime: {exc}") from None
-    providers: list[Any] = ["CPUExecutionProvider"]
-    if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
-    elif device.type == "cuda":
-        logger.warning(
-            "onnxruntime here has no CUDA provider (pip install onnxruntime-gpu); "
-            "running the ONNX model on the CPU"
-        )
-    elif device.type != "cpu":
-        logger.warning(
-            "--device %s: landcover runs ONNX models on CUDA or the CPU; running it on the CPU",
-            device,
-        )
-    try:
-        with fsspec.open(url, "rb", **dict(storage_options or {})) as f:
-            model_bytes = f.read()
-    except FileNotFoundError:
-        raise ModelFileError(f"{url}: model file not found") from None
-    model = OnnxWindowModel(model_bytes, providers, ort=ort, where=url)
-    props = model.session().get_modelmeta().custom_metadata_map
-    if digest is not None and onnx_model_digest(props) != digest:
-        raise ModelFileError(
-            f"{url}: the cached ONNX export was replaced by another model's while it loaded; "
-            f"run the command again (or delete {Path(url).name})"
-        )
-    meta = meta_from_onnx_props(props, url)
-    check_graph_matches_meta(model.session(), meta, url)
-    logger.info("running %s with onnxruntime (%s)", url, ", ".join(model.session().get_providers()))
+        raise PredictionError(f"--precision int8: {exc}; or use --precision fp32") from None
+    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    sample = calibration_sample(
+        calibration,
+        meta_from_onnx_props(props, str(path)),
+        model=url,
+        storage_options=storage_options,
+    )
+    model, meta = onnx_model(str(cached_int8(path, digest, sample)), device, None, digest=digest)
+    if not isinstance(model, OnnxWindowModel):
+        raise TypeError(f"an int8 model runs on onnxruntime, not {type(model).__name__}")  # a bug
+    ran = model.inference
+    model.inference = QuantizedInference(
+        ran.backend, "int8", ran.provider, sample.store, sample.digest
+    )
     return model, meta
 
 
 def _module_device(module: nn.Module) -> torch.device:
     first = next(iter(module.parameters()), None)
     return first.device if first is not None else torch.device("cpu")
-
-
-def check_graph_matches_meta(session: Any, meta: ModelMeta, where: str) -> None:
-    """Refuse an ONNX graph that does not take and give what its metadata says: one input and
-    one output of rank 4 (batch, channels, height, width), `meta.in_channels` bands in and
-    `meta.num_classes` logits out, where the graph names those sizes (a dynamic one passes)."""
-    inputs, outputs = session.get_inputs(), session.get_outputs()
-    if len(inputs) != 1 or len(outputs) != 1:
-        raise ModelFileError(
-            f"{where}: the ONNX graph has {len(inputs)} inputs and {len(outputs)} outputs; a "
-            f"landcover model has one of each (export it again from {EXPORT_SOURCE})"
-        )
-    for value, role, expected, what in (
-        (inputs[0], "input", meta.in_channels, f"bands ({', '.join(meta.band_names)})"),
-        (outputs[0], "output", meta.num_classes, f"classes ({meta.class_map.name})"),
-    ):
-        shape = list(value.shape or [])
-        if not shape:  # a graph without shape information: nothing to compare
-            continue
-        channels = shape[1] if len(shape) == 4 else None
-        if len(shape) != 4 or (isinstance(channels, int) and channels != expected):
-            raise ModelFileError(
-                f"{where}: the ONNX graph's {role} {value.name!r} has shape {shape}, but its "
-                f"landcover metadata says (batch, {expected}, height, width) for {expected} "
-                f"{what}; the graph and the metadata are of different models: export it "
-                f"again from {EXPORT_SOURCE}"
-            )

@@ -2,8 +2,12 @@
 
 Linux lists them in /proc/cpuinfo (`flags`); a CPU with `avx512_bf16` (Cooper Lake, Zen 4
 and later) or AMX (`amx_bf16`, Sapphire Rapids and later) has native bf16 dot products, so
-bf16 autocast there is a speed-up, while elsewhere oneDNN emulates it, slower than fp32. Where
-/proc/cpuinfo is missing (macOS, Windows) no feature is claimed.
+bf16 autocast there is a speed-up, while elsewhere oneDNN emulates it, slower than fp32. A CPU
+with VNNI (`avx512_vnni`, Cascade Lake and Zen 4 on; `avx_vnni`, Alder Lake on) has int8 dot
+products that accumulate in 32 bits, which onnxruntime's quantized convolutions need to be fast
+and exact: without them its u8 x s8 kernels (VPMADDUBSW) saturate 16-bit sums, and the
+quantized model must give up a bit of range (`reduce_range`) to be right. Where /proc/cpuinfo
+is missing (macOS, Windows) no feature is claimed.
 """
 
 from __future__ import annotations
@@ -29,12 +33,25 @@ class CpuFeatures:
         return bool({"avx512_bf16", "amx_bf16"} & self.flags)
 
     @property
+    def int8(self) -> bool:
+        """Native int8 dot products: AVX-512 VNNI or AVX-VNNI."""
+        return bool({"avx512_vnni", "avx_vnni"} & self.flags)
+
+    @property
     def amx(self) -> bool:
         return "amx_tile" in self.flags
 
     def describe(self) -> str:
         """The features that matter for inference, e.g. 'avx512, avx512_bf16, avx512_vnni'."""
-        wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+        wanted = (
+            "avx2",
+            "avx512f",
+            "avx512_bf16",
+            "avx512_vnni",
+            "avx_vnni",
+            "amx_tile",
+            "amx_bf16",
+        )
         return ", ".join(f for f in wanted if f in self.flags) or "none known"
 
 

@@ -41,7 +41,7 @@ from landcover.models.export import (
 )
 from tiling.runtime.urls import is_local, local_path
 
-__all__ = ["cache_dir", "cached_onnx", "onnx_cache_path", "recorded_digest"]
+__all__ = ["cache_dir", "cached_onnx", "machine_lock", "onnx_cache_path", "recorded_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,13 +114,18 @@ def cached_onnx(
     return path, digest
 
 
+def _export_lock(digest: str) -> contextlib.AbstractContextManager[None]:
+    """Hold, blocking, this machine's lock on exporting the model of `digest`."""
+    return machine_lock(f"onnx-{digest[:32]}")
+
+
 @contextlib.contextmanager
-def _export_lock(digest: str) -> Iterator[None]:
-    """Hold, blocking, this machine's lock on exporting the model of `digest` (a file in the
-    temporary directory: a lock beside the model would stay there)."""
+def machine_lock(name: str) -> Iterator[None]:
+    """Hold, blocking, this machine's lock `name` (a file in the temporary directory: a lock
+    beside the model would stay there)."""
     locks = Path(tempfile.gettempdir()) / "landcover-locks"
     locks.mkdir(parents=True, exist_ok=True)
-    fd = os.open(locks / f"onnx-{digest[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
         yield

@@ -265,6 +265,8 @@ RERUN_VALUES: dict[str, Callable[[dict[str, Any]], Any]] = {
     # auto runs these tiny predictions with torch: a part of onnxruntime's is another
     "backend": lambda f: "onnxruntime",
     "precision": lambda f: "bf16",
+    # refused: calibrates int8 only (see the test); test_int8.py checks the keys hold it
+    "calibration": lambda f: str(f["tmp_path"] / "chips.zarr"),
     "tta": lambda f: "flips",
     "adapt": lambda f: "bands",
     "probabilities": lambda f: str(f["tmp_path"] / "p.tif"),
@@ -301,6 +303,13 @@ def test_a_rerun_with_another_option_predicts_again_or_keeps_the_finished_part(
         value = RERUN_VALUES[name]({"tmp_path": tmp_path})
         with pytest.raises(PredictionError, match=f"--tile-size {value} needs --out to be a dir"):
             dataclasses.replace(base, tile_px=value)
+        return
+    if name == "calibration":
+        # A calibration store calibrates --precision int8 only: a fp32 job's rerun cannot be
+        # given one. An int8 part's key holds the store and its sample's digest (test_int8.py).
+        value = RERUN_VALUES[name]({"tmp_path": tmp_path})
+        with pytest.raises(PredictionError, match=f"--calibration {value}: calibrates"):
+            dataclasses.replace(base, calibration=value)
         return
     if name == "precision" and not cpu_features().bf16:
         pytest.skip("this CPU has no native bf16: --precision bf16 is refused here")

@@ -1,0 +1,301 @@
+"""`predict --precision int8` (landcover.prediction.backends.quantize, .calibration): a model
+file's ONNX export quantized once by onnxruntime, calibrated on a chip store's sample; the same
+bytes at any rank count and as tiles, the calibration in the map's tags and the part keys, the
+classes of a trained model close to fp32's, one line for every run it refuses, and a cache
+that never trusts a file made of other inputs."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import rasterio
+import torch
+from click.testing import CliRunner
+
+from landcover.cli.app import main
+from landcover.models.export import model_digest
+from landcover.models.modelfile import load_model_file, save_model_file
+from landcover.prediction import runtime
+from landcover.prediction.backends import quantize
+from landcover.prediction.backends.calibration import CalibrationSample, calibration_sample
+from landcover.prediction.backends.cpu import CpuFeatures, cpu_features
+from landcover.prediction.backends.onnxcache import cached_onnx
+from landcover.prediction.backends.quantize import cached_int8, int8_key, recorded_key
+from landcover.prediction.choices import Precision
+from landcover.prediction.config import PredictConfig
+from landcover.prediction.runner import predict_region
+from landcover.prediction.tiled import predict_product
+from landcover.prediction.tileplan import TiledSetup
+from tests.landcover.prediction.test_backends import model_dir, trained  # noqa: F401 (fixtures)
+from tests.support.stageruns import rank_args
+from tiling.synthetic.scenes import SynthResult
+
+pytestmark = pytest.mark.skipif(
+    not cpu_features().int8, reason="this CPU has no int8 dot products (VNNI)"
+)
+
+
+@pytest.fixture()
+def user_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's cache (int8 models) in tmp_path."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "landcover" / "int8"
+
+
+def read(path: Path | str) -> tuple[npt.NDArray[Any], dict[str, str]]:
+    with rasterio.open(path) as ds:
+        return ds.read(), ds.tags()
+
+
+def int8_map(model: Path, scene: Path, out: Path, store: str | None) -> npt.NDArray[Any]:
+    config = PredictConfig(
+        str(model), (str(scene),), str(out), device="cpu", precision="int8", calibration=store,
+        block_px=256,
+    )  # fmt: skip
+    predict_region(config)
+    classes: npt.NDArray[Any] = read(out)[0][0]
+    return classes
+
+
+# -- exactness and what the map records ------------------------------------------------------------
+
+
+def test_int8_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
+    scene: Path,
+    model_dir: Path,  # noqa: F811 (the fixture of test_backends)
+    tiny_store: str,
+    tmp_path: Path,
+    user_cache: Path,
+) -> None:
+    """One process on 2 threads, 2 ranks on 1 thread each, and a tiled product (other blocks
+    and batches): the same bytes, quantized once for all of them; the tags say int8 and
+    the sample's digest."""
+    common = ["--precision", "int8", "--calibration", tiny_store, "--device", "cpu",
+              "--no-quicklook", "--batch-size", "3"]  # fmt: skip
+    runs: dict[int, Path] = {}
+    before = torch.get_num_threads()
+    try:
+        for world_size, threads in ((1, 2), (2, 1)):
+            torch.set_num_threads(threads)
+            out = tmp_path / f"ranks-{world_size}" / "lc.tif"
+            out.parent.mkdir()
+            args = ["predict", str(model_dir / "model.pt"), str(scene), "--out", str(out),
+                    "--block-px", "16", *common]  # fmt: skip
+            env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                   "LANDCOVER_ERROR_DIR": str(tmp_path / "errors")}  # fmt: skip
+            for rank in [*range(1, world_size), 0]:  # rank 0 waits for the others' parts
+                argv = rank_args(*args) if world_size > 1 else args
+                result = CliRunner(env={**env, "RANK": str(rank)}).invoke(main, argv)
+                assert result.exit_code == 0, result.output
+            runs[world_size] = out
+    finally:
+        torch.set_num_threads(before)
+    assert runs[2].read_bytes() == runs[1].read_bytes()
+    one, tags = read(runs[1])
+    assert len(np.unique(one)) >= 2  # class boundaries, where kernels could differ
+    sample = calibration_sample(tiny_store, load_model_file(model_dir / "model.pt")[1],
+                                model="m")  # fmt: skip
+    assert (tags["LANDCOVER_BACKEND"], tags["LANDCOVER_PRECISION"]) == ("onnxruntime", "int8")
+    assert tags["LANDCOVER_CALIBRATION"] == tiny_store
+    assert tags["LANDCOVER_CALIBRATION_SHA256"] == sample.digest
+    assert len(list(user_cache.glob("*.onnx"))) == 1  # quantized once, for every rank
+    tiles = PredictConfig(
+        str(model_dir / "model.pt"), (str(scene),), f"{tmp_path / 'tiles'}/", device="cpu",
+        block_px=40, batch_size=5, precision="int8", calibration=tiny_store,
+    )  # fmt: skip
+    predict_product(TiledSetup(tiles, 64))
+    mosaic, mosaic_tags = read(tmp_path / "tiles" / "mosaic.vrt")
+    np.testing.assert_array_equal(mosaic, one)
+    assert mosaic_tags["LANDCOVER_PRECISION"] == "int8"
+
+
+def test_an_int8_part_is_never_reused_for_fp32(
+    scene: Path,
+    model_dir: Path,  # noqa: F811 (the fixture of test_backends)
+    tiny_store: str,
+    tmp_path: Path,
+    user_cache: Path,
+) -> None:
+    """The part keys hold the precision and the calibration's digest: an int8 rerun of an fp32
+    job's output, and an fp32 rerun of an int8 one, predict again."""
+    from landcover.prediction.distributed import pixel_settings
+    from landcover.prediction.prepared import prepare_prediction
+
+    settings = {}
+    runs: list[tuple[Precision, str | None]] = [("fp32", None), ("int8", tiny_store)]
+    for precision, store in runs:
+        config = PredictConfig(
+            str(model_dir / "model.pt"), (str(scene),), str(tmp_path / "lc.tif"), device="cpu",
+            backend="onnxruntime", precision=precision, calibration=store,
+        )  # fmt: skip
+        prepared = prepare_prediction(config, torch.device("cpu"), max_pixels=None, quiet=True)
+        settings[precision] = pixel_settings(prepared)
+    assert settings["fp32"]["precision"] == "fp32" and settings["fp32"]["calibration"] is None
+    digest = read_digest(tiny_store, model_dir / "model.pt")
+    assert settings["int8"]["precision"] == "int8"
+    assert settings["int8"]["calibration"] == f"{tiny_store}@{digest}"
+
+
+def read_digest(store: str, model: Path) -> str:
+    return calibration_sample(store, load_model_file(model)[1], model=str(model)).digest
+
+
+# -- agreement with fp32 on a trained model ------------------------------------------------------
+
+
+def test_int8_classes_of_a_trained_model_agree_with_fp32(
+    trained: Path,  # noqa: F811
+    tiny_scenes: SynthResult,
+    tiny_store: str,
+    tmp_path: Path,
+    user_cache: Path,
+) -> None:
+    """A trained small_unet on a whole 448 px scene, calibrated on its training store (the
+    default: the model file records it): int8 agrees with fp32 on at least 95 % of the pixels.
+    Static int8 keeps 256 levels per activation, so pixels near a tie between two classes
+    flip, and a model trained for 2 epochs has many near-ties: its agreement varies with the
+    training seed and the scene. The floor sits under that spread with a margin (other seeds,
+    other onnxruntime versions) and still fails a broken quantization (a wrong scale or
+    normalisation flips whole regions). int8 need not reach the 99.9 % that `--precision
+    auto` would ask of it: auto stays fp32."""
+    scene = Path(tiny_scenes.image_paths[0])
+    fp32 = tmp_path / "fp32.tif"
+    predict_region(
+        PredictConfig(str(trained), (str(scene),), str(fp32), device="cpu", block_px=256)
+    )
+    reference = read(fp32)[0][0]
+    counts = np.bincount(reference.ravel(), minlength=5)
+    assert (counts[1:] > 0.02 * counts.sum()).sum() >= 2, counts  # boundaries to agree on
+    int8 = int8_map(trained, scene, tmp_path / "int8.tif", None)
+    assert read(tmp_path / "int8.tif")[1]["LANDCOVER_CALIBRATION"] == tiny_store
+    assert float((int8 == reference).mean()) >= 0.95
+
+
+# -- one line for what cannot run ------------------------------------------------------------------
+
+NO_VNNI = CpuFeatures(frozenset({"avx2", "avx512f"}))
+REFUSALS = {
+    "torch": (
+        ["--backend", "torch"],
+        "error: --precision int8 --backend torch: int8 runs on onnxruntime's static "
+        "quantization only; use --backend onnxruntime (or auto)",
+    ),
+    "no calibration": (
+        ["--no-calibration"],
+        "error: --precision int8: {model} needs chips to calibrate on; pass --calibration "
+        "STORE, a chip store from `landcover tile`",
+    ),
+    "bad store": (
+        ["--calibration", "{tmp}/missing.zarr"],
+        "error: --calibration {tmp}/missing.zarr: {tmp}/missing.zarr: no chip store there; "
+        "create one with `landcover tile IMAGES --out {tmp}/missing.zarr`",
+    ),
+    "no vnni": (
+        ["--no-vnni"],
+        "error: --precision int8: this CPU has no int8 dot products (AVX-512 VNNI or "
+        "AVX-VNNI; it has avx2, avx512f), where onnxruntime's int8 kernels saturate; use "
+        "--precision fp32",
+    ),
+    "no onnxruntime": (
+        ["--no-onnxruntime"],
+        "error: --precision int8: onnxruntime is not installed; pip install onnx onnxruntime "
+        "onnxscript (dependencies of landcover); or use --precision fp32",
+    ),
+    "adapt": (
+        ["--adapt", "bands"],
+        "error: --precision int8 with --adapt: the int8 model is calibrated for the model's "
+        "own statistics, not adapted ones; use --adapt none, or --precision fp32",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_every_int8_refusal_is_one_line_and_leaves_no_output(
+    case: str,
+    scene: Path,
+    random_model: Path,
+    tiny_store: str,
+    tmp_path: Path,
+    user_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    extra, expected = REFUSALS[case]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    extra = [a.format(tmp=tmp_path) for a in extra]
+    if "--no-vnni" in extra:
+        monkeypatch.setattr(runtime, "cpu_features", lambda: NO_VNNI)
+    if "--no-onnxruntime" in extra:
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import raises ImportError
+    calibration = [] if extra == ["--no-calibration"] else ["--calibration", tiny_store]
+    flags = [a for a in extra if not a.startswith("--no-")]
+    if "--calibration" in flags:
+        calibration = []
+    args = ["predict", str(random_model), str(scene), "--out", str(out_dir / "lc.tif"),
+            "--precision", "int8", *calibration, *flags, "--device", "cpu"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == expected.format(tmp=tmp_path, model=random_model) + "\n"
+    assert "Traceback" not in result.output
+    assert list(out_dir.iterdir()) == []
+
+
+def test_calibration_without_int8_is_one_line(scene: Path, random_model: Path) -> None:
+    args = ["predict", str(random_model), str(scene), "--out", "lc.tif", "--calibration", "s.zarr"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "error: --calibration s.zarr: calibrates --precision int8 only (this run is --precision "
+        "auto); drop --calibration or add --precision int8\n"
+    )
+
+
+# -- the cache ---------------------------------------------------------------------------------
+
+
+def test_the_int8_model_is_made_once_per_model_and_sample_and_a_cut_file_is_made_again(
+    model_dir: Path,  # noqa: F811
+    tiny_store: str,
+    tmp_path: Path,
+    user_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = Path(shutil.copy(model_dir / "model.pt", tmp_path / "model.pt"))
+    fp32, digest = cached_onnx(str(model))
+    sample = calibration_sample(tiny_store, load_model_file(model)[1], model=str(model))
+    made: list[Path] = []
+    real = quantize._quantize
+
+    def counted(fp32_onnx: Path, out: Path, sample: CalibrationSample) -> None:
+        made.append(out)
+        real(fp32_onnx, out, sample)
+
+    monkeypatch.setattr(quantize, "_quantize", counted)
+    first = cached_int8(fp32, digest, sample)
+    assert recorded_key(first) == int8_key(digest, sample.digest) and len(made) == 1
+    assert cached_int8(fp32, digest, sample) == first and len(made) == 1  # found again
+    # another sample (a changed store: other chips, other band statistics) is another file
+    other = CalibrationSample(sample.store, sample.chips[:-1].copy(), "0" * 64)
+    assert cached_int8(fp32, digest, other) != first and len(made) == 2
+    # a file cut short (a full disk, a copy interrupted) is quantized again, not trusted
+    whole = first.read_bytes()
+    first.write_bytes(whole[: len(whole) // 2])
+    assert recorded_key(first) is None
+    assert cached_int8(fp32, digest, sample) == first and len(made) == 3
+    assert first.read_bytes() == whole  # quantizing is deterministic
+    # a retrained model is another file
+    module, meta = load_model_file(model)
+    with torch.no_grad():
+        module.head.bias.add_(1.0)  # type: ignore[operator, union-attr]
+    save_model_file(model, module, meta)
+    fp32_new, new_digest = cached_onnx(str(model))
+    assert new_digest != digest and model_digest(str(model)) == new_digest
+    assert cached_int8(fp32_new, new_digest, sample) != first and len(made) == 4
+    assert not [p for p in user_cache.iterdir() if p.suffix == ".tmp"]  # no temp file left
