@@ -6,26 +6,39 @@ Vision, on the same scene with the same weights.
    Vision's `SemanticSegmentationSlidingWindowGeoDataset`, each chip saved as it returns it
    (float32 images, integer labels, one .npy each; its `chip` command's zip of uint8 .npy and .png
    through its sample writer is not what this measures), each at stride 256.
-2. Prediction: km²/min, peak RSS and seam agreement for a `small_unet` trained here briefly and
-   an smp U-Net (`unet_resnet18`, a fixed random init), each tool at its default overlap and
-   blending: ours (`landcover predict`), geoai's `predict_geotiff`, Raster Vision's
+2. Prediction: km²/min, peak RSS and seam agreement on one scene (4,096 px a side by default: a
+   NAIP quarter-quad is about 6,000 x 7,500) for two models, both trained here briefly on a chip
+   store that `landcover tile` writes from synthetic scenes: `small_unet` and an smp U-Net
+   (`unet_resnet18`). Rows: ours at its defaults (`landcover predict MODEL IMAGE --out ...`, no
+   option), then one row per backend and precision that `landcover predict` offers here (torch
+   fp32; onnxruntime fp32; torch bf16 where the CPU has AVX-512 BF16 or AMX; onnxruntime int8
+   where `--precision int8` exists, calibrated on the training store), each with `--window chip`
+   and `--window auto`; then each peer at its defaults: geoai's `predict_geotiff`, Raster Vision's
    `predict_scene_ss` (what its predict command runs) at its default stride, and TorchGeo's
    `GridGeoSampler` loop (each window's argmax written where it lies, nothing blended). Seam
    agreement: the share of the pixels within 16 px of an interior edge of that tool's windows
-   whose class equals whole-image inference (the model run once on the whole scene).
-3. Scaling with area: peak RSS of each tool at 1x and 4x the area.
+   whose class equals whole-image inference (the model run on the whole scene; above 2,048 px a
+   side, in 2,048 px tiles that each see 256 px of the scene around them, see
+   `reference_classes`). Then the done-when summary: ours at its defaults against the fastest
+   peer's km²/min and the lowest peer's peak RSS.
+3. Scaling with area: peak RSS of each tool with small_unet at 1x and 16x the area (a quarter of
+   the prediction scene's side, and the prediction scene itself).
 
 Each tool runs in a subprocess of its own (`--child`); peak RSS is the child's own high-water
 mark (VmHWM: ru_maxrss of a child also counts the parent's RSS at the fork), seconds are the
-tool's call alone (imports, model load and scene files are made before). Every peer gets
-the same weights as a plain `torch.nn.Module` that takes pixels the way that peer hands them
-over (0-255 floats, or 0-1 after its /255), normalises them with the model file's band
-statistics (`landcover.data.normalise`) and never picks class 0 (nodata: ours never does).
+tool's call alone (imports, model load and scene files are made before). Ours' ONNX export
+(and int8 calibration) of a model file is made once, before its timed runs, by an untimed run on
+a small scene: every later run finds it cached beside the model file, as a user's second map
+does. Every peer gets the same weights as a plain `torch.nn.Module` that takes pixels the way
+that peer hands them over (0-255 floats, or 0-1 after its /255), normalises them with the model
+file's band statistics (`landcover.data.normalise`) and never picks class 0 (nodata: ours never
+does).
 
 Needs the peers: `make bench-peers` builds .venv-peers (pyproject's `peers` extra) and runs this.
 A peer that is not installed, or that fails a case, gets a row saying so with its error.
 
 Usage: python benchmarks/bench_peers.py [--quick] [--json PATH] [--only SECTION ...]
+       [--predict-px 4096] [--train-seconds 90] [--ours VARIANT ...]
 """
 
 from __future__ import annotations
@@ -49,7 +62,7 @@ import numpy as np
 import numpy.typing as npt
 import rasterio
 import torch
-from bench_predict import _save, _train
+from bench_predict import _normalise, _save
 from machine import load_average
 from resultfile import ResultFile, ResultTable, this_machine, today, write_result_file
 
@@ -60,6 +73,8 @@ from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
 
 CHIP = 256
 OVERLAP = CHIP // 4  # predict's default
+REFERENCE_TILE_PX = 2048  # reference_classes: tiles of the whole-image inference above this
+REFERENCE_CONTEXT_PX = 256  # and the scene around each tile that it sees
 EDGE_PX = 16
 CLASS_MAP = get_class_map("chesapeake7to5")
 SECTIONS = ["chips", "predict", "scaling"]
@@ -84,9 +99,26 @@ def main() -> None:
         "--chip-scene-px", type=int, default=None, help="side of the chips scene [6720: NAIP]"
     )
     parser.add_argument(
-        "--predict-px", type=int, default=None, help="side of the 1x prediction scene [1024]"
+        "--predict-px",
+        type=int,
+        default=None,
+        help="side of the prediction scene, the scaling's 16x [4096; --quick 1024]",
     )
-    parser.add_argument("--train-seconds", type=float, default=None)
+    parser.add_argument(
+        "--train-seconds", type=float, default=None, help="per model [90; --quick 15]"
+    )
+    parser.add_argument(
+        "--ours",
+        nargs="+",
+        default=None,
+        metavar="VARIANT",
+        help="ours' rows besides the defaults, e.g. torch-fp32-chip onnxruntime-int8-auto "
+        "[every backend, precision and window offered here]",
+    )
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument(
+        "--peers", nargs="*", choices=TOOLS[1:], default=TOOLS[1:], help="[all three]"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -94,40 +126,143 @@ def main() -> None:
         return
     quick = args.quick
     chip_side = args.chip_scene_px or (1792 if quick else 6720)
-    predict_side = args.predict_px or (512 if quick else 1024)
+    predict_side = args.predict_px or (1024 if quick else 4096)
     train_s = args.train_seconds if args.train_seconds is not None else (15.0 if quick else 90.0)
     versions = peer_versions()
     machine = _machine()
+    offered = ours_variants(precisions_offered())
+    variants = [v for v in offered if args.ours is None or v.name in args.ours]
     print(f"# bench_peers ({'quick' if quick else 'full'}) — {machine}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    print("ours: defaults, " + ", ".join(v.name for v in variants))
     tables: list[ResultTable] = []
+    command = "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:])
+
+    def save(done: str | None) -> None:
+        """Write the tables so far to --json: after every table, so that a run stopped
+        part-way (a time limit) leaves what it measured, saying what it lacks."""
+        if not args.json:
+            return
+        conditions = f"load average {load_average():.1f} at the end; versions: " + ", ".join(
+            f"{k} {v}" for k, v in versions.items()
+        )
+        if done is not None:
+            conditions = f"stopped part-way: {done} only; " + conditions
+        result = ResultFile(
+            benchmark="bench_peers",
+            command=command.strip(),
+            machine=machine,
+            date=today(),
+            tables=list(tables),
+            conditions=conditions,
+            extra={"versions": versions},
+        )
+        write_result_file(args.json, result)
+
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
         work = Path(tmp)
-        if "chips" in args.only:
-            tables.append(chips(work, side_px=chip_side))
         if {"predict", "scaling"} & set(args.only):
-            models = prepare_models(work, train_s=train_s)
+            models, store = prepare_models(work, args.models, train_s=train_s)
             runs = PredictionRuns(work)
+            warm_up(runs, models, variants, store)
             if "predict" in args.only:
-                tables.append(prediction(runs, models, side_px=predict_side))
-            if "scaling" in args.only:
-                tables.append(scaling(runs, models["small_unet"], side_px=predict_side))
+                table: ResultTable | None = None
+                for name, model in models.items():  # a table after each model
+                    one = prediction(
+                        runs, {name: model}, variants, args.peers, store, side_px=predict_side
+                    )
+                    table = one if table is None else _joined(table, one)
+                    tables[:] = [table, summary(table, side_px=predict_side)]
+                    save(f"prediction of {', '.join(dict.fromkeys(str(r[0]) for r in table.rows))}")
+                if table is not None and len(models) > 1:
+                    _print_table(table)
+            if "scaling" in args.only and "small_unet" in models:
+                tables.append(
+                    scaling(
+                        runs,
+                        models["small_unet"],
+                        variants,
+                        args.peers,
+                        store,
+                        side_px=predict_side,
+                    )
+                )
+                save("prediction and scaling" if "chips" in args.only else None)
+        if "chips" in args.only:
+            tables.insert(0, chips(work, side_px=chip_side))
+    save(None)
     if args.json:
-        command = "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:])
-        write_result_file(
-            args.json,
-            ResultFile(
-                benchmark="bench_peers",
-                command=command.strip(),
-                machine=machine,
-                date=today(),
-                tables=tables,
-                conditions=f"load average {load_average():.1f} at the end; versions: "
-                + ", ".join(f"{k} {v}" for k, v in versions.items()),
-                extra={"versions": versions},
-            ),
-        )
         print(f"\nwrote {args.json}")
+
+
+def _joined(first: ResultTable, second: ResultTable) -> ResultTable:
+    """`first` with the rows of `second` (the same columns) after its own."""
+    return ResultTable(
+        first.name, first.title, first.columns, [*first.rows, *second.rows], first.note
+    )
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of ours: `landcover predict` with `args` (none: our defaults)."""
+
+    name: str
+    backend: str = "default"
+    precision: str = "default"
+    window: str = "default"
+
+    def args(self, store: str) -> list[str]:
+        """The options of this row (the int8 row's calibration chips: `store`)."""
+        if self.name == DEFAULTS:
+            return []
+        args = ["--backend", self.backend, "--precision", self.precision, "--window", self.window]
+        return [*args, "--calibration", store] if self.precision == "int8" else args
+
+    @property
+    def label(self) -> str:
+        return "ours (defaults)" if self.name == DEFAULTS else f"ours {self.name}"
+
+
+DEFAULTS = "defaults"
+
+
+def precisions_offered() -> list[tuple[str, str]]:
+    """(backend, precision) pairs this `landcover predict` offers on this machine: torch and
+    onnxruntime in fp32; torch bf16 where the CPU has AVX-512 BF16 or AMX; onnxruntime int8
+    where `predict --help` lists `--precision int8` and `--calibration`."""
+    pairs = [("torch", "fp32"), ("onnxruntime", "fp32")]
+    if cpu_has_bf16():
+        pairs.append(("torch", "bf16"))
+    usage = subprocess.run(
+        [sys.executable, "-m", "landcover", "predict", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    flat = " ".join(usage.split())
+    start = flat.find("--precision [")
+    choices = flat[start : flat.find("]", start)] if start >= 0 else ""
+    if "int8" in choices and "--calibration" in flat:
+        pairs.append(("onnxruntime", "int8"))
+    return pairs
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has AVX-512 BF16 or AMX (Linux: /proc/cpuinfo's flags)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def ours_variants(pairs: Sequence[tuple[str, str]]) -> list[Variant]:
+    """Ours' rows besides the defaults: each (backend, precision) with each window choice."""
+    return [
+        Variant(f"{backend}-{precision}-{window}", backend, precision, window)
+        for backend, precision in pairs
+        for window in ("chip", "auto")
+    ]
 
 
 def peer_versions() -> dict[str, str]:
@@ -158,6 +293,8 @@ class Run:
     before_rss_bytes: float = math.nan
     chips: int = 0
     windows: tuple[tuple[int, int, int, int], ...] = ()  # (row, col, height, width)
+    window_px: int = 0  # ours: the window edge predict chose
+    ran: str = ""  # ours: the output's backend and precision tags
     error: str = ""
 
 
@@ -186,6 +323,8 @@ def run_child(spec: dict[str, Any], *, timeout_s: float = 3600.0) -> Run:
         before_rss_bytes=float(record["before_rss_bytes"]),
         chips=int(record.get("chips", 0)),
         windows=tuple(tuple(w) for w in record.get("windows", ())),  # type: ignore[misc]
+        window_px=int(record.get("window_px", 0)),
+        ran=str(record.get("ran", "")),
     )
 
 
@@ -254,15 +393,31 @@ class SameWeights(torch.nn.Module):
         return logits
 
 
-def whole_image_classes(model_path: str, image: str) -> npt.NDArray[np.uint8]:
-    """The reference: the model run once on the whole scene, argmax over classes 1..n."""
+def reference_classes(model_path: str, image: str) -> npt.NDArray[np.uint8]:
+    """The reference: the model on the whole scene, argmax over classes 1..n. A scene up to
+    REFERENCE_TILE_PX a side runs in one forward pass; a larger one (a 4,096 px scene would
+    take 8-13 GB of activations in one pass) in tiles of REFERENCE_TILE_PX, each run with
+    REFERENCE_CONTEXT_PX of the scene around it and cropped to the tile: every pixel sees
+    at least that much context on every side, no window edge of any tool lies near
+    the tiles' edges any closer than in the scene, and nothing is blended."""
     with rasterio.open(image) as src:
         pixels = torch.from_numpy(src.read())[None]
     model = SameWeights(model_path, scale=1.0).eval()
+    height, width = pixels.shape[-2:]
+    out = np.zeros((height, width), dtype=np.uint8)
+    tile, context = REFERENCE_TILE_PX, REFERENCE_CONTEXT_PX
+    if max(height, width) <= tile:
+        tile, context = max(height, width), 0
     with torch.inference_mode():
-        logits = model(pixels)
-    classes: npt.NDArray[np.uint8] = logits[0].argmax(0).numpy().astype(np.uint8)
-    return classes
+        for r in range(0, height, tile):
+            for c in range(0, width, tile):
+                r0, c0 = max(0, r - context), max(0, c - context)
+                r1, c1 = min(height, r + tile + context), min(width, c + tile + context)
+                x = pixels[..., r0:r1, c0:c1].contiguous(memory_format=torch.channels_last)
+                classes = model(x)[0].argmax(0).numpy().astype(np.uint8)
+                h, w = min(tile, height - r), min(tile, width - c)
+                out[r : r + h, c : c + w] = classes[r - r0 : r - r0 + h, c - c0 : c - c0 + w]
+    return out
 
 
 # -- cases: each returns the call to time --------------------------------------------------------
@@ -339,17 +494,32 @@ def _rv_class_config() -> Any:
 
 
 def _predict_ours(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    import landcover.prediction.prepared as prepared
     from landcover.cli.app import main as cli
 
-    args = ["predict", spec["model"], spec["image"], "--out", spec["out"], "--device", "cpu"]
+    args = ["predict", spec["model"], spec["image"], "--out", spec["out"], *spec["args"]]
+    chosen: list[int] = []
+    choose = getattr(prepared, "choose_window_px")  # noqa: B009 (imported there by name)
+
+    def recording(*a: Any, **k: Any) -> int:  # the window edge predict chooses, as it runs
+        window_px = int(choose(*a, **k))
+        chosen.append(window_px)
+        return window_px
+
+    setattr(prepared, "choose_window_px", recording)  # noqa: B010
 
     def call() -> dict[str, Any]:
         cli.main([*args, "--overwrite"], standalone_mode=False)
-        with rasterio.open(spec["image"]) as src:
-            height, width = src.height, src.width
-        rows = window_starts(height, CHIP, OVERLAP)
-        cols = window_starts(width, CHIP, OVERLAP)
-        return {"windows": [(r, c, CHIP, CHIP) for r in rows for c in cols]}
+        with rasterio.open(spec["out"]) as src:
+            height, width, tags = src.height, src.width, src.tags()
+        size = chosen[-1] if chosen else CHIP
+        rows = window_starts(height, size, OVERLAP)
+        cols = window_starts(width, size, OVERLAP)
+        return {
+            "windows": [(r, c, size, size) for r in rows for c in cols],
+            "window_px": size,
+            "ran": f"{tags.get('LANDCOVER_BACKEND', '?')} {tags.get('LANDCOVER_PRECISION', '?')}",
+        }
 
     return call
 
@@ -524,25 +694,78 @@ def chips(work: Path, *, side_px: int) -> ResultTable:
 # -- 2. prediction ------------------------------------------------------------------------------
 
 
-def prepare_models(work: Path, *, train_s: float) -> dict[str, str]:
-    """Model files: small_unet trained `train_s` seconds on synthetic scenes, and the smp
-    U-Net at a fixed random init."""
-    from bench_predict import _read
+def prepare_models(
+    work: Path, names: Sequence[str], *, train_s: float
+) -> tuple[dict[str, str], str]:
+    """Model files of `names` (of MODELS), each trained `train_s` seconds on the chips of a
+    store that `landcover tile` writes from two synthetic scenes, and that store (int8's
+    calibration chips)."""
+    from landcover.cli.app import main as cli
 
-    synth = synthesize_scenes(SynthConfig(work / "train", scenes=2, size_px=512, seed=5))
-    images = [_read(p) for p in synth.image_paths]
-    labels = [CLASS_MAP.apply(_read(p)[0], nodata=15) for p in synth.label_paths]
-    stack = np.stack(images).astype(np.float64)
-    mean = tuple(float(v) for v in stack.mean(axis=(0, 2, 3)))
-    std = tuple(float(v) for v in stack.std(axis=(0, 2, 3)))
-    trained, steps, loss = _train(images, labels, mean, std, train_s)
-    print(f"(small_unet trained {train_s:.0f} s: {steps} steps, final loss {loss:.3f})")
-    paths = {name: str(work / f"{name}.pt") for name in MODELS}
-    _save(Path(paths["small_unet"]), trained, "small_unet", mean, std)
+    synth = synthesize_scenes(SynthConfig(work / "train", scenes=2, size_px=768, seed=5))
+    store = str(work / "train" / "chips.zarr")
+    labels = str(synth.label_paths[0].parent)
+    args = ["tile", *map(str, synth.image_paths), "--labels", labels, "--out", store]
+    args += ["--class-map", "chesapeake7to5", "--min-valid", "0", "--val-fraction", "0"]
+    cli.main([*args, "--stride", str(CHIP // 2)], standalone_mode=False)
+    images, classes = _store_chips(store)
+    mean = tuple(float(v) for v in images.mean(axis=(0, 2, 3), dtype=np.float64))
+    std = tuple(float(v) for v in images.std(axis=(0, 2, 3), dtype=np.float64))
+    paths = {name: str(work / f"{name}.pt") for name in names}
+    for name in names:
+        trained, steps, loss = train_model(name, images, classes, mean, std, train_s)
+        print(f"({name} trained {train_s:.0f} s on {len(images)} chips: {steps} steps, "
+              f"final loss {loss:.3f})")  # fmt: skip
+        _save(Path(paths[name]), trained, name, mean, std)
+    return paths, store
+
+
+def _store_chips(store: str) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """A chip store's images (N, bands, chip, chip) and class labels (N, chip, chip)."""
+    import zarr
+
+    group = zarr.open_group(store, mode="r")
+    out = []
+    for key in ("images", "labels"):
+        array = group[key]
+        assert isinstance(array, zarr.Array)  # the store's contract
+        out.append(np.asarray(array[...], dtype=np.uint8))
+    return out[0], out[1]
+
+
+def train_model(
+    name: str,
+    images: npt.NDArray[np.uint8],
+    labels: npt.NDArray[np.uint8],
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    seconds: float,
+) -> tuple[torch.nn.Module, int, float]:
+    """Model `name` of the registry trained for `seconds` on random 128 px crops of the
+    chips, 8 a step (AdamW, cross-entropy ignoring nodata): its steps and smoothed loss."""
     torch.manual_seed(0)
-    smp_unet = build_model("unet_resnet18", num_classes=CLASS_MAP.num_classes)
-    _save(Path(paths["unet_resnet18"]), smp_unet, "unet_resnet18", mean, std)
-    return paths
+    rng = np.random.default_rng(0)
+    model = build_model(name, num_classes=CLASS_MAP.num_classes)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
+    xs = torch.from_numpy(_normalise(images, mean, std))
+    ys = torch.from_numpy(labels.astype(np.int64))
+    crop, batch = 128, 8
+    started, done, loss_value = time.perf_counter(), 0, math.nan
+    model.train()
+    while time.perf_counter() - started < seconds:
+        k = rng.integers(len(xs), size=batch)
+        r, c = rng.integers(CHIP - crop, size=2)
+        logits = model(xs[k, :, r : r + crop, c : c + crop])
+        loss = torch.nn.functional.cross_entropy(
+            logits, ys[k, r : r + crop, c : c + crop], ignore_index=0
+        )
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        done += 1
+        value = float(loss.detach())
+        loss_value = 0.9 * loss_value + 0.1 * value if done > 1 else value
+    return model.eval(), done, loss_value
 
 
 def _predict_scene(work: Path, side_px: int) -> str:
@@ -553,16 +776,18 @@ def _predict_scene(work: Path, side_px: int) -> str:
 
 
 class PredictionRuns:
-    """Prediction runs by (tool, model, scene), each run once: the scaling table's 1x runs are
-    the prediction table's small_unet runs."""
+    """Prediction runs by (tool, model, scene, ours' options), each run once: the scaling
+    table's 16x runs are the prediction table's small_unet runs."""
 
     def __init__(self, work: Path) -> None:
         self.work = work
-        self.done: dict[tuple[str, str, str], tuple[Run, str]] = {}
+        self.done: dict[tuple[str, str, str, tuple[str, ...]], tuple[Run, str]] = {}
+        self.variants: dict[tuple[str, str, str], tuple[Run, str]] = {}
 
-    def get(self, tool: str, model: str, image: str) -> tuple[Run, str]:
-        """The run of `tool` with `model` on `image` and the class raster it wrote."""
-        key = (tool, model, image)
+    def get(self, tool: str, model: str, image: str, args: Sequence[str] = ()) -> tuple[Run, str]:
+        """The run of `tool` (ours with `args`) with `model` on `image` and the class raster
+        it wrote."""
+        key = (tool, model, image, tuple(args))
         if key not in self.done:
             out_dir = self.work / f"pred-{len(self.done)}-{tool}"
             out_dir.mkdir(parents=True)
@@ -572,46 +797,135 @@ class PredictionRuns:
                 "tool": tool,
                 "model": model,
                 "image": image,
+                "args": list(args),
                 "out": str(out),
                 "out_dir": str(out_dir / "rv"),
                 "work": str(out_dir),
             }
+            started = time.perf_counter()
             run = run_child(spec)
+            print(
+                f"({tool} {Path(model).stem} {Path(image).parent.parent.name} {' '.join(args)}: "
+                f"{f'{run.seconds:.1f} s' if run.ok else run.error}, "
+                f"{time.perf_counter() - started:.0f} s wall, load {load_average():.1f})",
+                flush=True,
+            )
             if tool == "rastervision":
                 out = out_dir / "rv" / "labels.tif"
             self.done[key] = (run, str(out))
         return self.done[key]
 
+    def ours(self, model: str, image: str, variant: Variant, store: str) -> tuple[Run, str, str]:
+        """Ours' run of `variant` (after the defaults), its class raster, and a note where it
+        is another row's run (`same_as`)."""
+        defaults, _ = self.get("ours", model, image)
+        same = self.same_as(model, image, variant, defaults)
+        if same is None:
+            run, out = self.get("ours", model, image, variant.args(store))
+            note = ""
+        else:
+            run, out = same
+            what = "the defaults" if run is defaults else "window chip (torch on the CPU)"
+            note = "the same run as " + what
+        self.variants[(model, image, variant.name)] = (run, out)
+        return run, out, note
 
-def prediction(runs: PredictionRuns, models: dict[str, str], *, side_px: int) -> ResultTable:
-    """km²/min, peak RSS and seam agreement of each tool on one scene, for each model."""
+    def same_as(
+        self, model: str, image: str, variant: Variant, defaults: Run
+    ) -> tuple[Run, str] | None:
+        """The run that `variant` would repeat, where the program's own choices make it the
+        same command: ours' defaults when they ran this backend, precision and window (the
+        defaults' output says what ran), or the chip window for torch on the CPU (`--window
+        auto` runs the chip there, landcover.prediction.windows.choose_window_px)."""
+        if variant.name == DEFAULTS:
+            return None
+        if (
+            defaults.ok
+            and defaults.ran == f"{variant.backend} {variant.precision}"
+            and variant.window == "chip"
+            and defaults.window_px == CHIP
+        ):
+            return self.done[("ours", model, image, ())]
+        if variant.backend == "torch" and variant.window == "auto" and _no_gpu():
+            return self.variants.get((model, image, variant.name.replace("-auto", "-chip")))
+        return None
+
+
+def _no_gpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def warm_up(
+    runs: PredictionRuns, models: dict[str, str], variants: Sequence[Variant], store: str
+) -> None:
+    """Ours' ONNX export (and int8 calibration) of each model file, made once by an untimed
+    run on a small scene: later runs find it cached beside the model file. Our defaults pick
+    onnxruntime only for predictions of more than a few million window pixels, so the
+    onnxruntime fp32 export is made whatever the rows."""
+    image = _predict_scene(runs.work, 512)
+    wanted = {("onnxruntime", "fp32")} | {
+        (v.backend, v.precision) for v in variants if v.backend == "onnxruntime"
+    }
+    for model in models.values():
+        for backend, precision in sorted(wanted):
+            variant = Variant("warm-up", backend, precision, "chip")
+            run, _ = runs.get("ours", model, image, variant.args(store))
+            if not run.ok:
+                print(f"(warm-up of {backend} {precision} failed: {run.error})")
+
+
+def prediction(
+    runs: PredictionRuns,
+    models: dict[str, str],
+    variants: Sequence[Variant],
+    peers: Sequence[str],
+    store: str,
+    *,
+    side_px: int,
+) -> ResultTable:
+    """km²/min, peak RSS and seam agreement on one scene for each model: ours at its defaults
+    and in each of `variants`, and each of `peers` at its defaults."""
     image = _predict_scene(runs.work, side_px)
+    valid = valid_pixels(image)
     km2 = side_px * side_px / 1e6
     rows: list[list[Any]] = []
     for name, model in models.items():
-        reference = whole_image_classes(model, image)
-        ours_rate = math.nan
-        for tool in TOOLS:
+        started = time.perf_counter()
+        reference = reference_classes(model, image)
+        print(f"({name}: reference in {time.perf_counter() - started:.0f} s)")
+        done: list[tuple[str, Variant | None, Run, str, str]] = []  # tool, variant, run, out, note
+        for tool in peers:
             run, out = runs.get(tool, model, image)
+            done.append((tool, None, run, out, ""))
+        for variant in [Variant(DEFAULTS), *variants]:
+            run, out, note = runs.ours(model, image, variant, store)
+            done.append(("ours", variant, run, out, note))
+        peer_rates = [km2 / r.seconds * 60 for t, _, r, _, _ in done if t != "ours" and r.ok]
+        fastest = max(peer_rates, default=math.nan)
+        for tool, shown, run, out, note in [*done[len(peers) :], *done[: len(peers)]]:
+            label = shown.label if shown is not None else tool
+            asked = (shown.backend, shown.precision, shown.window) if shown else ("",) * 3
             if not run.ok:
-                rows.append([name, tool, None, None, None, None, None, None, run.error])
+                rows.append([name, label, *asked, None, None, None, None, None, None, None, None,
+                             run.error])  # fmt: skip
                 continue
             classes = _read_classes(out)
-            near = near_window_edges(classes.shape, run.windows)
+            near = near_window_edges(classes.shape, run.windows) & valid
             rate = km2 / run.seconds * 60
-            if tool == "ours":
-                ours_rate = rate
             rows.append(
                 [
                     name,
-                    tool,
+                    label,
+                    *asked,
+                    run.ran or None,
+                    run.window_px or run.windows[0][2],
                     len(run.windows),
                     round(rate, 3),
-                    round(ours_rate / rate, 2),
+                    round(rate / fastest, 2),
                     round(run.peak_rss_bytes / MIB),
                     _share(classes == reference, near),
-                    _share(classes == reference, np.ones_like(near)),
-                    "",
+                    _share(classes == reference, valid),
+                    note,
                 ]
             )
         majority = np.bincount(reference.ravel()).max() / reference.size
@@ -619,28 +933,107 @@ def prediction(runs: PredictionRuns, models: dict[str, str], *, side_px: int) ->
     table = ResultTable(
         name="predict",
         title=(
-            f"Prediction: one {side_px} x {side_px} px scene ({km2:.2f} km² at 1 m), CPU, "
-            "each tool at its default overlap and blending"
+            f"Prediction: one {side_px} x {side_px} px scene ({km2:.2f} km² at 1 m), CPU: ours "
+            "at its defaults and at each backend, precision and window, each peer at its "
+            "defaults"
         ),
         columns=[
             "model",
             "tool",
+            "--backend",
+            "--precision",
+            "--window",
+            "ran",
+            "window px",
             "windows",
             "km²/min",
-            "ours / tool",
+            "/ fastest peer",
             "peak RSS MiB",
             f"agreement within {EDGE_PX} px of window edges",
-            "agreement, all pixels",
-            "error",
+            "agreement, all valid pixels",
+            "note",
         ],
         rows=rows,
         note=(
-            "agreement: share of pixels whose class equals whole-image inference (one forward "
-            "pass over the scene) with the same weights"
+            "ran: the backend and precision the output's tags record; / fastest peer: km²/min "
+            "over the fastest peer's on the same model; agreement: share of pixels whose class "
+            "equals whole-image inference with the same weights, of the scene's valid pixels "
+            "(nodata pixels, which ours leaves empty and the peers classify, are not counted)"
         ),
     )
     _print_table(table)
     return table
+
+
+def summary(table: ResultTable, *, side_px: int) -> ResultTable:
+    """The done-when of the prediction table: ours at its defaults against the fastest
+    peer's km²/min (target 1.5x) at seam agreement >= 0.999, and its peak RSS against the
+    lowest peer's."""
+    col = {name: k for k, name in enumerate(table.columns)}
+    seam = f"agreement within {EDGE_PX} px of window edges"
+    rows: list[list[Any]] = []
+    for model in dict.fromkeys(row[0] for row in table.rows):
+        mine = [r for r in table.rows if r[0] == model]
+        ours = next(r for r in mine if r[col["tool"]] == "ours (defaults)")
+        peers = [r for r in mine if not str(r[col["tool"]]).startswith("ours")]
+        peers = [r for r in peers if r[col["km²/min"]] is not None]
+        if ours[col["km²/min"]] is None or not peers:
+            rows.append([model, None, None, None, None, None, None, "no result"])
+            continue
+        fast = max(peers, key=lambda r: _number(r[col["km²/min"]]))
+        low = min(peers, key=lambda r: _number(r[col["peak RSS MiB"]]))
+        ratio = _number(ours[col["km²/min"]]) / _number(fast[col["km²/min"]])
+        agreement = ours[col[seam]]
+        rss, low_rss = ours[col["peak RSS MiB"]], low[col["peak RSS MiB"]]
+        met = [
+            ratio >= 1.5,
+            agreement is not None and _number(agreement) >= 0.999,
+            _number(rss) <= _number(low_rss),
+        ]
+        rows.append(
+            [
+                model,
+                ours[col["km²/min"]],
+                f"{fast[col['tool']]} {fast[col['km²/min']]}",
+                round(ratio, 2),
+                agreement,
+                rss,
+                f"{low[col['tool']]} {low_rss}",
+                ", ".join(
+                    f"{what} {'met' if ok else 'NOT met'}"
+                    for what, ok in zip(("1.5x", "seam", "RSS"), met, strict=True)
+                ),
+            ]
+        )
+    summary_table = ResultTable(
+        name="summary",
+        title=f"Done when: ours at its defaults against the peers ({side_px} px scene)",
+        columns=[
+            "model",
+            "ours km²/min",
+            "fastest peer km²/min",
+            "ours / fastest (target ≥ 1.5)",
+            f"ours' agreement within {EDGE_PX} px of window edges (target ≥ 0.999)",
+            "ours' peak RSS MiB",
+            "lowest peer's peak RSS MiB (target: ours ≤)",
+            "targets",
+        ],
+        rows=rows,
+    )
+    _print_table(summary_table)
+    return summary_table
+
+
+def valid_pixels(image: str) -> npt.NDArray[np.bool_]:
+    """The scene's pixels that are not nodata: its mask (the declared nodata value) and not 0
+    in every band (ours' --zero-nodata default)."""
+    with rasterio.open(image) as src:
+        valid: npt.NDArray[np.bool_] = (src.dataset_mask() > 0) & src.read().any(axis=0)
+    return valid
+
+
+def _number(cell: Any) -> float:
+    return math.nan if cell is None else float(cell)
 
 
 def near_window_edges(
@@ -673,15 +1066,33 @@ def _read_classes(path: str) -> npt.NDArray[np.uint8]:
 # -- 3. scaling with area -----------------------------------------------------------------------
 
 
-def scaling(runs: PredictionRuns, model: str, *, side_px: int) -> ResultTable:
-    """Peak RSS of each tool predicting with `model` at 1x and 4x the area."""
+def scaling(
+    runs: PredictionRuns,
+    model: str,
+    variants: Sequence[Variant],
+    peers: Sequence[str],
+    store: str,
+    *,
+    side_px: int,
+) -> ResultTable:
+    """Peak RSS of each tool predicting with `model` at 1x and 16x the area (a scene of a
+    quarter of `side_px`, and `side_px`): ours at its defaults and in its onnxruntime fp32
+    row, each peer at its defaults."""
+    small = _predict_scene(runs.work, side_px // 4)
+    large = _predict_scene(runs.work, side_px)
+    cases: list[tuple[str, str, Variant | None]] = [("ours (defaults)", "ours", Variant(DEFAULTS))]
+    cases += [(v.label, "ours", v) for v in variants if v.name == "onnxruntime-fp32-chip"]
+    cases += [(tool, tool, None) for tool in peers]
     rows: list[list[Any]] = []
-    for tool in TOOLS:
+    for label, tool, variant in cases:
         done: list[Run] = []
-        for side in (side_px, 2 * side_px):  # area x1, x4
-            run, _ = runs.get(tool, model, _predict_scene(runs.work, side))
+        for image in (small, large):
+            if variant is None:
+                run, _ = runs.get(tool, model, image)
+            else:
+                run, _, _ = runs.ours(model, image, variant, store)
             if not run.ok:
-                rows.append([tool, None, None, None, None, None, run.error])
+                rows.append([label, None, None, None, None, None, None, run.error])
                 break
             done.append(run)
         else:
@@ -689,7 +1100,8 @@ def scaling(runs: PredictionRuns, model: str, *, side_px: int) -> ResultTable:
             growth = [(r.peak_rss_bytes - r.before_rss_bytes) / MIB for r in done]
             rows.append(
                 [
-                    tool,
+                    label,
+                    " / ".join(r.ran for r in done) if tool == "ours" else None,
                     round(peak[0]),
                     round(peak[1]),
                     round(peak[1] / peak[0], 2),
@@ -701,22 +1113,24 @@ def scaling(runs: PredictionRuns, model: str, *, side_px: int) -> ResultTable:
     table = ResultTable(
         name="scaling",
         title=(
-            f"Peak RSS as the area grows: small_unet, {side_px} px and {2 * side_px} px "
-            "square scenes (1x and 4x the area)"
+            f"Peak RSS as the area grows: small_unet, {side_px // 4} px and {side_px} px "
+            "square scenes (1x and 16x the area)"
         ),
         columns=[
             "tool",
+            "ran (1x / 16x)",
             "1x peak MiB",
-            "4x peak MiB",
-            "4x / 1x",
+            "16x peak MiB",
+            "16x / 1x (target for ours ≤ 1.1)",
             "1x growth in the call MiB",
-            "4x growth in the call MiB",
+            "16x growth in the call MiB",
             "error",
         ],
         rows=rows,
         note=(
             "peak: the process's high-water RSS (imports and model included); growth: the "
-            "peak minus the high-water mark before the tool's call"
+            "peak minus the high-water mark before the tool's call; the 16x runs are the "
+            "prediction table's"
         ),
     )
     _print_table(table)

@@ -21,8 +21,16 @@ run at the smallest count with `--pixel-px` sources separates the per-unit cost 
 per-pixel cost, and the two give the estimate for 4,000 quarter-quads on 16 and 64 nodes.
 Every table is also written to `--json` (benchmarks/results/state.json).
 
+`--from-peers PEERS_JSON` instead turns the km²/min of our defaults that `bench_peers.py`
+measured (its `summary` table, one process on this machine's cores) into hours for a state's
+STATE_KM2 (Virginia: ~110,000 km²) on 1, 16 and 64 nodes of NODE_CORES cores, assuming
+prediction's rate grows with the cores (one rank per `--nproc` share, as `bench_predict_ranks.py`
+measures) and no time for reading images from blob storage or assembling a COG; it runs in
+seconds and writes benchmarks/results/state_hours.json.
+
 Usage: python benchmarks/bench_state.py [--counts 160,1600] [--footprints 40000]
        [--end-to-end 100,400] [--ranks 2] [--pixel-px 512] [--no-predict]
+       python benchmarks/bench_state.py --from-peers benchmarks/results/peers.json
 Never asserts.
 """
 
@@ -40,7 +48,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from resultfile import Cell, ResultFile, ResultTable, this_machine, today, write_result_file  # noqa: E402
+from resultfile import (  # noqa: E402
+    Cell,
+    ResultFile,
+    ResultTable,
+    read_result_file,
+    this_machine,
+    today,
+    write_result_file,
+)
+
+STATE_KM2 = 110_000  # Virginia, ~110,000 km²: the state the estimates are for
+NODE_CORES = 16  # cores of a node in the estimates (staterun.RANKS_PER_NODE ranks of one core)
+NODE_COUNTS = (1, 16, 64)
 
 
 def _child(kind: str, n: int) -> None:
@@ -178,6 +198,40 @@ def _print_table(columns: list[str], rows: list[list[Cell]]) -> None:
         print("| " + " | ".join(str(c) for c in row) + " |")
 
 
+def hours_from_peers(peers_json: str) -> ResultTable:
+    """Hours to predict STATE_KM2 on 1, 16 and 64 nodes of NODE_CORES cores, for each model,
+    from the km²/min of our defaults in `peers_json`'s `summary` table (measured on this
+    machine's cores by bench_peers.py), taken to grow in proportion to the cores."""
+    peers = read_result_file(peers_json)
+    summary = peers.table("summary")
+    col = {name: k for k, name in enumerate(summary.columns)}
+    cores_here = os.cpu_count() or 1
+    rows: list[list[Cell]] = []
+    for row in summary.rows:
+        rate = row[col["ours km²/min"]]
+        if not isinstance(rate, int | float):
+            rows.append([row[0], None, None, *[None] * len(NODE_COUNTS)])
+            continue
+        per_core = rate / cores_here
+        here_h = STATE_KM2 / rate / 60
+        rows.append(
+            [row[0], rate, round(here_h, 1)]
+            + [round(STATE_KM2 / (per_core * NODE_CORES * n) / 60, 2) for n in NODE_COUNTS]
+        )
+    return ResultTable(
+        "hours",
+        f"Predicting a state ({STATE_KM2:,} km² at 1 m) at our defaults' measured rate",
+        ["model", f"km²/min on {cores_here} cores (bench_peers)", f"h on {cores_here} cores"]
+        + [f"h on {n} node{'s' if n > 1 else ''} ({n * NODE_CORES} cores)" for n in NODE_COUNTS],
+        rows,
+        note=(
+            f"from {Path(peers_json).name} of {peers.date} ({peers.machine}); the rate taken "
+            f"to grow with the cores, {NODE_CORES} a node; reading the images from storage "
+            "and assembling one COG not counted"
+        ),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--counts", default="160,1600")
@@ -187,10 +241,19 @@ def main() -> None:
     parser.add_argument("--pixel-px", type=int, default=512)
     parser.add_argument("--no-predict", action="store_true")
     parser.add_argument("--json", default=str(HERE / "results" / "state.json"))
+    parser.add_argument(
+        "--from-peers",
+        default=None,
+        metavar="PEERS_JSON",
+        help="only the state's prediction hours from bench_peers.py's measured km²/min",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child[0], int(args.child[1]))
+        return
+    if args.from_peers:
+        _from_peers(args.from_peers, args.json)
         return
     counts = sorted(int(c) for c in args.counts.split(",") if c)
     load_before = os.getloadavg()[0]
@@ -253,6 +316,26 @@ def main() -> None:
         conditions=f"load average {load_before:.1f} before, {load_after:.1f} after",
     ))  # fmt: skip
     print(f"wrote {args.json}")
+
+
+def _from_peers(peers_json: str, json_path: str) -> None:
+    """The `--from-peers` run: print the hours table and write it (state.json, the end-to-end
+    run's file, is never overwritten by it: state_hours.json instead)."""
+    table = hours_from_peers(peers_json)
+    print(f"## {table.title}")
+    print()
+    _print_table(table.columns, table.rows)
+    print()
+    print(table.note)
+    if Path(json_path).name == "state.json":
+        json_path = str(Path(json_path).with_name("state_hours.json"))
+    command = "python benchmarks/bench_state.py " + " ".join(sys.argv[1:])
+    write_result_file(json_path, ResultFile(
+        benchmark="bench_state.py", command=command.strip(), machine=this_machine(),
+        date=today(), tables=[table],
+        conditions=f"rates of {peers_json}, measured by bench_peers.py; no run here",
+    ))  # fmt: skip
+    print(f"wrote {json_path}")
 
 
 def _end_to_end(
