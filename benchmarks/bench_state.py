@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -205,7 +206,8 @@ def hours_from_peers(peers_json: str) -> ResultTable:
     peers = read_result_file(peers_json)
     summary = peers.table("summary")
     col = {name: k for k, name in enumerate(summary.columns)}
-    cores_here = os.cpu_count() or 1
+    cores = re.search(r"(\d+) cores", peers.machine)  # the machine the rates are from
+    cores_here = int(cores.group(1)) if cores else (os.cpu_count() or 1)
     rows: list[list[Cell]] = []
     for row in summary.rows:
         rate = row[col["ours km²/min"]]
