@@ -1025,10 +1025,14 @@ def summary(table: ResultTable, *, side_px: int) -> ResultTable:
 
 
 def valid_pixels(image: str) -> npt.NDArray[np.bool_]:
-    """The scene's pixels that are not nodata: its mask (the declared nodata value) and not 0
-    in every band (ours' --zero-nodata default)."""
+    """The scene's pixels that are not nodata: not 0 in every band (ours' --zero-nodata
+    default, and the synthetic scenes' declared nodata) nor the declared nodata value in
+    every band."""
     with rasterio.open(image) as src:
-        valid: npt.NDArray[np.bool_] = (src.dataset_mask() > 0) & src.read().any(axis=0)
+        pixels, nodata = src.read(), src.nodata
+    valid: npt.NDArray[np.bool_] = pixels.any(axis=0)
+    if nodata is not None and nodata != 0:
+        valid &= (pixels != nodata).any(axis=0)
     return valid
 
 
