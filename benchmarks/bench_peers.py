@@ -267,10 +267,23 @@ def ours_variants(pairs: Sequence[tuple[str, str]]) -> list[Variant]:
 
 def peer_versions() -> dict[str, str]:
     """Versions of landcover, torch and each peer ('not installed' where one is missing)."""
-    out = {"landcover": _version("landcover"), "torch": torch.__version__}
+    out = {"landcover": f"{_version('landcover')} ({_tree_state()})", "torch": torch.__version__}
     for name, dist in PEER_DISTRIBUTIONS.items():
         out[name] = _version(dist)
     return out
+
+
+def _tree_state() -> str:
+    """The commit of the working tree this runs from, and whether the code differs from it."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "no git"
+    changed = git("status", "--porcelain", "--", "landcover", "tiling")
+    return f"{commit}, with uncommitted changes to landcover/ or tiling/" if changed else commit
 
 
 def _version(dist: str) -> str:
