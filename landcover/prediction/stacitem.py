@@ -44,6 +44,11 @@ from landcover.classes import NODATA_CODE
 from landcover.errors import PredictionError
 from landcover.outputs import check_output_file, write_text_atomic
 from landcover.prediction.adaptspec import TAG_ADAPT, TAG_ADAPT_SHA256
+from landcover.prediction.backends.inference import (
+    TAG_CALIBRATION,
+    TAG_CALIBRATION_SHA256,
+    TAG_PRECISION,
+)
 from landcover.prediction.outgrid import TAG_CLASS_MAP
 from tiling.sources.classes import ClassMap
 from tiling.sources.stacquery import StacSource
@@ -86,6 +91,10 @@ def cog_item(
     if TAG_ADAPT in tags:  # test-time adaptation: the method and its statistics' digest
         properties["landcover:adapt"] = tags[TAG_ADAPT]
         properties["landcover:adapt_sha256"] = tags.get(TAG_ADAPT_SHA256, "")
+    if TAG_CALIBRATION in tags:  # int8: the calibration store and its sample's digest
+        properties["landcover:precision"] = tags.get(TAG_PRECISION, "")
+        properties["landcover:calibration"] = tags[TAG_CALIBRATION]
+        properties["landcover:calibration_sha256"] = tags.get(TAG_CALIBRATION_SHA256, "")
     if starts and ends:
         properties["start_datetime"] = _stamp(min(starts))
         properties["end_datetime"] = _stamp(max(ends))

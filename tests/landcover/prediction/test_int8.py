@@ -6,6 +6,7 @@ that never trusts a file made of other inputs."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -74,8 +75,8 @@ def test_int8_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
     user_cache: Path,
 ) -> None:
     """One process on 2 threads, 2 ranks on 1 thread each, and a tiled product (other blocks
-    and batches): the same bytes, quantized once for all of them; the tags say int8 and
-    the sample's digest."""
+    and batches): the same bytes, quantized once for all of them; the tags and the STAC item
+    say int8, the store and the sample's digest."""
     common = ["--precision", "int8", "--calibration", tiny_store, "--device", "cpu",
               "--no-quicklook", "--batch-size", "3"]  # fmt: skip
     runs: dict[int, Path] = {}
@@ -86,7 +87,8 @@ def test_int8_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
             out = tmp_path / f"ranks-{world_size}" / "lc.tif"
             out.parent.mkdir()
             args = ["predict", str(model_dir / "model.pt"), str(scene), "--out", str(out),
-                    "--block-px", "16", *common]  # fmt: skip
+                    "--block-px", "16", "--stac-item", str(out.with_suffix(".json")),
+                    *common]  # fmt: skip
             env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
                    "LANDCOVER_ERROR_DIR": str(tmp_path / "errors")}  # fmt: skip
@@ -106,6 +108,9 @@ def test_int8_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
     assert tags["LANDCOVER_CALIBRATION"] == tiny_store
     assert tags["LANDCOVER_CALIBRATION_SHA256"] == sample.digest
     assert len(list(user_cache.glob("*.onnx"))) == 1  # quantized once, for every rank
+    item = json.loads(runs[2].with_suffix(".json").read_text())["properties"]
+    assert (item["landcover:precision"], item["landcover:calibration"]) == ("int8", tiny_store)
+    assert item["landcover:calibration_sha256"] == sample.digest
     tiles = PredictConfig(
         str(model_dir / "model.pt"), (str(scene),), f"{tmp_path / 'tiles'}/", device="cpu",
         block_px=40, batch_size=5, precision="int8", calibration=tiny_store,
