@@ -18,13 +18,19 @@
    run on the whole scene at once) for the same two groups.
 4. Backends and precisions (`--only backends`): for small_unet and unet_resnet18 (smp's Unet
    on resnet18, random weights), each backend (torch eager, onnxruntime through the cached
-   ONNX export) and precision (fp32; bf16 where the CPU has it) side by side in one run:
+   ONNX export) and precision (fp32; bf16 where the CPU has it; int8 through onnxruntime's
+   static quantization, calibrated on a store tiled from the scene, where the CPU has VNNI)
+   side by side in one run:
    km²/min of `predict_region` end to end against the same backend and precision running
    only the forward passes on pre-made batches of the sizes ours ran (the machine's limit for
-   that choice), and each against torch eager fp32; the one-time export's seconds; then the
-   class agreement with torch fp32 and the accuracy of a small_unet trained here.
+   that choice), and each against torch eager fp32; the one-time export's (and
+   quantization's) seconds; then the class agreement with torch fp32 and the accuracy of a
+   small_unet trained here on synthetic scenes, and with `--data DIR` (the real labelled
+   patches of ../shared/data/chesapeake-wv) of a small_unet trained with `landcover train` on
+   6 of the 8 real patches and tested on the other 2 (int8 calibrated on its training store).
 
 Usage: python benchmarks/bench_predict.py [--quick] [--train-seconds S] [--only SECTION ...]
+           [--data ../shared/data/chesapeake-wv]
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ from machine import load_average
 import landcover.prediction.windows as prediction_windows
 from landcover.models.modelfile import ModelMeta, save_model_file
 from landcover.models.registry import build_model
-from landcover.prediction.backends import cached_onnx, cpu_features
+from landcover.prediction.backends import cpu_features
+from landcover.prediction.backends.onnxcache import cached_onnx
 from landcover.prediction.blend import window_starts
 from landcover.prediction.choices import Backend, Precision
 from landcover.prediction.config import PredictConfig
@@ -64,7 +71,8 @@ from landcover.prediction.runner import predict_region
 from landcover.prediction.runtime import load_window_model
 from landcover.training.distributed import cpu_model_name
 from tiling.sources.classes import get_class_map
-from tiling.synthetic.scenes import SynthConfig, synthesize_scenes
+from tiling.synthetic.scenes import SynthConfig, SynthResult, synthesize_scenes
+from tiling.tiler.tile import TileConfig, tile
 
 CHIP = 256
 OVERLAP = CHIP // 4  # predict's default
@@ -80,6 +88,13 @@ def main() -> None:
     parser.add_argument("--train-seconds", type=float, default=None)
     parser.add_argument(
         "--only", nargs="+", choices=SECTIONS, default=SECTIONS, help="run only these sections"
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="the real labelled patches (../shared/data/chesapeake-wv): --only backends then "
+        "measures agreement and accuracy on them too",
     )
     args = parser.parse_args()
     quick = args.quick
@@ -113,6 +128,9 @@ def main() -> None:
             backends(work, side_px=2048 if quick else 4096, block_px=1024 if quick else 2048)
             print()
             backend_agreement(work, scene_px=512 if quick else 1024, steps=150 if quick else 400)
+            if args.data is not None:
+                print()
+                real_patch_agreement(work, args.data, epochs=5 if quick else 20)
 
 
 # -- 1. throughput -------------------------------------------------------------------------------
@@ -728,7 +746,30 @@ def _runs() -> list[tuple[Backend, Precision]]:
         runs.append(("onnxruntime", "fp32"))
     if cpu_features().bf16:
         runs.append(("torch", "bf16"))
+    if _onnx_installed() and cpu_features().int8:
+        runs.append(("onnxruntime", "int8"))
     return runs
+
+
+def _store(synth: SynthResult, out: Path, *, scenes: int | None = None, chip: int = CHIP) -> str:
+    """A chip store tiled from the first `scenes` synthetic scenes and their labels: the
+    calibration store of the int8 runs."""
+    tile(
+        TileConfig(
+            images=tuple(str(p) for p in synth.image_paths[:scenes]),
+            labels=tuple(str(p) for p in synth.label_paths[:scenes]),
+            out=str(out),
+            chip_size=chip,
+            val_fraction=0.0,
+            workers=1,
+            overwrite=True,
+        )
+    )
+    return str(out)
+
+
+def _calibration(precision: str, store: str) -> str | None:
+    return store if precision == "int8" else None
 
 
 def _onnx_installed() -> bool:
@@ -739,6 +780,7 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
     """Ours against the model alone per backend and precision, and each against torch fp32."""
     scenes = synthesize_scenes(SynthConfig(work / "be", scenes=1, size_px=side_px, seed=11))
     image = str(scenes.image_paths[0])
+    store = _store(scenes, work / "be-chips.zarr")
     km2 = side_px * side_px / 1e6
     runs = _runs()
     print(
@@ -757,27 +799,37 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
         torch.manual_seed(0)
         _save(model_path, build_model(name, num_classes=CLASS_MAP.num_classes), name,
               (110.0,) * 4, (60.0,) * 4)  # fmt: skip
-        export_s = math.nan
+        export_s, quantize_s = math.nan, math.nan
         if _onnx_installed():
             started = time.perf_counter()
             cached_onnx(str(model_path))  # the one-time cost, outside the timed runs
             export_s = time.perf_counter() - started
+        if ("onnxruntime", "int8") in runs:
+            started = time.perf_counter()  # the one-time quantization, outside them too
+            load_window_model(str(model_path), precision="int8", device=torch.device("cpu"),
+                              calibration=store)  # fmt: skip
+            quantize_s = time.perf_counter() - started
         results: dict[tuple[Backend, Precision], tuple[float, float, npt.NDArray[np.uint8]]] = {}
         for backend, precision in runs:
             out = work / f"be-{name}-{backend}-{precision}.tif"
             config = PredictConfig(
                 str(model_path), (image,), str(out), block_px=block_px, device="cpu",
                 backend=backend, precision=precision, overwrite=True, progress=False,
+                calibration=_calibration(precision, store),
             )  # fmt: skip
             with _recorded_batches() as batches:
                 started = time.perf_counter()
                 predict_region(config)
                 ours_s = time.perf_counter() - started
-            alone_s = _backend_forward_seconds(model_path, backend, precision, batches)
+            alone_s = _backend_forward_seconds(
+                model_path, backend, precision, batches, calibration=_calibration(precision, store)
+            )
             results[backend, precision] = (km2 / ours_s * 60, km2 / alone_s * 60, _read(out)[0])
         base_ours, base_alone, base_map = results["torch", "fp32"]
         for (backend, precision), (ours, alone, classes) in results.items():
             export = f"{export_s:.1f}" if backend == "onnxruntime" else "–"
+            if precision == "int8":
+                export += f" + {quantize_s:.1f}"
             agreement = float((classes == base_map).mean())
             print(
                 f"| {name} | {backend} | {precision} | {export} | {_ratio(ours, alone)} "
@@ -791,7 +843,8 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
         "forward passes of the batches ours ran, on random chips made beforehand; its km²/min "
         "is the scene's area over those seconds. ours vs torch fp32: the speed-up of that "
         "choice over predict with torch eager fp32. Export: seconds of the one-time ONNX "
-        "export, cached by the model file's digest and not in the timed runs. Classes: the "
+        "export, cached by the model file's digest and not in the timed runs (int8: + the "
+        "one-time quantization, calibrated on a store tiled from the scene). Classes: the "
         "share of the scene's pixels whose class equals torch fp32's (random weights, so near-"
         "ties are many; see the next table for a trained model). Each run once, in this order, "
         "on a machine that may be shared: compare the ratios within a row."
@@ -799,12 +852,21 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
 
 
 def _backend_forward_seconds(
-    model_path: Path, backend: str, precision: str, batches: list[int]
+    model_path: Path,
+    backend: str,
+    precision: str,
+    batches: list[int],
+    *,
+    calibration: str | None = None,
 ) -> float:
     """Seconds for the model alone, run by `backend` in `precision`, to run batches of random
     normalised chips of these sizes (made before the clock starts)."""
     model, _ = load_window_model(
-        str(model_path), backend=backend, precision=precision, device=torch.device("cpu")
+        str(model_path),
+        backend=backend,
+        precision=precision,
+        device=torch.device("cpu"),
+        calibration=calibration,
     )
     generator = torch.Generator().manual_seed(0)
     chips = [torch.randn(size, 4, CHIP, CHIP, generator=generator) for size in batches]
@@ -827,6 +889,7 @@ def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
     model, steps, loss = _train(images[:2], labels[:2], mean, std, math.inf, steps=steps)
     model_path = work / "agree.pt"
     _save(model_path, model, "small_unet", mean, std)
+    store = _store(synth, work / "agree-chips.zarr", scenes=2)  # int8's calibration
     print(
         f"## Agreement of the backends: small_unet trained here ({steps} steps of 8 chips of "
         f"128 px, final loss {loss:.3f}) on 2 synthetic {scene_px} px scenes, tested on a third"
@@ -841,6 +904,7 @@ def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
             PredictConfig(
                 str(model_path), (str(synth.image_paths[2]),), str(out), device="cpu",
                 backend=backend, precision=precision, progress=False,
+                calibration=_calibration(precision, store),
             )
         )  # fmt: skip
         maps[backend, precision] = _read(out)[0]
@@ -855,9 +919,70 @@ def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
         )
     print()
     print(
-        "`--precision auto` would pick bf16 only where its classes agree with fp32 on at least "
-        "0.999 of the pixels with no loss of accuracy; it stays fp32 (landcover.prediction."
-        "runtime). Agreement over every pixel of the scene, accuracy over its labelled ones."
+        "`--precision auto` would pick bf16 or int8 only where its classes agree with fp32 on "
+        "at least 0.999 of the pixels with no loss of accuracy; it stays fp32 (landcover."
+        "prediction.runtime). Agreement over every pixel of the scene, accuracy over its "
+        "labelled ones; int8 calibrated on a store tiled from the 2 training scenes."
+    )
+
+
+def real_patch_agreement(work: Path, data: Path, *, epochs: int) -> None:
+    """The real labelled patches of `data`: a small_unet trained by `landcover train` on a
+    store of the first 6 (sorted by name), each backend and precision mapping the other 2;
+    class agreement with torch fp32 and accuracy against their labels. int8 is calibrated on
+    the model's training store (predict's default for a model that records it)."""
+    import landcover
+
+    images = sorted(data.glob("*_naip.tif"))
+    if len(images) < 3:
+        raise SystemExit(f"--data {data}: expected the *_naip.tif / *_lc.tif patch pairs")
+    pairs = [(i, i.with_name(i.name.replace("_naip.tif", "_lc.tif"))) for i in images]
+    train, held = pairs[:6], pairs[6:]
+    store = work / "real-chips.zarr"
+    landcover.tile(
+        [i for i, _ in train], store, labels=[lab for _, lab in train], chip_size=64,
+        val_fraction=0.0, class_map="chesapeake7to5", overwrite=True,
+    )  # fmt: skip
+    run = landcover.train(
+        store, work / "real-run", epochs=epochs, batch_size=16, seed=0, device="cpu",
+        overwrite=True,
+    )  # fmt: skip
+    model = run.run_dir / "model.pt"
+    maps: dict[tuple[str, str], list[npt.NDArray[np.uint8]]] = {}
+    for backend, precision in _runs():
+        for k, (image, _) in enumerate(held):
+            out = work / f"real-{backend}-{precision}-{k}.tif"
+            predict_region(
+                PredictConfig(
+                    str(model), (str(image),), str(out), device="cpu", backend=backend,
+                    precision=precision, progress=False, overwrite=True,
+                )
+            )  # fmt: skip
+            maps.setdefault((backend, precision), []).append(_read(out)[0])
+    truth = np.concatenate([CLASS_MAP.apply(_read(lab)[0], nodata=15).ravel() for _, lab in held])
+    base = np.concatenate([m.ravel() for m in maps["torch", "fp32"]])
+    labelled = (truth > 0) & (base > 0)
+    print(
+        f"## Agreement on the real patches: small_unet trained by `landcover train` ({epochs} "
+        f"epochs, 64 px chips) on {len(train)} patches of {data.name}, tested on "
+        f"{len(held)} ({base.size:,} px, {int(labelled.sum()):,} labelled)"
+    )
+    print()
+    print("| backend | precision | classes = torch fp32 | accuracy | accuracy − torch fp32 |")
+    print("|---|---|---:|---:|---:|")
+    base_accuracy = _share(base == truth, labelled)
+    for (run_backend, run_precision), parts in maps.items():
+        classes = np.concatenate([m.ravel() for m in parts])
+        accuracy = _share(classes == truth, labelled)
+        print(
+            f"| {run_backend} | {run_precision} | {float((classes == base).mean()):.5f} "
+            f"| {accuracy:.4f} | {accuracy - base_accuracy:+.4f} |"
+        )
+    print()
+    print(
+        "Agreement over every pixel of the held-out patches, accuracy over their labelled ones "
+        "(Chesapeake classes through chesapeake7to5). int8: calibrated on the training store "
+        "the model file records (predict's default without --calibration)."
     )
 
 
