@@ -24,17 +24,22 @@ from landcover.models.export import model_digest
 from landcover.models.modelfile import load_model_file, save_model_file
 from landcover.prediction import runtime
 from landcover.prediction.backends import quantize
-from landcover.prediction.backends.calibration import CalibrationSample, calibration_sample
+from landcover.prediction.backends.calibration import (
+    CalibrationSample,
+    calibration_sample,
+    sample_chip_ids,
+)
 from landcover.prediction.backends.cpu import CpuFeatures, cpu_features
 from landcover.prediction.backends.onnxcache import cached_onnx
 from landcover.prediction.backends.quantize import cached_int8, int8_key, recorded_key
-from landcover.prediction.choices import Precision
+from landcover.prediction.choices import CALIBRATION_CHIPS, Precision
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.runner import predict_region
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
 from tests.landcover.prediction.test_backends import model_dir, trained  # noqa: F401 (fixtures)
 from tests.support.stageruns import rank_args
+from tiling.chipstore.store import open_store
 from tiling.synthetic.scenes import SynthResult
 
 pytestmark = pytest.mark.skipif(
@@ -260,6 +265,29 @@ def test_calibration_without_int8_is_one_line(scene: Path, random_model: Path) -
         "error: --calibration s.zarr: calibrates --precision int8 only (this run is --precision "
         "auto); drop --calibration or add --precision int8\n"
     )
+
+
+# -- the calibration sample ---------------------------------------------------------------------
+
+
+def test_the_calibration_sample_is_train_chips_spread_over_the_store_normalised_as_predict_does(
+    tiny_store: str, random_model: Path
+) -> None:
+    store = open_store(tiny_store)
+    train = store.chip_ids("train")
+    ids = sample_chip_ids(store)
+    assert len(ids) == CALIBRATION_CHIPS < len(train)  # the tiny store has more train chips
+    assert (ids[0], ids[-1]) == (train[0], train[-1]) and set(ids) <= set(train)
+    assert np.all(np.diff(ids) > 0)  # store order, no chip twice
+    meta = load_model_file(random_model)[1]
+    sample = calibration_sample(tiny_store, meta, model=str(random_model))
+    images, _ = store.read_chips(ids)
+    mean = np.asarray(meta.band_mean, np.float32)[:, None, None]
+    std = np.asarray(meta.band_std, np.float32)[:, None, None]
+    expected = np.where(images.any(axis=1, keepdims=True), (images - mean) / std, 0.0)
+    np.testing.assert_allclose(sample.chips, expected, rtol=1e-6, atol=1e-6)
+    again = calibration_sample(tiny_store, meta, model=str(random_model))
+    assert again.digest == sample.digest and again.key == f"{tiny_store}@{sample.digest}"
 
 
 # -- the cache ---------------------------------------------------------------------------------
