@@ -218,6 +218,11 @@ REFUSALS = {
         "error: --precision int8: onnxruntime is not installed; pip install onnx onnxruntime "
         "onnxscript (dependencies of landcover); or use --precision fp32",
     ),
+    "onnx file": (
+        ["--no-model-pt"],
+        "error: --precision int8 quantizes a model file (model.pt), not {model} (an exported "
+        "onnx file); predict with its model.pt",
+    ),
     "adapt": (
         ["--adapt", "bands"],
         "error: --precision int8 with --adapt: the int8 model is calibrated for the model's "
@@ -244,15 +249,18 @@ def test_every_int8_refusal_is_one_line_and_leaves_no_output(
         monkeypatch.setattr(runtime, "cpu_features", lambda: NO_VNNI)
     if "--no-onnxruntime" in extra:
         monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import raises ImportError
+    model = random_model
+    if "--no-model-pt" in extra:  # the model file's own export, given as the model
+        model = cached_onnx(str(random_model))[0]
     calibration = [] if extra == ["--no-calibration"] else ["--calibration", tiny_store]
     flags = [a for a in extra if not a.startswith("--no-")]
     if "--calibration" in flags:
         calibration = []
-    args = ["predict", str(random_model), str(scene), "--out", str(out_dir / "lc.tif"),
+    args = ["predict", str(model), str(scene), "--out", str(out_dir / "lc.tif"),
             "--precision", "int8", *calibration, *flags, "--device", "cpu"]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
-    assert result.output == expected.format(tmp=tmp_path, model=random_model) + "\n"
+    assert result.output == expected.format(tmp=tmp_path, model=model) + "\n"
     assert "Traceback" not in result.output
     assert list(out_dir.iterdir()) == []
 
