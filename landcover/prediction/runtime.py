@@ -246,7 +246,7 @@ def load_window_model(
         if numbers != "fp32":
             raise PredictionError(
                 f"--precision {precision} runs with --backend torch; onnxruntime runs fp32 "
-                "here (drop --precision or use --backend torch)"
+                "and int8 (drop --precision or use --backend torch)"
             )
         if kind == "torchscript":  # export takes model.pt files only
             raise PredictionError(
