@@ -24,6 +24,7 @@ from cluster.local.netns import network_unavailable_reason
 from tests.azurite import azurite  # noqa: F401  (the session fixture, registered once, here)
 from tests.browser import chromium  # noqa: F401  (the session fixture, registered once, here)
 from tests.landcover.cli.readers import Scene, write_scene
+from tests.support.exportmemo import ExportMemo
 from tests.support.paths import REAL_NAIP_DIR, REPO_ROOT  # noqa: F401  (tests import them from here)
 from tests.support.slurm_testbed import SlurmTestbed, slurm_testbed_unavailable_reason
 from tiling.runtime.machine import cores_per_rank
@@ -123,6 +124,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         dask = module is not None and "distributed" in vars(module) and names & DASK_FIXTURES
         if names & SERVICE_FIXTURES or item.get_closest_marker("azurite") or dask:
             item.add_marker(pytest.mark.service)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def export_memo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExportMemo]:
+    """ONNX exports made once per distinct model file in the session (tests/support/
+    exportmemo.py), in a directory the xdist workers of this run share."""
+    import landcover.models.export as export
+
+    base = tmp_path_factory.getbasetemp()
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    root = base.parent / f"onnx-exports-{run}" if run else base / "onnx-exports"
+    memo = ExportMemo(root, export._write_onnx, torch.onnx.export)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export, "_write_onnx", memo)
+        yield memo
 
 
 @pytest.fixture(scope="session")
