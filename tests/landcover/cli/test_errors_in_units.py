@@ -116,6 +116,7 @@ CASES: dict[str, tuple[Callable[..., list[str]], str, str]] = {
 WAYS = ("one process", "--nproc 2", "engine ranks", "dask tasks")
 
 
+@pytest.mark.slow  # per case: 2 rank processes, a cluster's 2 ranks and a local Dask cluster
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_error_in_a_unit_is_the_line_of_one_process(
     case: str,

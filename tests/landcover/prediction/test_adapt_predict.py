@@ -27,7 +27,11 @@ from tiling.synthetic.scenes import SynthResult
 
 # (--adapt, --backend): the band statistics alone, BatchNorm after the bands, BatchNorm through
 # the adapted model's ONNX export
-ADAPTED_RUNS = [("bands:1", "torch"), ("bn+bands:0.5", "torch"), ("bn:0.5", "onnxruntime")]
+ADAPTED_RUNS = [
+    ("bands:1", "torch"),
+    ("bn+bands:0.5", "torch"),
+    pytest.param("bn:0.5", "onnxruntime", marks=pytest.mark.slow),  # the adapted model's export
+]
 RANK_ENV = {
     "MASTER_ADDR": "127.0.0.1",
     "MASTER_PORT": "29500",
@@ -100,6 +104,7 @@ def test_adapted_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
     assert (plain_map != one).any() and TAG_ADAPT not in plain_tags
 
 
+@pytest.mark.slow  # the adapted model's export
 def test_torch_and_onnxruntime_give_the_same_adapted_map_of_a_trained_model(
     adapted_trained: Path, tiny_scenes: SynthResult, tmp_path: Path, user_cache: Path
 ) -> None:
@@ -160,6 +165,7 @@ def test_the_python_api_adapts_and_refuses_a_bad_value_in_one_line(
         landcover.predict(random_model, scene, tmp_path / "b.tif", adapt="bn:2", device="cpu")
 
 
+@pytest.mark.slow  # the adapted model's export, twice
 def test_a_truncated_adapted_model_in_the_cache_is_written_again(
     scene: Path, random_model: Path, tmp_path: Path, user_cache: Path
 ) -> None:

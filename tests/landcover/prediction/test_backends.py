@@ -369,6 +369,7 @@ def test_nproc_ranks_export_once_and_write_the_one_process_map(
 # -- agreement of a trained model across backends ----------------------------------------------
 
 
+@pytest.mark.slow  # a trained model's export, three predictions of a whole scene
 def test_the_backends_maps_of_a_trained_model_agree(
     trained: Path, tiny_scenes: SynthResult, tmp_path: Path
 ) -> None:

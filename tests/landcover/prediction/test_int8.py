@@ -76,6 +76,7 @@ def int8_map(model: Path, scene: Path, out: Path, store: str | None) -> npt.NDAr
 
 
 @needs_vnni
+@pytest.mark.slow  # an export, a quantization and 2 rank processes
 def test_int8_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
     scene: Path,
     model_dir: Path,  # noqa: F811 (the fixture of test_backends)
@@ -166,6 +167,7 @@ def read_digest(store: str, model: Path) -> str:
 
 
 @needs_vnni
+@pytest.mark.slow  # a trained model's export and quantization
 def test_int8_classes_of_a_trained_model_agree_with_fp32(
     trained: Path,  # noqa: F811
     tiny_scenes: SynthResult,
@@ -308,6 +310,7 @@ def test_the_calibration_sample_is_train_chips_spread_over_the_store_normalised_
 # -- the cache ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # two exports and four quantizations
 def test_the_int8_model_is_made_once_per_model_and_sample_and_a_cut_file_is_made_again(
     model_dir: Path,  # noqa: F811
     tiny_store: str,
