@@ -61,6 +61,7 @@ def test_nproc_2_writes_the_bytes_of_one_process(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lc.p.tif", "lc.tif"]
 
 
+@pytest.mark.slow  # two rank processes
 def test_nproc_refuses_an_existing_output_as_one_process_does(
     predict_inputs: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:

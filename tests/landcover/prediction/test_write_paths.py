@@ -27,6 +27,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -114,7 +115,17 @@ def tmpdir_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
         yield folder
 
 
-@pytest.mark.parametrize("name", [*EVERY_WRITER, "predict --out DIR/ --nproc 2"])
+# Writers that train or start rank processes: seconds each, so `make test` runs them and
+# `make test-fast` does not.
+SLOW_WRITERS = frozenset({"train", "tune", "predict --out DIR/ --nproc 2"})
+
+
+def writer_params(names: list[str]) -> list[Any]:
+    """`names` as parameters, those of SLOW_WRITERS marked slow."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_WRITERS else n for n in names]
+
+
+@pytest.mark.parametrize("name", writer_params([*EVERY_WRITER, "predict --out DIR/ --nproc 2"]))
 def test_every_output_on_another_file_system_than_tmpdir_is_written(
     name: str,
     inputs: Inputs,  # noqa: F811
@@ -167,7 +178,7 @@ def _as_file_urls(args: list[str], out: Path) -> list[str]:
     return [f"file://{a}" if a.startswith(str(out)) else a for a in args]
 
 
-@pytest.mark.parametrize("name", list(EVERY_WRITER))
+@pytest.mark.parametrize("name", writer_params(list(EVERY_WRITER)))
 def test_every_output_given_as_a_file_url_is_written_at_its_path(
     name: str,
     inputs: Inputs,  # noqa: F811
