@@ -96,6 +96,7 @@ bench-peers:
 	$(PEERS_VENV)/bin/python -m pip install --quiet \
 		--constraint $(PEERS_VENV)/torch-constraints.txt -e '.[peers]'
 	$(PEERS_VENV)/bin/python benchmarks/bench_peers.py --json benchmarks/results/peers.json
+	$(PEERS_VENV)/bin/python benchmarks/bench_state.py --from-peers benchmarks/results/peers.json
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) .tools $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache site
