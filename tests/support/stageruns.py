@@ -4,6 +4,7 @@ are fixtures of tests/landcover/cli/conftest.py. Used by the rank, SLURM and Das
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -28,6 +29,36 @@ def rank_args(*args: str) -> list[str]:
     stage = cluster_stage(click.Context(main, info_name="landcover", obj={}), list(args))
     assert stage is not None
     return ["stage-rank", publish_stage(stage)]
+
+
+def predict_at_rank_counts(
+    args: list[str], tmp_path: Path, beside: Callable[[Path], list[str]] = lambda out: []
+) -> dict[int, Path]:
+    """`landcover predict ARGS --out tmp_path/ranks-N/lc.tif` (ARGS without --out, plus the
+    options `beside(out)` gives for outputs beside it) in this process, as one process on 2
+    threads and as 2 ranks on 1 thread each (rank 0 last: it waits for the others' parts); the
+    outputs by rank count. Torch's threads are restored."""
+    import torch
+
+    runs: dict[int, Path] = {}
+    before = torch.get_num_threads()
+    try:
+        for world_size, threads in ((1, 2), (2, 1)):
+            torch.set_num_threads(threads)
+            out = tmp_path / f"ranks-{world_size}" / "lc.tif"
+            out.parent.mkdir()
+            argv = [*args, "--out", str(out), *beside(out)]
+            env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                   "LANDCOVER_ERROR_DIR": str(tmp_path / "errors")}  # fmt: skip
+            for rank in [*range(1, world_size), 0]:
+                ranked = rank_args(*argv) if world_size > 1 else argv
+                result = run(*ranked, env={**env, "RANK": str(rank)})
+                assert result.exit_code == 0, result.output
+            runs[world_size] = out
+    finally:
+        torch.set_num_threads(before)
+    return runs
 
 
 # -- tile ---------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import rasterio
-import torch
 from click.testing import CliRunner
 
 import landcover
@@ -20,7 +19,7 @@ from landcover.cli.app import main
 from landcover.errors import PredictionError
 from landcover.prediction.adaptspec import TAG_ADAPT, TAG_ADAPT_SHA256, parse_adapt
 from tests.support.exported import write_onnx
-from tests.support.stageruns import rank_args
+from tests.support.stageruns import predict_at_rank_counts
 from tiling.synthetic.scenes import SynthResult
 
 # -- predictions with adaptation ---------------------------------------------------------------
@@ -32,10 +31,6 @@ ADAPTED_RUNS = [
     ("bn+bands:0.5", "torch"),
     pytest.param("bn:0.5", "onnxruntime", marks=pytest.mark.slow),  # the adapted model's export
 ]
-RANK_ENV = {
-    "MASTER_ADDR": "127.0.0.1",
-    "MASTER_PORT": "29500",
-}
 
 
 @pytest.fixture()
@@ -67,23 +62,8 @@ def test_adapted_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
     and batches) with --adapt: the same bytes and the same recorded statistics; and not the
     map without adaptation."""
     common = ["--adapt", adapt, "--backend", backend, "--device", "cpu", "--no-quicklook"]
-    runs: dict[int, Path] = {}
-    before = torch.get_num_threads()
-    try:
-        for world_size, threads in ((1, 2), (2, 1)):
-            torch.set_num_threads(threads)
-            out = tmp_path / f"ranks-{world_size}" / "lc.tif"
-            out.parent.mkdir()
-            args = ["predict", str(random_model), str(scene), "--out", str(out),
-                    "--block-px", "16", "--batch-size", "3", *common]  # fmt: skip
-            env = {**RANK_ENV, "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-                   "LANDCOVER_ERROR_DIR": str(tmp_path / "errors")}  # fmt: skip
-            for rank in [*range(1, world_size), 0]:  # rank 0 waits for the others' parts
-                argv = rank_args(*args) if world_size > 1 else args
-                _invoke(argv, {**env, "RANK": str(rank)})
-            runs[world_size] = out
-    finally:
-        torch.set_num_threads(before)
+    args = ["predict", str(random_model), str(scene), "--block-px", "16", "--batch-size", "3"]
+    runs = predict_at_rank_counts([*args, *common], tmp_path)
     assert runs[2].read_bytes() == runs[1].read_bytes()
     one, tags = _read(runs[1])
     assert tags[TAG_ADAPT] == str(parse_adapt(adapt))

@@ -37,7 +37,7 @@ from landcover.prediction.runtime import for_prediction, load_window_model
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
 from tests.landcover.prediction.inputs import CHIP, write_model
-from tests.support.stageruns import rank_args as stage_rank_args
+from tests.support.stageruns import predict_at_rank_counts
 from tiling.synthetic.scenes import SynthResult
 
 CPU = torch.device("cpu")
@@ -309,29 +309,8 @@ def test_ranks_and_tiles_write_the_one_process_map_for_every_backend(
     refuses windows larger than the chip, test_windows.py)."""
     common = ["--backend", backend, "--precision", precision, "--device", "cpu",
               "--no-quicklook", "--batch-size", "3", "--window", window]  # fmt: skip
-    runs: dict[int, Path] = {}
-    before = torch.get_num_threads()
-    try:
-        for world_size, threads in ((1, 2), (2, 1)):
-            torch.set_num_threads(threads)
-            out = tmp_path / f"ranks-{world_size}" / "lc.tif"
-            out.parent.mkdir()
-            args = ["predict", str(model_dir / "model.pt"), str(scene), "--out", str(out),
-                    "--block-px", "16", *common]  # fmt: skip
-            env = {
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(world_size),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": "29500",
-                "LANDCOVER_ERROR_DIR": str(tmp_path / "errors"),
-            }
-            for rank in [*range(1, world_size), 0]:  # rank 0 waits for the others' parts
-                rank_args = stage_rank_args(*args) if world_size > 1 else args
-                result = CliRunner(env={**env, "RANK": str(rank)}).invoke(main, rank_args)
-                assert result.exit_code == 0, result.output
-            runs[world_size] = out
-    finally:
-        torch.set_num_threads(before)
+    args = ["predict", str(model_dir / "model.pt"), str(scene), "--block-px", "16", *common]
+    runs = predict_at_rank_counts(args, tmp_path)
     assert runs[2].read_bytes() == runs[1].read_bytes()
     one, tags = read(runs[1])
     assert tags["LANDCOVER_BACKEND"] == backend

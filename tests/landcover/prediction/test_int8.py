@@ -38,7 +38,7 @@ from landcover.prediction.runner import predict_region
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
 from tests.landcover.prediction.test_backends import model_dir, trained  # noqa: F401 (fixtures)
-from tests.support.stageruns import rank_args
+from tests.support.stageruns import predict_at_rank_counts
 from tiling.chipstore.store import open_store
 from tiling.synthetic.scenes import SynthResult
 
@@ -89,26 +89,10 @@ def test_int8_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
     say int8, the store and the sample's digest."""
     common = ["--precision", "int8", "--calibration", tiny_store, "--device", "cpu",
               "--no-quicklook", "--batch-size", "3"]  # fmt: skip
-    runs: dict[int, Path] = {}
-    before = torch.get_num_threads()
-    try:
-        for world_size, threads in ((1, 2), (2, 1)):
-            torch.set_num_threads(threads)
-            out = tmp_path / f"ranks-{world_size}" / "lc.tif"
-            out.parent.mkdir()
-            args = ["predict", str(model_dir / "model.pt"), str(scene), "--out", str(out),
-                    "--block-px", "16", "--stac-item", str(out.with_suffix(".json")),
-                    *common]  # fmt: skip
-            env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                   "LANDCOVER_ERROR_DIR": str(tmp_path / "errors")}  # fmt: skip
-            for rank in [*range(1, world_size), 0]:  # rank 0 waits for the others' parts
-                argv = rank_args(*args) if world_size > 1 else args
-                result = CliRunner(env={**env, "RANK": str(rank)}).invoke(main, argv)
-                assert result.exit_code == 0, result.output
-            runs[world_size] = out
-    finally:
-        torch.set_num_threads(before)
+    args = ["predict", str(model_dir / "model.pt"), str(scene), "--block-px", "16", *common]
+    runs = predict_at_rank_counts(
+        args, tmp_path, beside=lambda out: ["--stac-item", str(out.with_suffix(".json"))]
+    )
     assert runs[2].read_bytes() == runs[1].read_bytes()
     one, tags = read(runs[1])
     assert len(np.unique(one)) >= 2  # class boundaries, where kernels could differ
@@ -285,6 +269,30 @@ def test_calibration_without_int8_is_one_line(scene: Path, random_model: Path) -
 
 
 # -- the calibration sample ---------------------------------------------------------------------
+
+
+class ManyChips:
+    """A stand-in store of `train` and `val` chip ids, as a state's store of thousands of
+    sources has (only `chip_ids` is read)."""
+
+    def __init__(self, train: int, val: int) -> None:
+        self.ids = {"train": np.arange(train), "all": np.arange(train + val)}
+
+    def chip_ids(self, split: str) -> npt.NDArray[np.int64]:
+        return self.ids[split]
+
+
+@pytest.mark.parametrize(("train", "val"), [(1_000_000, 250_000), (0, 5_000), (20, 0)])
+def test_the_sample_of_a_store_of_any_size_is_at_most_32_chips_spread_end_to_end(
+    train: int, val: int
+) -> None:
+    """One pass over the ids, whatever their number: 32 spread from the first train chip to
+    the last (all chips where none is train; every chip of a store smaller than that)."""
+    ids = sample_chip_ids(ManyChips(train, val))  # type: ignore[arg-type]
+    every = train if train else train + val
+    assert ids.size == min(32, every)
+    assert ids[0] == 0 and ids[-1] == every - 1
+    assert (np.diff(ids) > 0).all()
 
 
 def test_the_calibration_sample_is_train_chips_spread_over_the_store_normalised_as_predict_does(
