@@ -22,7 +22,7 @@ import click
 from landcover.cli.stacinputs import StacInputArgs, stac_input_options
 from landcover.cli.stagejob import nproc_option, run_local_ranks
 from landcover.cliconfig import config_option
-from landcover.errors import OutputError, RegionError
+from landcover.errors import OutputError, PredictionError, RegionError
 from landcover.options import output_url_callback, overwrite_option, storage_options_option
 from landcover.outputlock import exclusive_outputs
 from landcover.outputs import check_output_format, require_distinct
@@ -30,6 +30,25 @@ from landcover.prediction.config import PREDICT_OPTIONS as OPTIONS
 from landcover.prediction.config import PredictConfig
 from landcover.stageconfig import PredictStage, check_predict_outputs
 from landcover.stagerun import InProcess, run_stage
+
+
+class BlockPx(click.ParamType):  # type: ignore[type-arg]
+    """`--block-px`: auto (None: `landcover.prediction.blocks.resolve_block_px`) or px; any
+    other text is one line (`PredictionError`), as a too small edge is (`PredictConfig`)."""
+
+    name = "block_px"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        if value == "auto":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise PredictionError(f"--block-px {value!r}: give auto or an edge in px") from None
 
 
 @click.command("predict")
@@ -70,7 +89,7 @@ from landcover.stagerun import InProcess, run_stage
     help="Also write a STAC item describing the COG here (e.g. lc.json): footprint, dates of "
     "the input items, projection, raster band and classification:classes.",
 )
-@config_option(OPTIONS["block_px"])
+@config_option(OPTIONS["block_px"], type=BlockPx(), default="auto", metavar="auto|PX")
 @config_option(OPTIONS["tile_px"], type=int, metavar="PX")
 @config_option(OPTIONS["zero_is_nodata"])
 @click.option(

@@ -8,6 +8,10 @@ grid), each rank of a distributed run (its block rows), each tile of a tiled pro
 tile task on a task scheduler ask it for the window they predict, and it is cached, so the
 progress bar's count and the run walk the same list, computed once.
 
+`resolve_block_px` settles the block edge (`--block-px`, `auto` by default) once per
+prediction, from the model's classes, its windows and the device, so that every rank, tile and
+task of a job cuts the same blocks.
+
 A pixel is inside the region when its centre is; these functions only rasterize the region,
 they read no pixel of the images.
 """
@@ -26,7 +30,13 @@ from shapely.geometry.base import BaseGeometry
 
 from landcover.errors import RegionError
 from landcover.prediction.blend import WindowLayout
+from landcover.prediction.choices import (
+    BLOCK_AUTO_CPU_BYTES,
+    BLOCK_AUTO_DEVICE_PX,
+    BLOCK_AUTO_MAX_PX,
+)
 from landcover.prediction.gridwindow import Window
+from landcover.prediction.outfiles import COG_BLOCK_PX
 from landcover.prediction.outgrid import GridPlan, OutputGrid
 
 # Schedules kept: a process predicts one grid (a rank's share, or a tile task's tiles).
@@ -45,6 +55,54 @@ class Block:
     extent: Window  # the pixels under every window that touches the block
     owned_windows: int
     starts_row: bool  # the first block of its block row: no carried logits reach into it
+
+
+_FLOAT_BYTES = 4
+
+
+def block_bytes_per_px(num_classes: int, layout: WindowLayout, *, probabilities: bool) -> float:
+    """The bytes a block holds per output pixel while it is predicted on the CPU:
+
+    - the blender's weighted sums (`num_classes` float32 planes) and weights (one plane), and
+      the blended scores of the classes it picks from (`num_classes` - 1);
+    - the logits of every window that touches the block, kept until they are added in window
+      order: `num_classes` planes times the windows' coverage of a pixel, (window / stride)²;
+    - the argmax's running maximum, the class codes and its masks (about two planes);
+    - with probabilities, their exponentials and the uint8 planes (1.5 planes a class)."""
+    stride = max(1, layout.size - layout.overlap)
+    coverage = (layout.size / stride) ** 2
+    planes = num_classes + 1 + (num_classes - 1) + num_classes * coverage + 2
+    if probabilities:
+        planes += 1.5 * (num_classes - 1)
+    return planes * _FLOAT_BYTES
+
+
+def resolve_block_px(
+    block_px: int | None,
+    *,
+    num_classes: int,
+    layout: WindowLayout,
+    probabilities: bool,
+    on_cpu: bool,
+) -> int:
+    """The block edge of a prediction: `block_px` as given, or (None: `--block-px auto`)
+
+    - on the CPU, the largest multiple of the output's COG tile (COG_BLOCK_PX) whose block
+      arrays (`block_bytes_per_px`: the model's classes, its windows' overlap, the
+      probabilities) fit in BLOCK_AUTO_CPU_BYTES, at most BLOCK_AUTO_MAX_PX and at least one
+      COG tile: the process's peak memory then stays flat as the region grows;
+    - on a GPU, BLOCK_AUTO_DEVICE_PX (the block's arrays are in device memory).
+
+    Depends on nothing but the model's metadata, the window layout and the device's kind, so
+    that every rank, tile and task of a prediction resolves the same edge."""
+    if block_px is not None:
+        return block_px
+    if not on_cpu:
+        return BLOCK_AUTO_DEVICE_PX
+    per_px = block_bytes_per_px(num_classes, layout, probabilities=probabilities)
+    fits_px = int((BLOCK_AUTO_CPU_BYTES / per_px) ** 0.5)
+    tiles = min(fits_px, BLOCK_AUTO_MAX_PX) // COG_BLOCK_PX
+    return max(1, tiles) * COG_BLOCK_PX
 
 
 def blocks(grid: OutputGrid, block_px: int) -> list[Window]:

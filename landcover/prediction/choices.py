@@ -11,6 +11,9 @@ from typing import Literal, get_args
 __all__ = [
     "AUTO_ONNX_MIN_WINDOW_PIXELS",
     "BACKENDS",
+    "BLOCK_AUTO_CPU_BYTES",
+    "BLOCK_AUTO_DEVICE_PX",
+    "BLOCK_AUTO_MAX_PX",
     "CALIBRATION_BATCH",
     "CALIBRATION_CHIPS",
     "DEFAULT_MAX_PIXELS",
@@ -62,6 +65,19 @@ AUTO_ONNX_MIN_WINDOW_PIXELS = 4_000_000
 # to 16, and the activations of a batch are most of a prediction's memory (an smp U-Net on
 # resnet18: about 100 MB a 256 px window; peak RSS 1.07 GB at 4 windows, 1.68 GB at 16).
 ONNX_CPU_BATCH_PIXELS = 4 * 256 * 256
+
+# `--block-px auto` (landcover.prediction.blocks.resolve_block_px). On the CPU a block's own
+# arrays (the blended sums and weights, the logits of its windows, the class and probability
+# planes: `block_bytes_per_px`) live in the process beside the model's activations: the edge is
+# the largest multiple of the output's COG tile whose arrays fit in BLOCK_AUTO_CPU_BYTES, up to
+# BLOCK_AUTO_MAX_PX. Peak RSS then stops growing with the region once the region is a block
+# wide (a 2,048 px block held about 4 times these bytes and peaked 1.4x higher on a 4,096 px
+# scene than on a 1,024 px one). Windows on the boundary between two block rows run once for
+# each, so a smaller edge costs time. On a GPU the block's arrays live in device memory: the
+# edge is BLOCK_AUTO_DEVICE_PX.
+BLOCK_AUTO_CPU_BYTES = 160 * 1024 * 1024
+BLOCK_AUTO_MAX_PX = 2048
+BLOCK_AUTO_DEVICE_PX = 2048
 
 # The model's window (`--window`, landcover.prediction.windows.choose_window_px): the model's
 # chip, `auto`, or an edge in px. Every model of the registry is fully convolutional and takes

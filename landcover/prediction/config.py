@@ -21,6 +21,8 @@ from landcover.errors import PredictionError
 from landcover.prediction.adaptspec import ADAPT_METHODS, DEFAULT_ADAPT, parse_adapt
 from landcover.prediction.choices import (
     AUTO_ONNX_MIN_WINDOW_PIXELS,
+    BLOCK_AUTO_CPU_BYTES,
+    BLOCK_AUTO_DEVICE_PX,
     DEFAULT_MAX_PIXELS,
     RESOLUTION_LIMIT_FACTOR,
     RESOLUTION_WARN_FACTOR,
@@ -137,10 +139,16 @@ class PredictConfig:
         "Also write per-class probabilities (uint8, scale 1/254, 255 = nodata) as a COG.",
     )
     overwrite: bool = False
-    block_px: int = option(
+    # None: auto, resolved once by prepare_prediction (landcover.prediction.blocks.resolve_block_px)
+    block_px: int | None = option(
         "--block-px",
-        2048,
-        "Output block edge in px; memory grows with its square, not with the region.",
+        None,
+        "Output block edge in px [default: auto: on the CPU, the largest multiple of 512 px "
+        "up to 2048 whose blended logits fit in "
+        f"{BLOCK_AUTO_CPU_BYTES // 2**20} MiB (fewer classes and less window overlap: "
+        f"larger blocks); on a GPU, {BLOCK_AUTO_DEVICE_PX}]. Memory grows with the block's "
+        "square, not with the region; windows on the boundary between two block rows run "
+        "once for each, so a smaller block costs time.",
         deprecated=("--block-size",),
     )
     # the tiled map product's tile edge (landcover.prediction.tilesize); None: one COG
@@ -181,7 +189,7 @@ class PredictConfig:
             raise PredictionError(window_problem)
         if self.batch_size < 1:
             raise PredictionError(f"--batch-size {self.batch_size}: must be at least 1")
-        if self.block_px < MIN_BLOCK_PX:
+        if self.block_px is not None and self.block_px < MIN_BLOCK_PX:
             raise PredictionError(f"--block-px {self.block_px} px: must be at least {MIN_BLOCK_PX}")
         adapting = parse_adapt(self.adapt).active  # one line naming a bad --adapt
         int8_problem = int8_choice_problem(
@@ -199,6 +207,13 @@ class PredictConfig:
                     f"--probabilities {self.probabilities}: a tiled product holds class tiles "
                     "only; drop --probabilities"
                 )
+
+    @property
+    def resolved_block_px(self) -> int:
+        """The block edge in px once `prepare_prediction` has resolved `auto` (None)."""
+        if self.block_px is None:  # a bug: every prediction is prepared first
+            raise RuntimeError("--block-px auto is resolved by prepare_prediction")
+        return self.block_px
 
 
 # The fields that are options of `landcover predict`, by name.

@@ -116,7 +116,7 @@ def run_rank(run: RankRun, predict: PredictShare) -> AreaCounts:
     the outputs. Returns the windows run and the pixels per class code: the whole grid's on
     rank 0, this rank's share's on the others."""
     config, plan = run.prepared.config, run.prepared.plan
-    shares = split_rows(plan, config.block_px, run.world_size)
+    shares = split_rows(plan, config.resolved_block_px, run.world_size)
     share = shares[run.rank]
     staging = Staging(run.outputs.out, config.storage_options)
     key = _keys(run, [share])[run.rank]

@@ -90,7 +90,7 @@ def predict_into_file(
         target = prepared.grid.sub(area)
         out_bands = 1 + (meta.num_classes - 1 if probabilities_path is not None else 0)
         cache = block_cache_bytes(
-            config.block_px, target.width, out_bands, in_bands=meta.in_channels
+            config.resolved_block_px, target.width, out_bands, in_bands=meta.in_channels
         )
         stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache))
         dst = stack.enter_context(rasterio.open(classes_path, "w", **class_profile(target)))
@@ -103,7 +103,7 @@ def predict_into_file(
             profile = probability_profile(target, meta)
             prob = stack.enter_context(rasterio.open(probabilities_path, "w", **profile))
             describe_probability_raster(prob, meta)
-        schedule = block_schedule(layout, area, config.block_px)
+        schedule = block_schedule(layout, area, config.resolved_block_px)
         bar = stack.enter_context(
             tqdm(
                 total=sum(block.owned_windows for block in schedule),

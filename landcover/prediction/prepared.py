@@ -21,7 +21,7 @@ the same result and the maps stay identical whichever of them runs a pixel):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,7 +30,7 @@ from landcover.errors import PredictionError, RegionError
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.adapt import adapt_prediction
 from landcover.prediction.blend import WindowLayout
-from landcover.prediction.blocks import region_has_pixels
+from landcover.prediction.blocks import region_has_pixels, resolve_block_px
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.outgrid import GridPlan, OutputGrid, plan_output_grid
 from landcover.prediction.region import parse_crs
@@ -122,7 +122,17 @@ def prepare_prediction(
         quiet=quiet,
     )
     layout = _window_layout(plan.grid, meta, overlap)
-    if plan.region is not None and not region_has_pixels(plan, config.block_px):
+    # --block-px auto: from the model and the device (the chip's windows, which hold the most
+    # logits a pixel), alike on every rank, tile and task; what follows reads the number
+    block_px = resolve_block_px(
+        config.block_px,
+        num_classes=meta.num_classes,
+        layout=layout,
+        probabilities=config.probabilities is not None,
+        on_cpu=device.type == "cpu",
+    )
+    config = replace(config, block_px=block_px)
+    if plan.region is not None and not region_has_pixels(plan, block_px):
         raise RegionError(
             f"region covers no pixel centre of the images at {plan.grid.resolution:g} "
             "units/px after masking; give a larger region or a finer --resolution"
@@ -138,7 +148,7 @@ def prepare_prediction(
         model,
         chip_px=meta.chip_size,
         overlap_px=overlap,
-        block_px=config.block_px,
+        block_px=block_px,
         grid_px=(plan.grid.height, plan.grid.width),
     )
     if window_px != layout.size:

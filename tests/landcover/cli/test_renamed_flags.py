@@ -21,7 +21,7 @@ def test_predict_block_px_is_the_flag_and_block_size_a_deprecated_alias(
     assert old.params == new.params
     assert capsys.readouterr().err == "warning: --block-size is deprecated: use --block-px\n"
     default = predict_command.make_context("predict", [*PREDICT])
-    assert default.params["block_px"] == 2048 and "block_px_deprecated" not in default.params
+    assert default.params["block_px"] is None and "block_px_deprecated" not in default.params
     later = predict_command.make_context("predict", [*PREDICT, "--block-size", "64",
                                                      "--block-px", "32"])  # fmt: skip
     assert later.params["block_px"] == 32
@@ -29,7 +29,7 @@ def test_predict_block_px_is_the_flag_and_block_size_a_deprecated_alias(
 
 def test_help_names_the_new_flags_only() -> None:
     predict = CliRunner().invoke(main, ["predict", "--help"]).output
-    assert "--block-px INTEGER" in predict and "--block-size" not in predict
+    assert "--block-px auto|PX" in predict and "--block-size" not in predict
 
 
 def test_a_bad_block_edge_names_the_new_flag() -> None:
