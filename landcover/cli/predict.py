@@ -32,6 +32,23 @@ from landcover.stageconfig import PredictStage, check_predict_outputs
 from landcover.stagerun import InProcess, run_stage
 
 
+class OverlapPx(click.ParamType):  # type: ignore[type-arg]
+    """`--overlap`: auto (None: `landcover.prediction.windows.choose_overlap_px`) or px."""
+
+    name = "overlap"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        if value == "auto":
+            return None
+        if not str(value).isdigit():
+            self.fail(f"{value!r}: give auto or an overlap in px (0 or more)", param, ctx)
+        return int(value)
+
+
 class BlockPx(click.ParamType):  # type: ignore[type-arg]
     """`--block-px`: auto (None: `landcover.prediction.blocks.resolve_block_px`) or px; any
     other text is one line (`PredictionError`), as a too small edge is (`PredictConfig`)."""
@@ -71,7 +88,7 @@ class BlockPx(click.ParamType):  # type: ignore[type-arg]
 @config_option(OPTIONS["dst_crs"])
 @config_option(OPTIONS["resolution"])
 @config_option(OPTIONS["max_pixels"], type=click.IntRange(min=1))
-@config_option(OPTIONS["overlap_px"])
+@config_option(OPTIONS["overlap_px"], type=OverlapPx(), default="auto", metavar="auto|PX")
 @config_option(OPTIONS["window"])
 @config_option(OPTIONS["batch_size"])
 @config_option(OPTIONS["device"], default="auto")  # the library's default is cpu

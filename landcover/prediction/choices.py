@@ -26,10 +26,14 @@ __all__ = [
     "WINDOW_AUTO_MAX_CHIPS",
     "WINDOW_CHOICES",
     "WINDOW_MULTIPLE_PX",
+    "WINDOW_OVERLAP_MARGIN_PX",
+    "WINDOW_OVERLAP_PX",
+    "WINDOW_SMP_OVERLAP_PX",
     "Backend",
     "Precision",
     "TtaMode",
     "int8_choice_problem",
+    "overlap_choice_problem",
     "window_choice_problem",
 ]
 
@@ -90,6 +94,25 @@ WINDOW_CHOICES: tuple[str, ...] = ("chip", "auto")
 WINDOW_MULTIPLE_PX = 32
 WINDOW_AUTO_MAX_CHIPS = 4
 
+# The overlap of neighbouring windows (`--overlap`, landcover.prediction.windows.
+# choose_overlap_px): `auto` or px. A window's logits are wrong near its edges, where the model
+# sees padding instead of the scene, and the deeper the model the further in: `auto` overlaps
+# windows by what the architecture needs for its class map to agree with whole-image
+# inference on >= 0.999 of the pixels within 16 px of window edges, measured by
+# bench_windows.py on synthetic and real scenes (docs/benchmarks/predict.md): 8 output strides
+# of small_unet (64 px: 32 fell to 0.997 on real NAIP), 4 of a ResNet U-Net (128 px). An smp
+# model (`smp:ARCH:ENCODER`) takes WINDOW_SMP_OVERLAP_PX, an architecture not recorded here a
+# quarter of its chip. Where the window is too small for that (torch on the CPU runs the
+# chip), `auto` takes half the window less WINDOW_OVERLAP_MARGIN_PX.
+WINDOW_OVERLAP_PX: Mapping[str, int] = {
+    "small_unet": 64,
+    "unet_resnet18": 128,
+    "unet_resnet34": 128,
+    "unet_resnet50": 128,
+}
+WINDOW_SMP_OVERLAP_PX = 128  # smp's encoders at their default depth of 5: a ResNet U-Net's
+WINDOW_OVERLAP_MARGIN_PX = 8
+
 # `landcover.data.augment.dihedral` ops averaged by each TTA mode (landcover.prediction.tta):
 # the identity; the flip subgroup (identity, left-right, up-down, both); the whole group
 TtaMode = Literal["none", "flips", "d4"]
@@ -126,6 +149,13 @@ def window_choice_problem(window: str) -> str | None:
             f"--window {window}: the edge must be a multiple of {WINDOW_MULTIPLE_PX} px (the "
             f"models' stride), e.g. {nearest}"
         )
+    return None
+
+
+def overlap_choice_problem(overlap_px: int | None) -> str | None:
+    """What is wrong with an `--overlap` value (None: nothing; None is `auto`)."""
+    if overlap_px is not None and overlap_px < 0:
+        return f"--overlap {overlap_px}: give auto or an overlap of 0 px or more"
     return None
 
 

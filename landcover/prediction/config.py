@@ -30,6 +30,7 @@ from landcover.prediction.choices import (
     Precision,
     TtaMode,
     int8_choice_problem,
+    overlap_choice_problem,
     window_choice_problem,
 )
 from landcover.prediction.tilesize import check_tile_size
@@ -67,18 +68,23 @@ class PredictConfig:
         f"{RESOLUTION_WARN_FACTOR:g}x warned about (the model sees objects at another scale "
         "than it learnt); grids above --max-pixels are refused.",
     )
-    overlap_px: int | None = option(  # None: a quarter of the model's chip size
+    # None: auto (landcover.prediction.windows.choose_overlap_px); the value is checked here
+    overlap_px: int | None = option(
         "--overlap",
         None,
-        "Window overlap in px, blended smoothly [default: a quarter of the model's chip].",
+        "Window overlap, blended smoothly: auto (what the model's architecture needs for a "
+        "seamless map: 64 px for small_unet, 128 px for the ResNet U-Nets and smp models, a "
+        "quarter of the chip for others; at most half the window less 8 px) or px (less "
+        "than half the window).",
     )
     # landcover.prediction.windows.choose_window_px; the value is checked here
     window: str = option(
         "--window",
-        "chip",
-        "Model window edge: chip (the model's chip), auto (with onnxruntime or on a GPU, "
-        "windows of up to 4 chips a side and a quarter of --block-px: the overlap costs fewer "
-        "pixels), or an edge in px (a multiple of 32). Same overlap and blending.",
+        "auto",
+        "Model window edge: auto (with onnxruntime or on a GPU, windows of up to 4 chips a "
+        "side and a quarter of --block-px, and with onnxruntime on the CPU no more pixels "
+        "than one batch: the overlap costs fewer pixels; the chip where torch runs on the "
+        "CPU), chip (the model's chip), or an edge in px (a multiple of 32).",
     )
     batch_size: int = option(
         "--batch-size",
@@ -187,6 +193,9 @@ class PredictConfig:
         window_problem = window_choice_problem(self.window)
         if window_problem is not None:
             raise PredictionError(window_problem)
+        overlap_problem = overlap_choice_problem(self.overlap_px)
+        if overlap_problem is not None:
+            raise PredictionError(overlap_problem)
         if self.batch_size < 1:
             raise PredictionError(f"--batch-size {self.batch_size}: must be at least 1")
         if self.block_px is not None and self.block_px < MIN_BLOCK_PX:

@@ -45,10 +45,9 @@ from landcover.prediction.setup import (
     check_model,
     check_sources_fit,
     open_images,
-    window_overlap,
 )
 from landcover.prediction.tta import tta_ops
-from landcover.prediction.windows import choose_window_px
+from landcover.prediction.windows import choose_overlap_px, choose_window_px
 from tiling.sources.rasters import RasterInfo
 
 __all__ = ["PreparedPrediction", "prediction_device", "prepare_prediction"]
@@ -107,7 +106,14 @@ def prepare_prediction(
         calibration=config.calibration,  # int8: the chip store, read and quantized once
     )
     check_model(config.model, meta)
-    overlap = window_overlap(config.overlap_px, meta.chip_size)
+    # The overlap at the chip, for the layout that `--backend auto` sizes the backend by (an
+    # explicit one that only a larger --window holds, cut to the chip); the window's is below.
+    overlap = choose_overlap_px(
+        None if config.overlap_px is None else min(config.overlap_px, (meta.chip_size - 1) // 2),
+        meta.architecture,
+        chip_px=meta.chip_size,
+        window_px=meta.chip_size,
+    )
     sources = open_images(
         config.images, storage_options=config.storage_options, zero_is_nodata=config.zero_is_nodata
     )
@@ -147,11 +153,15 @@ def prepare_prediction(
         config.window,
         model,
         chip_px=meta.chip_size,
-        overlap_px=overlap,
+        overlap_px=config.overlap_px,
+        architecture=meta.architecture,
         block_px=block_px,
         grid_px=(plan.grid.height, plan.grid.width),
     )
-    if window_px != layout.size:
+    overlap = choose_overlap_px(
+        config.overlap_px, meta.architecture, chip_px=meta.chip_size, window_px=window_px
+    )
+    if (window_px, overlap) != (layout.size, layout.overlap):
         layout = WindowLayout.over(
             plan.grid.height, plan.grid.width, size=window_px, overlap=overlap
         )

@@ -13,6 +13,7 @@ makes a window's logits independent of its batch (`landcover.prediction.runtime`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -25,10 +26,15 @@ import torch
 from landcover.data.normalise import normalise
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
+from landcover.models.smp_models import SMP_PREFIX
 from landcover.prediction.blend import LogitBlender, WindowLayout
 from landcover.prediction.choices import (
     ONNX_CPU_BATCH_PIXELS,
     WINDOW_AUTO_MAX_CHIPS,
+    WINDOW_OVERLAP_MARGIN_PX,
+    WINDOW_OVERLAP_PX,
+    WINDOW_SMP_OVERLAP_PX,
+    overlap_choice_problem,
     window_choice_problem,
 )
 from landcover.prediction.gridwindow import Window
@@ -170,7 +176,8 @@ def choose_window_px(
     model: WindowModel,
     *,
     chip_px: int,
-    overlap_px: int,
+    overlap_px: int | None,
+    architecture: str,
     block_px: int,
     grid_px: tuple[int, int],
 ) -> int:
@@ -178,12 +185,16 @@ def choose_window_px(
     on every rank, tile and task of a prediction (it depends on the whole grid, not a share):
 
     - `chip`: the model's chip;
-    - `auto`: the largest multiple of the chip up to WINDOW_AUTO_MAX_CHIPS chips a side and a
-      quarter of `block_px` (the windows between two block rows run once for each: their
-      share grows with the window), and no larger than the grid needs; the chip where torch
-      runs the model on the CPU, whose batches are padded to CPU_MIN_BATCH windows;
-    - an edge in px, larger than twice the overlap; refused (`PredictionError`) where torch
-      runs the model on the CPU and it is larger than the chip, for that padding.
+    - `auto`: of the multiples of the chip up to WINDOW_AUTO_MAX_CHIPS chips a side, no larger
+      than the grid needs and, where onnxruntime runs on the CPU, no larger than one batch
+      (ONNX_CPU_BATCH_PIXELS: a window's activations are most of a prediction's memory), the
+      one that computes the fewest window pixels over the grid (`window_pixels_per_px`: the
+      overlap, `choose_overlap_px` at that window, and the windows between two block rows,
+      which run once for each); the smaller on a tie. The chip where torch runs the model on
+      the CPU, whose batches are padded to CPU_MIN_BATCH windows;
+    - an edge in px, larger than twice an explicit `overlap_px` (None: `--overlap auto`, which
+      fits itself to the window); refused (`PredictionError`) where torch runs the model on
+      the CPU and it is larger than the chip, for that padding.
 
     A batch then holds as many pixels as `--batch-size` chips (`windows_per_batch`)."""
     problem = window_choice_problem(window)
@@ -194,10 +205,21 @@ def choose_window_px(
         return chip_px
     if window == "auto":
         needed = -(-max(grid_px) // chip_px)  # chips that span the grid's longer side
-        chips = max(1, min(WINDOW_AUTO_MAX_CHIPS, block_px // 4 // chip_px, needed))
-        return chips * chip_px
+        chips = min(WINDOW_AUTO_MAX_CHIPS, needed)
+        limit = _batch_pixels_limit(model)
+        if limit is not None:
+            chips = min(chips, math.isqrt(limit) // chip_px)
+        sizes = [k * chip_px for k in range(1, max(1, chips) + 1)]
+        if overlap_px is not None:  # an explicit overlap must fit the window
+            sizes = [size for size in sizes if size > 2 * overlap_px] or [chip_px]
+
+        def cost(size: int) -> tuple[float, int]:
+            overlap = choose_overlap_px(overlap_px, architecture, chip_px=chip_px, window_px=size)
+            return window_pixels_per_px(grid_px, size, overlap, block_px), size
+
+        return min(sizes, key=cost)
     size = int(window)
-    if size <= 2 * overlap_px:
+    if overlap_px is not None and size <= 2 * overlap_px:
         raise PredictionError(
             f"--window {size}: must be larger than twice the overlap ({overlap_px} px); give "
             f"a larger window or a smaller --overlap"
@@ -209,6 +231,55 @@ def choose_window_px(
             f"than the model's {chip_px} px chip with --backend onnxruntime, or use --window chip"
         )
     return size
+
+
+def window_pixels_per_px(
+    grid_px: tuple[int, int], window_px: int, overlap_px: int, block_px: int
+) -> float:
+    """Window pixels the model computes per pixel of a `grid_px` (height, width) grid cut into
+    blocks of `block_px`: the windows of each block row (those that reach into two block rows
+    run once for each, `landcover.prediction.blocks.block_schedule`) times the windows across."""
+    height, width = grid_px
+    if window_px <= 2 * overlap_px:
+        return math.inf
+    layout = WindowLayout.over(height, width, size=window_px, overlap=overlap_px)
+    rows = sum(
+        len(layout.rows_touching(row, min(row + block_px, height)))
+        for row in range(0, height, block_px)
+    )
+    return rows * len(layout.col_starts) * window_px * window_px / (height * width)
+
+
+def choose_overlap_px(
+    overlap_px: int | None, architecture: str, *, chip_px: int, window_px: int
+) -> int:
+    """The overlap of neighbouring windows in px for `--overlap` (None: `auto`), alike on
+    every rank, tile and task (it depends on the model and the window only):
+
+    - `auto`: what the model's architecture needs (`model_overlap_px`), at most half the
+      window less WINDOW_OVERLAP_MARGIN_PX (torch on the CPU runs the chip);
+    - px: as given, 0 or more and below half the window, else `PredictionError`."""
+    problem = overlap_choice_problem(overlap_px)
+    if problem is not None:
+        raise PredictionError(problem)
+    if overlap_px is not None:
+        if 2 * overlap_px >= window_px:
+            raise PredictionError(
+                f"--overlap {overlap_px}: must be less than half the {window_px} px window; "
+                "give a smaller --overlap (or auto), or a larger --window"
+            )
+        return overlap_px
+    wanted = model_overlap_px(architecture, chip_px=chip_px)
+    return max(0, min(wanted, window_px // 2 - WINDOW_OVERLAP_MARGIN_PX))
+
+
+def model_overlap_px(architecture: str, *, chip_px: int) -> int:
+    """The overlap a model file's architecture needs for seamless maps, in px:
+    WINDOW_OVERLAP_PX, WINDOW_SMP_OVERLAP_PX for `smp:ARCH:ENCODER`, else a quarter of the
+    chip."""
+    if architecture.startswith(SMP_PREFIX):
+        return WINDOW_SMP_OVERLAP_PX
+    return WINDOW_OVERLAP_PX.get(architecture, chip_px // 4)
 
 
 def windows_per_batch(

@@ -15,7 +15,7 @@ from landcover.prediction.blend import LogitBlender, WindowLayout, argmax_classe
 from landcover.prediction.blocks import block_schedule
 from landcover.prediction.blockstages import BlockPredictor, PreparedBlock
 from landcover.prediction.gridwindow import Window
-from landcover.prediction.windows import BlockPixels, WindowRunner
+from landcover.prediction.windows import BlockPixels, WindowRunner, window_pixels_per_px
 from tiling.sources.classes import get_class_map
 
 SIZE = 16
@@ -86,7 +86,13 @@ class _Onnx:
 def _choose(window: str, model: object, **kwargs: object) -> int:
     from landcover.prediction.windows import choose_window_px
 
-    args: dict[str, object] = dict(chip_px=256, overlap_px=64, block_px=2048, grid_px=(7500, 6000))
+    args: dict[str, object] = dict(
+        chip_px=256,
+        overlap_px=64,
+        architecture="small_unet",
+        block_px=2048,
+        grid_px=(7500, 6000),
+    )
     args.update(kwargs)
     return choose_window_px(window, model, **args)  # type: ignore[arg-type]
 
@@ -95,18 +101,63 @@ def _choose(window: str, model: object, **kwargs: object) -> int:
     ("window", "kwargs", "expected"),
     [
         ("chip", {}, 256),
-        ("auto", {}, 512),  # a quarter of the 2048 px block
-        ("auto", {"block_px": 4096}, 1024),  # 4 chips a side at most
-        ("auto", {"block_px": 8192}, 1024),
-        ("auto", {"grid_px": (300, 200)}, 512),  # two chips span the grid
-        ("auto", {"grid_px": (100, 90)}, 256),
-        ("auto", {"block_px": 512}, 256),  # never below the chip
+        ("auto", {"grid_px": (100, 90)}, 256),  # one chip spans the grid
         ("768", {}, 768),
         ("160", {}, 160),
     ],
 )
 def test_window_choices(window: str, kwargs: dict[str, object], expected: int) -> None:
     assert _choose(window, _Onnx(), **kwargs) == expected
+
+
+@pytest.mark.parametrize("architecture", ["small_unet", "unet_resnet18"])
+@pytest.mark.parametrize("overlap_px", [None, 32])
+@pytest.mark.parametrize("block_px", [512, 1024, 2048, 4096])
+@pytest.mark.parametrize("grid_px", [(300, 200), (4096, 4096), (7500, 6000), (60000, 50000)])
+def test_auto_takes_the_window_that_computes_the_fewest_pixels(
+    architecture: str, overlap_px: int | None, block_px: int, grid_px: tuple[int, int]
+) -> None:
+    """The documented rule: of the multiples of the chip up to WINDOW_AUTO_MAX_CHIPS (and no
+    more chips than span the grid), the one with the fewest window pixels per map pixel at its
+    overlap and the block rows, the smaller on a tie."""
+    from landcover.prediction.choices import WINDOW_AUTO_MAX_CHIPS
+    from landcover.prediction.windows import choose_overlap_px, window_pixels_per_px
+
+    chosen = _choose(
+        "auto",
+        _Onnx(),
+        architecture=architecture,
+        overlap_px=overlap_px,
+        block_px=block_px,
+        grid_px=grid_px,
+    )
+    spanning = -(-max(grid_px) // 256)
+    sizes = [k * 256 for k in range(1, min(WINDOW_AUTO_MAX_CHIPS, spanning) + 1)]
+    assert chosen in sizes
+
+    def cost(size: int) -> float:
+        overlap = choose_overlap_px(overlap_px, architecture, chip_px=256, window_px=size)
+        return window_pixels_per_px(grid_px, size, overlap, block_px)
+
+    assert all(cost(chosen) < cost(size) for size in sizes if size < chosen)
+    assert all(cost(chosen) <= cost(size) for size in sizes)
+
+
+@pytest.mark.parametrize(("size", "overlap", "block"), [(256, 64, 2048), (512, 128, 1024)])
+def test_window_pixels_per_px_counts_the_windows_the_schedule_runs(
+    size: int, overlap: int, block: int
+) -> None:
+    """The windows of each block row, those reaching into two block rows once for each."""
+    height, width = 3000, 2500
+    layout = WindowLayout.over(height, width, size=size, overlap=overlap)
+    schedule = block_schedule(layout, Window(0, 0, height, width), block)
+    run = sum(
+        len({(r, c) for b in schedule if b.window.row == row for r in b.rows for c in b.cols})
+        for row in {b.window.row for b in schedule}
+    )
+    assert run > layout.num_windows  # some run twice
+    expected = run * size * size / (height * width)
+    assert window_pixels_per_px((height, width), size, overlap, block) == pytest.approx(expected)
 
 
 def test_torch_on_the_cpu_runs_the_chip_under_auto_and_refuses_larger_windows() -> None:
@@ -206,3 +257,114 @@ def test_the_cli_refuses_a_bad_window_in_one_line(
         )
     )
     assert "Traceback" not in result.output and not out.exists()
+
+
+def _onnx_cpu() -> object:
+    """An onnxruntime model on the CPU (no session: only what runs it)."""
+    from landcover.prediction.runtime import Inference, OnnxWindowModel
+
+    model = OnnxWindowModel.__new__(OnnxWindowModel)
+    model.inference = Inference("onnxruntime", "fp32", "CPUExecutionProvider")
+    return model
+
+
+@pytest.mark.parametrize("block_px", [2048, 4096, 8192])
+def test_auto_windows_of_onnxruntime_on_the_cpu_hold_at_most_one_batch(block_px: int) -> None:
+    """A window's activations are most of a prediction's memory: `auto` never takes a window
+    of more pixels than onnxruntime's CPU batch, whatever the block."""
+    import math
+
+    from landcover.prediction.choices import ONNX_CPU_BATCH_PIXELS
+
+    window = _choose("auto", _onnx_cpu(), block_px=block_px, overlap_px=None)
+    assert window * window <= ONNX_CPU_BATCH_PIXELS
+    assert window <= math.isqrt(ONNX_CPU_BATCH_PIXELS)
+
+
+@pytest.mark.parametrize(
+    "architecture", ["small_unet", "unet_resnet18", "unet_resnet50", "smp:Unet:resnet18"]
+)
+@pytest.mark.parametrize("window_px", [32, 64, 256, 512, 1024])
+def test_auto_overlap_is_the_models_need_within_half_the_window(
+    architecture: str, window_px: int
+) -> None:
+    """The documented rule: the overlap recorded for the architecture (an smp model's for
+    `smp:`), at most half the window less WINDOW_OVERLAP_MARGIN_PX."""
+    from landcover.prediction.choices import (
+        WINDOW_OVERLAP_MARGIN_PX,
+        WINDOW_OVERLAP_PX,
+        WINDOW_SMP_OVERLAP_PX,
+    )
+    from landcover.prediction.windows import choose_overlap_px
+
+    wanted = WINDOW_OVERLAP_PX.get(architecture, WINDOW_SMP_OVERLAP_PX)
+    overlap = choose_overlap_px(None, architecture, chip_px=256, window_px=window_px)
+    assert overlap == min(wanted, window_px // 2 - WINDOW_OVERLAP_MARGIN_PX)
+    assert 0 <= 2 * overlap < window_px
+    if window_px >= 2 * (wanted + WINDOW_OVERLAP_MARGIN_PX):
+        assert overlap == wanted  # the window holds what the model needs
+
+
+def test_deeper_models_overlap_more_and_unrecorded_ones_a_quarter_chip() -> None:
+    from landcover.prediction.windows import choose_overlap_px
+
+    def auto(architecture: str) -> int:
+        return choose_overlap_px(None, architecture, chip_px=256, window_px=1024)
+
+    assert auto("unet_resnet18") > auto("small_unet") > 0
+    assert auto("smp:Unet:resnet18") == auto("unet_resnet18")
+    assert auto("deeplabv3_resnet50") == 256 // 4
+
+
+@pytest.mark.parametrize("overlap", [0, 16, 160, 255])
+def test_an_explicit_overlap_is_kept_below_half_the_window(overlap: int) -> None:
+    """px are taken as given, larger than half the chip too where the window holds them (the
+    overlap was bounded by the chip before --overlap auto); half the window or more is
+    refused in one line."""
+    from landcover.errors import PredictionError
+    from landcover.prediction.windows import choose_overlap_px
+
+    assert choose_overlap_px(overlap, "unet_resnet18", chip_px=256, window_px=512) == overlap
+    with pytest.raises(PredictionError, match=rf"--overlap {overlap}: must be less than half"):
+        choose_overlap_px(overlap, "unet_resnet18", chip_px=256, window_px=2 * overlap)
+
+
+def test_the_same_auto_overlap_on_every_share_of_a_prediction() -> None:
+    """`auto` depends on the model and the window only, never on a block, tile or rank."""
+    from landcover.prediction.windows import choose_overlap_px
+
+    values = {
+        choose_overlap_px(None, "unet_resnet18", chip_px=256, window_px=512) for _ in range(3)
+    }
+    assert len(values) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("x", "Invalid value for '--overlap': 'x': give auto or an overlap in px"),
+        ("-8", "Invalid value for '--overlap': '-8': give auto or an overlap in px"),
+        ("1.5", "Invalid value for '--overlap': '1.5': give auto or an overlap in px"),
+    ],
+)
+def test_the_cli_refuses_a_bad_overlap_in_one_line(
+    value: str, message: str, random_model: Path, scene: Path, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from landcover.cli.app import main
+
+    out = tmp_path / "lc.tif"
+    args = ["predict", str(random_model), str(scene), "--out", str(out), "--overlap", value]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code != 0
+    assert message in result.output.strip().splitlines()[-1]
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_negative_overlap_is_refused_where_the_config_is_built() -> None:
+    from landcover.errors import PredictionError
+    from landcover.prediction.config import PredictConfig
+
+    with pytest.raises(PredictionError, match=r"^--overlap -1: give auto or an overlap of 0 px"):
+        PredictConfig("m.pt", ("a.tif",), "lc.tif", overlap_px=-1)
