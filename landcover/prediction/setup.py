@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 # glibc's mallopt parameter numbers
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 # Allocations up to this size come from the heap: more than any batch's activations.
 _HEAP_ALLOCATION_BYTES = 1 << 30
 
@@ -56,8 +57,12 @@ class FreedMemory:
     there: the model's activations then reuse the same pages batch after batch. With glibc's
     default (or a 1 MiB mmap threshold) every activation over the threshold is a fresh mmap
     that the kernel zero-fills page by page in every batch, which slows the forward pass
-    several times over (`benchmarks/bench_predict.py`). Call `reuse()` before the model
-    loads (set after it, RSS creeps more).
+    several times over (`benchmarks/bench_predict.py`). It also gives every thread the one
+    heap (glibc's M_ARENA_MAX 1): with a heap per thread (glibc's default) the pipeline's
+    reader, model and writer threads each keep the freed pages of their own peak, so the
+    process holds the sum of their peaks instead of the peak of their sum, and RSS grows with
+    the number of blocks. Call `reuse()` before the model loads and the pipeline's threads
+    start (set after it, RSS creeps more).
 
     `release()`, after each block that ran the model, notes the RSS after the first one (its
     pages for batches included) and from then on returns the free pages to the OS
@@ -76,6 +81,7 @@ class FreedMemory:
         if self._libc is not None:
             self._libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_ALLOCATION_BYTES)
             self._libc.mallopt(_M_TRIM_THRESHOLD, _HEAP_ALLOCATION_BYTES)
+            self._libc.mallopt(_M_ARENA_MAX, 1)
 
     def release(self) -> None:
         if self._libc is None:

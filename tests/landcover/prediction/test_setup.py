@@ -90,3 +90,54 @@ def test_block_cache_holds_what_the_blocks_read_again_and_no_more() -> None:
     # Between the floor and GDAL_CACHE_BYTES, however wide the grid or large the block.
     assert block_cache_bytes(256, 10**6, out_bands=6) == GDAL_CACHE_BYTES == 64 * mib
     assert block_cache_bytes(16, 100, out_bands=1) == MIN_BLOCK_CACHE_BYTES == 8 * mib
+
+
+# Runs in a child: two threads one after the other allocate and free 48 MiB in 4 MiB buffers,
+# as the pipeline's reader, model and writer threads do with a block's arrays.
+_ARENA_CHILD = r"""
+import ctypes, ctypes.util, json, sys, threading
+from landcover.prediction.setup import FreedMemory
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+FreedMemory().reuse()
+if sys.argv[1] == "arenas":  # the control: glibc's usual arena per thread (up to 8 here)
+    ctypes.CDLL(ctypes.util.find_library("c")).mallopt(-8, 8)
+go = [threading.Event(), threading.Event()]
+done = [threading.Event(), threading.Event()]
+
+def stage(k):
+    go[k].wait()
+    held = [bytearray(4 * 2**20) for _ in range(12)]
+    del held
+    done[k].set()
+
+before = rss_mib()
+threads = [threading.Thread(target=stage, args=(k,)) for k in range(2)]
+for t in threads:
+    t.start()
+for k in range(2):
+    go[k].set()
+    done[k].wait()
+for t in threads:
+    t.join()
+print(json.dumps({"retained_mib": rss_mib() - before}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc only")
+def test_threads_reuse_one_heap_so_memory_is_the_peak_of_the_sum_not_the_sum_of_peaks() -> None:
+    """With an arena per thread each thread's freed buffers stay in its own heap: the process
+    keeps the sum of the threads' peaks. `reuse()` keeps one heap for all threads."""
+
+    def retained(mode: str) -> float:
+        done = subprocess.run(
+            [sys.executable, "-c", _ARENA_CHILD, mode], capture_output=True, text=True, check=True
+        )
+        return float(json.loads(done.stdout)["retained_mib"])
+
+    one_heap, per_thread = retained("one"), retained("arenas")
+    assert one_heap < 72  # one thread's 48 MiB, reused by the next
+    assert per_thread > 84  # the control: both threads' 48 MiB
