@@ -74,8 +74,8 @@ class PredictConfig:
         None,
         "Window overlap, blended smoothly: auto (what the model's architecture needs for a "
         "seamless map: 64 px for small_unet, 128 px for the ResNet U-Nets and smp models, a "
-        "quarter of the chip for others; at most half the window less 8 px) or px (less "
-        "than half the window).",
+        "quarter of the chip for others; at most half the window less 8 px) or px (at "
+        "most half the window).",
     )
     # landcover.prediction.windows.choose_window_px; the value is checked here
     window: str = option(

@@ -109,7 +109,7 @@ def prepare_prediction(
     # The overlap at the chip, for the layout that `--backend auto` sizes the backend by (an
     # explicit one that only a larger --window holds, cut to the chip); the window's is below.
     overlap = choose_overlap_px(
-        None if config.overlap_px is None else min(config.overlap_px, (meta.chip_size - 1) // 2),
+        None if config.overlap_px is None else min(config.overlap_px, meta.chip_size // 2),
         meta.architecture,
         chip_px=meta.chip_size,
         window_px=meta.chip_size,

@@ -258,14 +258,14 @@ def choose_overlap_px(
 
     - `auto`: what the model's architecture needs (`model_overlap_px`), at most half the
       window less WINDOW_OVERLAP_MARGIN_PX (torch on the CPU runs the chip);
-    - px: as given, 0 or more and below half the window, else `PredictionError`."""
+    - px: as given, 0 or more and at most half the window, else `PredictionError`."""
     problem = overlap_choice_problem(overlap_px)
     if problem is not None:
         raise PredictionError(problem)
     if overlap_px is not None:
-        if 2 * overlap_px >= window_px:
+        if 2 * overlap_px > window_px:
             raise PredictionError(
-                f"--overlap {overlap_px}: must be less than half the {window_px} px window; "
+                f"--overlap {overlap_px}: must be at most half the {window_px} px window; "
                 "give a smaller --overlap (or auto), or a larger --window"
             )
         return overlap_px

@@ -316,17 +316,19 @@ def test_deeper_models_overlap_more_and_unrecorded_ones_a_quarter_chip() -> None
     assert auto("deeplabv3_resnet50") == 256 // 4
 
 
-@pytest.mark.parametrize("overlap", [0, 16, 160, 255])
-def test_an_explicit_overlap_is_kept_below_half_the_window(overlap: int) -> None:
+@pytest.mark.parametrize("overlap", [0, 16, 128, 160, 256])
+def test_an_explicit_overlap_is_at_most_half_the_window(overlap: int) -> None:
     """px are taken as given, larger than half the chip too where the window holds them (the
-    overlap was bounded by the chip before --overlap auto); half the window or more is
+    overlap was bounded by the chip before --overlap auto); more than half the window is
     refused in one line."""
     from landcover.errors import PredictionError
     from landcover.prediction.windows import choose_overlap_px
 
     assert choose_overlap_px(overlap, "unet_resnet18", chip_px=256, window_px=512) == overlap
-    with pytest.raises(PredictionError, match=rf"--overlap {overlap}: must be less than half"):
-        choose_overlap_px(overlap, "unet_resnet18", chip_px=256, window_px=2 * overlap)
+    assert choose_overlap_px(overlap, "small_unet", chip_px=32, window_px=2 * overlap) == overlap
+    if overlap > 0:
+        with pytest.raises(PredictionError, match=rf"--overlap {overlap}: must be at most half"):
+            choose_overlap_px(overlap, "unet_resnet18", chip_px=256, window_px=2 * overlap - 1)
 
 
 def test_the_same_auto_overlap_on_every_share_of_a_prediction() -> None:
