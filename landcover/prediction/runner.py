@@ -90,7 +90,13 @@ def predict_region(
             overwrite=config.overwrite,
             storage_options=config.storage_options,
         )
-        urls = [config.model, *config.images, outputs.out, outputs.probabilities or ""]
+        urls = [
+            config.model,
+            *config.images,
+            outputs.out,
+            outputs.probabilities or "",
+            config.calibration or "",
+        ]
         check_storage_options([u for u in urls if u], config.storage_options)
         if rank != 0:
             config = replace(config, progress=False)

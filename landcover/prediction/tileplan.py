@@ -58,7 +58,7 @@ def plan_product(setup: TiledSetup, *, quiet: bool) -> Product:
     (`landcover.prediction.prepared`) and plan its tiles: those of the lattice with work, what
     each costs, the images each reads and each one's key. Every rank and task plans alike."""
     config = setup.config
-    urls = [config.model, *config.images, config.out]
+    urls = [config.model, *config.images, config.out, *filter(None, [config.calibration])]
     check_storage_options(urls, config.storage_options)
     if is_local(config.out):
         check_can_create_in(local_path(config.out), option="--out")

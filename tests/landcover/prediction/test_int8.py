@@ -258,6 +258,31 @@ def test_every_int8_refusal_is_one_line_and_leaves_no_output(
     assert list(out_dir.iterdir()) == []
 
 
+@pytest.mark.parametrize("out", ["lc.tif", "tiles/"])
+def test_storage_options_apply_to_a_remote_calibration_store_of_local_inputs(
+    out: str, scene: Path, random_model: Path, tmp_path: Path, user_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """--storage-options reach a remote --calibration store when the model, images and map
+    are local paths (they were refused as options of local paths only), for one COG and for
+    a tiled product alike: the store is opened with them and its own error names it."""
+    monkeypatch.setattr(runtime, "cpu_features", lambda: VNNI)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    tiles = ["--tile-size", "64"] if out.endswith("/") else []
+    store = "memory://int8-missing.zarr"
+    args = ["predict", str(random_model), str(scene), "--out", f"{out_dir}/{out}", *tiles,
+            "--precision", "int8", "--calibration", store, "--device", "cpu",
+            "--storage-options", '{"skip_instance_cache": true}']  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"error: --calibration {store}: {store}: no chip store there; create one with "
+        f"`landcover tile IMAGES --out {store}`\n"
+    )
+    assert list(out_dir.iterdir()) == []
+
+
 def test_calibration_without_int8_is_one_line(scene: Path, random_model: Path) -> None:
     args = ["predict", str(random_model), str(scene), "--out", "lc.tif", "--calibration", "s.zarr"]
     result = CliRunner().invoke(main, args)
