@@ -100,9 +100,10 @@ def cached_onnx(
             return path, digest
         started = time.perf_counter()
         logger.info("exporting %s to ONNX once (cached as %s)", model_url, path)
-        export_model(
-            model_url, path, format="onnx", overwrite=True, storage_options=storage_options
-        )
+        # the options reach a remote model file only: export refuses them for a local one,
+        # and a local model's prediction may carry them for its remote images or store
+        options = None if is_local(model_url) else storage_options
+        export_model(model_url, path, format="onnx", overwrite=True, storage_options=options)
         if recorded_digest(path) != digest:
             path.unlink(missing_ok=True)
             raise ModelFileError(

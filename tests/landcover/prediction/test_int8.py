@@ -37,6 +37,7 @@ from landcover.prediction.config import PredictConfig
 from landcover.prediction.runner import predict_region
 from landcover.prediction.tiled import predict_product
 from landcover.prediction.tileplan import TiledSetup
+from tests.landcover.prediction.inputs import write_model
 from tests.landcover.prediction.test_backends import model_dir, trained  # noqa: F401 (fixtures)
 from tests.support.stageruns import predict_at_rank_counts
 from tiling.chipstore.store import open_store
@@ -281,6 +282,15 @@ def test_storage_options_apply_to_a_remote_calibration_store_of_local_inputs(
         f"`landcover tile IMAGES --out {store}`\n"
     )
     assert list(out_dir.iterdir()) == []
+
+
+def test_a_local_model_is_exported_for_a_run_with_storage_options(tmp_path: Path) -> None:
+    """A local model file's ONNX export (int8's and onnxruntime's input) is made for a run
+    whose --storage-options are its remote store's or images' (export refused them as
+    options of local paths only)."""
+    model = write_model(tmp_path / "model.pt", seed=7)
+    path, _ = cached_onnx(str(model), storage_options={"skip_instance_cache": True})
+    assert recorded_key(path) is None and path.is_file()
 
 
 def test_calibration_without_int8_is_one_line(scene: Path, random_model: Path) -> None:
