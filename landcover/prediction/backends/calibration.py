@@ -28,7 +28,7 @@ import torch
 from landcover.data.normalise import normalise
 from landcover.errors import PredictionError, reason
 from landcover.models.modelfile import ModelMeta
-from landcover.prediction.choices import CALIBRATION_CHIPS
+from landcover.prediction.choices import CALIBRATION_CHIPS, WINDOW_MULTIPLE_PX
 from tiling.chipstore.store import NUM_BANDS, ChipStore, open_store
 from tiling.errors import TilingError
 
@@ -71,9 +71,17 @@ def calibration_sample(
 ) -> CalibrationSample:
     """The calibration sample of `calibration` (a chip store's URL) for a model of metadata
     `meta`; None: the model's training store where it can be read. `PredictionError` in one
-    line for a store that cannot be read, one without chips, or bands the model does not
-    take."""
+    line for a store that cannot be read, one without chips, chips of an edge the model never
+    predicts (not a multiple of its WINDOW_MULTIPLE_PX stride: their ranges are not a
+    window's), or bands the model does not take."""
     url, store = _open(calibration, meta, model=model, storage_options=storage_options)
+    chip_px = store.summary.chip_size
+    if chip_px % WINDOW_MULTIPLE_PX:
+        raise PredictionError(
+            f"--calibration {url}: its chips are {chip_px} px, an edge the model never predicts "
+            f"(windows are multiples of {WINDOW_MULTIPLE_PX} px); give a store tiled with "
+            f"--chip-size {meta.chip_size}, the model's chip"
+        )
     if meta.in_channels != NUM_BANDS:
         raise PredictionError(
             f"--calibration {url}: its chips have {NUM_BANDS} bands, the model takes "
@@ -88,7 +96,7 @@ def calibration_sample(
     try:
         images, _ = store.read_chips(ids)
     except (TilingError, OSError) as exc:
-        raise PredictionError(f"--calibration {url}: {reason(exc)}") from None
+        raise PredictionError(f"--calibration {url}: {_why(exc)}") from None
     mean = torch.tensor(meta.band_mean, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(meta.band_std, dtype=torch.float32).view(1, -1, 1, 1)
     chips = normalise(torch.from_numpy(np.ascontiguousarray(images)), mean, std).numpy()
@@ -110,7 +118,7 @@ def _open(
         try:
             return calibration, open_store(calibration, storage_options=storage_options)
         except (TilingError, OSError) as exc:
-            raise PredictionError(f"--calibration {calibration}: {reason(exc)}") from None
+            raise PredictionError(f"--calibration {calibration}: {_why(exc)}") from None
     trained_on = meta.training.get("store")
     if isinstance(trained_on, str) and trained_on:
         try:
@@ -122,3 +130,10 @@ def _open(
         f"--precision int8: {model} needs chips to calibrate on{where}; pass --calibration "
         "STORE, a chip store from `landcover tile`"
     )
+
+
+def _why(exc: TilingError | OSError) -> str:
+    """Why the store cannot be read, in one line: a `TilingError`'s whole message (one line
+    written by tiling, naming the store and its fix; cut at a line break in the store's own
+    URL, the fix would be lost), an OSError's reason."""
+    return str(exc) if isinstance(exc, TilingError) else reason(exc)

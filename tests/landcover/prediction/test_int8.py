@@ -42,6 +42,7 @@ from tests.landcover.prediction.test_backends import model_dir, trained  # noqa:
 from tests.support.stageruns import predict_at_rank_counts
 from tiling.chipstore.store import open_store
 from tiling.synthetic.scenes import SynthResult
+from tiling.tiler.tile import TileConfig, tile
 
 # Runs an int8 model: refused on a CPU without int8 dot products. The refusals, the sample and
 # the cache run anywhere (quantizing calibrates in fp32).
@@ -200,6 +201,17 @@ REFUSALS = {
         "error: --calibration {tmp}/missing.zarr: {tmp}/missing.zarr: no chip store there; "
         "create one with `landcover tile IMAGES --out {tmp}/missing.zarr`",
     ),
+    "store path with a line break": (  # the fix stays on the line, the break shown escaped
+        ["--calibration", "{tmp}/miss\ning.zarr"],
+        "error: --calibration {tmp}/miss\\ning.zarr: {tmp}/miss\\ning.zarr: no chip store "
+        "there; create one with `landcover tile IMAGES --out {tmp}/miss\\ning.zarr`",
+    ),
+    "chips off the stride": (  # 40 px chips: a window edge the model never predicts
+        ["--calibration", "{off_stride}"],
+        "error: --calibration {off_stride}: its chips are 40 px, an edge the model never "
+        "predicts (windows are multiples of 32 px); give a store tiled with --chip-size 32, "
+        "the model's chip",
+    ),
     "no vnni": (
         ["--no-vnni"],
         "error: --precision int8: this CPU has no int8 dot products (AVX-512 VNNI or "
@@ -224,12 +236,23 @@ REFUSALS = {
 }
 
 
+@pytest.fixture(scope="module")
+def off_stride_store(tiny_scenes: SynthResult, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A chip store of the tiny scenes in 40 px chips (not a multiple of the models' stride)."""
+    url = str(tmp_path_factory.mktemp("off-stride") / "chips40.zarr")
+    images = tuple(str(p) for p in tiny_scenes.image_paths[:1])
+    labels = tuple(str(p) for p in tiny_scenes.label_paths[:1])
+    tile(TileConfig(images=images, labels=labels, out=url, chip_size=40, workers=1))
+    return url
+
+
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_every_int8_refusal_is_one_line_and_leaves_no_output(
     case: str,
     scene: Path,
     random_model: Path,
     tiny_store: str,
+    off_stride_store: str,
     tmp_path: Path,
     user_cache: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -237,7 +260,7 @@ def test_every_int8_refusal_is_one_line_and_leaves_no_output(
     extra, expected = REFUSALS[case]
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    extra = [a.format(tmp=tmp_path) for a in extra]
+    extra = [a.format(tmp=tmp_path, off_stride=off_stride_store) for a in extra]
     # every other refusal comes after the CPU's check, whatever CPU runs the test
     features = NO_VNNI if "--no-vnni" in extra else VNNI
     monkeypatch.setattr(runtime, "cpu_features", lambda: features)
@@ -254,7 +277,10 @@ def test_every_int8_refusal_is_one_line_and_leaves_no_output(
             "--precision", "int8", *calibration, *flags, "--device", "cpu"]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
-    assert result.output == expected.format(tmp=tmp_path, model=model) + "\n"
+    assert (
+        result.output
+        == expected.format(tmp=tmp_path, model=model, off_stride=off_stride_store) + "\n"
+    )
     assert "Traceback" not in result.output
     assert list(out_dir.iterdir()) == []
 
