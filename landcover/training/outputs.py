@@ -25,6 +25,7 @@ from landcover.training.rundir import jsonable, utc_now, write_run_json
 from landcover.training.sync import SyncStrategy
 from landcover.version import __version__
 from tiling.runtime.machine import local_cpu_count
+from tiling.runtime.urls import is_local, local_path
 
 __all__ = ["EpochStats", "epoch_record", "model_meta", "write_run_info"]
 
@@ -134,7 +135,9 @@ def model_meta(
         "peak_lr": peak_lr,
         "loss": config.loss,
         "seed": config.seed,
-        "store": config.store_url,
+        # absolute: predict --precision int8 calibrates on it by default from any directory,
+        # where a relative path would name another store or none
+        "store": _absolute(config.store_url),
         "train_chips": len(data.store.train_ids),
         "time": utc_now(),
     }
@@ -195,3 +198,8 @@ def write_run_info(
         ranks=ranks,
     )
     write_run_json(config.out_dir, info.model_dump())
+
+
+def _absolute(url: str) -> str:
+    """`url` with a local path made absolute (a remote URL as it is)."""
+    return str(local_path(url).resolve()) if is_local(url) else url

@@ -19,6 +19,7 @@ import rasterio
 import torch
 from click.testing import CliRunner
 
+import landcover
 from landcover.cli.app import main
 from landcover.models.export import model_digest
 from landcover.models.modelfile import load_model_file, save_model_file
@@ -317,6 +318,26 @@ def test_a_local_model_is_exported_for_a_run_with_storage_options(tmp_path: Path
     model = write_model(tmp_path / "model.pt", seed=7)
     path, _ = cached_onnx(str(model), storage_options={"skip_instance_cache": True})
     assert recorded_key(path) is None and path.is_file()
+
+
+@pytest.mark.slow  # trains one epoch
+def test_the_default_calibration_is_the_training_store_from_any_directory(
+    tiny_store: str, off_stride_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model trained on a store given as a relative path records it absolute: int8's
+    default calibration from another directory reads that store, never one of the same
+    name there (it named `chips.zarr` of the working directory)."""
+    store = Path(tiny_store)
+    monkeypatch.chdir(store.parent)
+    run = landcover.train(store.name, tmp_path / "run", epochs=1, batch_size=8, threads=1,
+                          device="cpu")  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(off_stride_store, elsewhere / store.name)  # another store, the same name
+    monkeypatch.chdir(elsewhere)
+    model = run.run_dir / "model.pt"
+    meta = load_model_file(model)[1]
+    assert meta.training["store"] == str(store.resolve())
+    assert calibration_sample(None, meta, model=str(model)).store == str(store.resolve())
 
 
 def test_calibration_without_int8_is_one_line(scene: Path, random_model: Path) -> None:
