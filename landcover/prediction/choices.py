@@ -163,8 +163,13 @@ def int8_choice_problem(
     *, backend: str, precision: str, calibration: str | None, adapting: bool
 ) -> str | None:
     """What is wrong with `--precision int8`'s company (None: nothing): it runs on onnxruntime
-    only, `--calibration` calibrates int8 only, and a model adapted at run time (`--adapt`)
-    would need its own calibration."""
+    only, `--calibration` names a store and calibrates int8 only, and a model adapted at run
+    time (`--adapt`) would need its own calibration."""
+    if calibration is not None and not calibration.strip():
+        return (
+            f"--calibration {calibration!r}: give a chip store's path or URL (from `landcover "
+            "tile`), or drop --calibration"
+        )
     if precision != "int8":
         if calibration is not None:
             return (

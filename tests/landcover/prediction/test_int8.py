@@ -207,6 +207,11 @@ REFUSALS = {
         "error: --calibration {tmp}/miss\\ning.zarr: {tmp}/miss\\ning.zarr: no chip store "
         "there; create one with `landcover tile IMAGES --out {tmp}/miss\\ning.zarr`",
     ),
+    "empty store name": (
+        ["--calibration", ""],
+        "error: --calibration '': give a chip store's path or URL (from `landcover tile`), or "
+        "drop --calibration",
+    ),
     "chips off the stride": (  # 40 px chips: a window edge the model never predicts
         ["--calibration", "{off_stride}"],
         "error: --calibration {off_stride}: its chips are 40 px, an edge the model never "
