@@ -107,18 +107,32 @@ def _quantize_atomically(fp32_onnx: Path, path: Path, sample: CalibrationSample,
     """Write the int8 model of `fp32_onnx` at `path`, recording `key`: quantized into a temp
     file beside it, renamed into place once whole."""
     onnx = require_onnx("onnx")
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}.", suffix=".tmp")
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}.", suffix=".tmp")
+    except OSError as exc:  # a cache directory this user cannot write
+        raise _cannot_write(path, exc) from None
     os.close(fd)
-    temp = Path(temp_name)
+    temp = Path(name)
     try:
         _quantize(fp32_onnx, temp, sample)
         proto = onnx.load(str(temp))
         props = {p.key: p.value for p in proto.metadata_props}
         onnx.helper.set_model_props(proto, {**props, INT8_KEY_PROP: key})
         onnx.save(proto, str(temp))
-        os.replace(temp, path)
+        try:
+            os.replace(temp, path)
+        except OSError as exc:  # a directory in the file's place
+            raise _cannot_write(path, exc) from None
     finally:
         temp.unlink(missing_ok=True)
+
+
+def _cannot_write(path: Path, exc: OSError) -> PredictionError:
+    """The one line for an int8 file that cannot be written at `path`."""
+    return PredictionError(
+        f"--precision int8: cannot write the quantized model {path} ({exc.strerror}); remove "
+        "what is there or set XDG_CACHE_HOME to a writable directory, or use --precision fp32"
+    )
 
 
 def _quantize(fp32_onnx: Path, out: Path, sample: CalibrationSample) -> None:

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 import landcover
 from landcover.cli.app import main
+from landcover.errors import PredictionError
 from landcover.models.export import model_digest
 from landcover.models.modelfile import load_model_file, save_model_file
 from landcover.prediction import runtime
@@ -246,8 +247,7 @@ REFUSALS = {
 def off_stride_store(tiny_scenes: SynthResult, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A chip store of the tiny scenes in 40 px chips (not a multiple of the models' stride)."""
     url = str(tmp_path_factory.mktemp("off-stride") / "chips40.zarr")
-    images = tuple(str(p) for p in tiny_scenes.image_paths[:1])
-    labels = tuple(str(p) for p in tiny_scenes.label_paths[:1])
+    images, labels = (str(tiny_scenes.image_paths[0]),), (str(tiny_scenes.label_paths[0]),)
     tile(TileConfig(images=images, labels=labels, out=url, chip_size=40, workers=1))
     return url
 
@@ -296,9 +296,8 @@ def test_storage_options_apply_to_a_remote_calibration_store_of_local_inputs(
     out: str, scene: Path, random_model: Path, tmp_path: Path, user_cache: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """--storage-options reach a remote --calibration store when the model, images and map
-    are local paths (they were refused as options of local paths only), for one COG and for
-    a tiled product alike: the store is opened with them and its own error names it."""
+    """--storage-options reach a remote --calibration store of local model, images and map
+    (refused as options of local paths), for one COG and a tiled product: its error shows."""
     monkeypatch.setattr(runtime, "cpu_features", lambda: VNNI)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -317,9 +316,8 @@ def test_storage_options_apply_to_a_remote_calibration_store_of_local_inputs(
 
 
 def test_a_local_model_is_exported_for_a_run_with_storage_options(tmp_path: Path) -> None:
-    """A local model file's ONNX export (int8's and onnxruntime's input) is made for a run
-    whose --storage-options are its remote store's or images' (export refused them as
-    options of local paths only)."""
+    """A local model file's ONNX export is made for a run whose --storage-options are its
+    remote store's or images' (export refused them as options of local paths only)."""
     model = write_model(tmp_path / "model.pt", seed=7)
     path, _ = cached_onnx(str(model), storage_options={"skip_instance_cache": True})
     assert recorded_key(path) is None and path.is_file()
@@ -329,9 +327,8 @@ def test_a_local_model_is_exported_for_a_run_with_storage_options(tmp_path: Path
 def test_the_default_calibration_is_the_training_store_from_any_directory(
     tiny_store: str, off_stride_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A model trained on a store given as a relative path records it absolute: int8's
-    default calibration from another directory reads that store, never one of the same
-    name there (it named `chips.zarr` of the working directory)."""
+    """A store given to train as a relative path is recorded absolute: int8's default
+    calibration from another directory reads it, never a store of the same name there."""
     store = Path(tiny_store)
     monkeypatch.chdir(store.parent)
     run = landcover.train(store.name, tmp_path / "run", epochs=1, batch_size=8, threads=1,
@@ -444,4 +441,10 @@ def test_the_int8_model_is_made_once_per_model_and_sample_and_a_cut_file_is_made
     fp32_new, new_digest = cached_onnx(str(model))
     assert new_digest != digest and model_digest(str(model)) == new_digest
     assert cached_int8(fp32_new, new_digest, sample) != first and len(made) == 4
+    # a directory in the file's place (a read-only cache alike): one line, no internal error
+    retrained = quantize.int8_cache_path(int8_key(new_digest, sample.digest))
+    retrained.unlink()
+    retrained.mkdir()
+    with pytest.raises(PredictionError, match=rf"model {retrained} \(Is a directory\); remove"):
+        cached_int8(fp32_new, new_digest, sample)
     assert not [p for p in user_cache.iterdir() if p.suffix == ".tmp"]  # no temp file left
