@@ -123,8 +123,9 @@ def _export_lock(digest: str) -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def machine_lock(name: str) -> Iterator[None]:
     """Hold, blocking, this machine's lock `name` (a file in the temporary directory: a lock
-    beside the model would stay there)."""
-    locks = Path(tempfile.gettempdir()) / "landcover-locks"
+    beside the model would stay there), one folder per user: a shared one is made by the
+    first user with a umask that lets no other user create their locks in it."""
+    locks = Path(tempfile.gettempdir()) / f"landcover-locks-{os.getuid()}"
     locks.mkdir(parents=True, exist_ok=True)
     fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     try:
