@@ -10,7 +10,8 @@ The lock is an flock: the kernel releases it when the holding process ends, howe
 lock that blocks the next one; a lock file left behind is taken over by the next run. Linux maps
 flock to POSIX record locks on NFS, so ranks on other machines of a shared file system see it
 too. An output on blob storage (az://) has no file to lock: its lock is a local file named by
-its URL, which keeps out runs on the same machine only.
+its URL in this user's lock folder (`user_lock_dir`), which keeps out runs of the same user on
+the same machine only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from landcover.errors import LandcoverError, OutputBusyError
 from tiling.runtime.lockfile import still_at
 
-__all__ = ["exclusive_outputs", "exclusive_writer", "lock_path_for"]
+__all__ = ["exclusive_outputs", "exclusive_writer", "lock_path_for", "user_lock_dir"]
 
 LOCK_SUFFIX = ".lock"
 
@@ -36,11 +37,18 @@ LOCK_SUFFIX = ".lock"
 INSIDE_LOCK = ".landcover.lock"
 
 
+def user_lock_dir() -> Path:
+    """This user's folder of machine-wide lock files in the temporary directory (not made
+    here): one per user, since a folder shared by all is made by the first user with a umask
+    that lets no other user create their locks in it."""
+    return Path(tempfile.gettempdir()) / f"landcover-locks-{os.getuid()}"
+
+
 def lock_path_for(output: str, *, inside: bool = False) -> Path:
     """The lock file of output `output` (a file or a directory): `<output>.lock` beside a local
     one, or with `inside` (a directory output whose parent may be read-only, e.g. a tiled
     product) the hidden `<output>/.landcover.lock`; for a URL, a file named by the URL's hash
-    in this machine's temporary directory."""
+    in this user's lock folder (`user_lock_dir`)."""
     from tiling.runtime.urls import is_local, local_path  # imports zarr: only when a lock is taken
 
     if is_local(output):
@@ -49,7 +57,7 @@ def lock_path_for(output: str, *, inside: bool = False) -> Path:
             return local / INSIDE_LOCK
         return local.with_name(local.name + LOCK_SUFFIX)
     digest = hashlib.sha256(output.rstrip("/").encode()).hexdigest()[:24]
-    return Path(tempfile.gettempdir()) / "landcover-locks" / f"{digest}{LOCK_SUFFIX}"
+    return user_lock_dir() / f"{digest}{LOCK_SUFFIX}"
 
 
 @contextlib.contextmanager

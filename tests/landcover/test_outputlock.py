@@ -75,6 +75,22 @@ def test_a_lock_for_a_url_is_a_local_file_named_by_the_url() -> None:
     assert lock_path_for("runs/a/").name == "a.lock"
 
 
+def test_a_urls_lock_is_in_this_users_folder_whatever_another_user_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock folder of URL outputs is per user: a shared one, made by the first user with
+    a umask that shuts others out (here: a file in its place), blocked everyone else."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "landcover-locks").write_text("another user's")
+    lock = lock_path_for("az://c/a/lc.tif")
+    assert lock.parent == tmp_path / f"landcover-locks-{os.getuid()}"
+    with exclusive_outputs(["az://c/a/lc.tif"], "predict"):
+        assert str(os.getpid()) in lock.read_text()
+    assert not lock.exists()
+
+
 def test_a_lock_file_that_stays_keeps_the_next_holders_pid(tmp_path: Path) -> None:
     lock = tmp_path / ".tune.lock"
     with exclusive_writer(lock, "busy", remove=False):

@@ -26,7 +26,6 @@ import fcntl
 import logging
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -39,6 +38,7 @@ from landcover.models.export import (
     onnx_model_digest,
     require_onnx,
 )
+from landcover.outputlock import user_lock_dir
 from tiling.runtime.urls import is_local, local_path
 
 __all__ = ["cache_dir", "cached_onnx", "machine_lock", "onnx_cache_path", "recorded_digest"]
@@ -123,9 +123,8 @@ def _export_lock(digest: str) -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def machine_lock(name: str) -> Iterator[None]:
     """Hold, blocking, this machine's lock `name` (a file in the temporary directory: a lock
-    beside the model would stay there), one folder per user: a shared one is made by the
-    first user with a umask that lets no other user create their locks in it."""
-    locks = Path(tempfile.gettempdir()) / f"landcover-locks-{os.getuid()}"
+    beside the model would stay there), in this user's lock folder."""
+    locks = user_lock_dir()
     locks.mkdir(parents=True, exist_ok=True)
     fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     try:
