@@ -138,19 +138,25 @@ class LogitBlender:
         )
         self._weights: dict[tuple[int, int, bool, bool, bool, bool], torch.Tensor] = {}
 
-    def add(self, logits: torch.Tensor, row_start: int, col_start: int) -> None:
-        """Add one window's (classes, size, size) logits, placed at grid (row_start, col_start)."""
-        size_r, size_c = logits.shape[-2:]
+    def add(
+        self, logits: torch.Tensor, row_start: int, col_start: int, *, first_row: int = 0
+    ) -> None:
+        """Add one window's logits, placed at grid (row_start, col_start): (classes, size,
+        size), or the window's rows from `first_row` down (what `landcover.prediction.carry`
+        keeps for the next block row)."""
+        rows_held, size_c = logits.shape[-2:]
         block = self.block
-        r0, r1 = max(row_start, block.row), min(row_start + size_r, block.row_stop)
+        r0 = max(row_start + first_row, block.row)
+        r1 = min(row_start + first_row + rows_held, block.row_stop)
         c0, c1 = max(col_start, block.col), min(col_start + size_c, block.col_stop)
         if r0 >= r1 or c0 >= c1:
             return
         w = self._device_weight(self.layout.weight_key(row_start, col_start))
-        src = (slice(r0 - row_start, r1 - row_start), slice(c0 - col_start, c1 - col_start))
+        cols = slice(c0 - col_start, c1 - col_start)
+        w_part = w[r0 - row_start : r1 - row_start, cols]
+        held = logits[:, r0 - row_start - first_row : r1 - row_start - first_row, cols]
         dst = (slice(r0 - block.row, r1 - block.row), slice(c0 - block.col, c1 - block.col))
-        w_part = w[src]
-        self.total[:, dst[0], dst[1]].add_(logits[:, src[0], src[1]] * w_part)
+        self.total[:, dst[0], dst[1]].add_(held * w_part)
         self.weight[dst].add_(w_part)
 
     def blended(self, first: int = 0) -> torch.Tensor:

@@ -89,8 +89,8 @@ def prepare_block(
 class BlockPredictor:
     """Runs a prepared block's windows and turns the blended logits into uint8 outputs.
 
-    Blocks must come in schedule order: the `WindowRunner` carries the logits of windows that
-    reach into the next block of a block row.
+    Blocks must come in schedule order: the `WindowRunner` keeps the logits of windows that
+    reach into the blocks after the one that ran them.
     """
 
     def __init__(
@@ -119,7 +119,7 @@ class BlockPredictor:
         window = prepared.block.window
         height, width = window.height, window.width
         if prepared.block.starts_row:
-            self.windows.new_block_row()
+            self.windows.new_block_row(window.row)
         if prepared.pixels is None or prepared.inside is None:
             return PredictedBlock(window, None, None)
         classes = np.zeros((height, width), dtype=np.uint8)

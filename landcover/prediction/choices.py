@@ -16,6 +16,7 @@ __all__ = [
     "BLOCK_AUTO_MAX_PX",
     "CALIBRATION_BATCH",
     "CALIBRATION_CHIPS",
+    "CARRY_BELOW_BYTES",
     "DEFAULT_MAX_PIXELS",
     "ONNX_CPU_BATCH_PIXELS",
     "PRECISIONS",
@@ -82,6 +83,14 @@ ONNX_CPU_BATCH_PIXELS = 4 * 256 * 256
 BLOCK_AUTO_CPU_BYTES = 160 * 1024 * 1024
 BLOCK_AUTO_MAX_PX = 2048
 BLOCK_AUTO_DEVICE_PX = 2048
+
+# The logits kept for the next block row (landcover.prediction.carry): the windows that reach
+# across the bottom edge of a block row, cut to the rows below it, so that they are not run
+# again for the blocks of the next row (a window of 512 px with 128 px of overlap over blocks
+# of 1,024 px ran a third more windows than the layout holds). The bytes grow with the width
+# of the area, up to this budget; windows past it run again, so memory stays flat however
+# wide the area (a 4,096 px wide grid of 6 classes keeps about 30 to 50 MB).
+CARRY_BELOW_BYTES = 32 * 1024 * 1024
 
 # The model's window (`--window`, landcover.prediction.windows.choose_window_px): the model's
 # chip, `auto`, or an edge in px. Every model of the registry is fully convolutional and takes

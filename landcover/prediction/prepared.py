@@ -155,7 +155,6 @@ def prepare_prediction(
         chip_px=meta.chip_size,
         overlap_px=config.overlap_px,
         architecture=meta.architecture,
-        block_px=block_px,
         grid_px=(plan.grid.height, plan.grid.width),
     )
     overlap = choose_overlap_px(

@@ -4,11 +4,12 @@
 does (`landcover.data.normalise`), runs them in batches through a `WindowModel` (PyTorch or
 onnxruntime, `landcover.prediction.runtime`), with test-time augmentation when asked
 (`landcover.prediction.tta`), and adds their logits to the block's `LogitBlender`. It keeps
-the logits of windows that reach into the next block of the same block row, so only windows
-on the boundary to the next block ROW are run twice. A block adds its windows' logits in
-window order, whether they were carried or run now, so a pixel's sum comes out the same
-whichever schedule (blocks, tiles of a tiled product, ranks) computes it; on the CPU the runtime
-makes a window's logits independent of its batch (`landcover.prediction.runtime`).
+the logits of windows that reach into the blocks after the one that ran them
+(`landcover.prediction.carry`), so a window runs once in an area (but for those past the
+budget kept for the next block row). A block adds its windows' logits in window order,
+whether they were kept or run now, so a pixel's sum comes out the same whichever schedule
+(blocks, tiles of a tiled product, ranks) computes it; on the CPU the runtime makes a window's
+logits independent of its batch (`landcover.prediction.runtime`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.models.smp_models import SMP_PREFIX
 from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.carry import CarriedLogits, WindowLogits
 from landcover.prediction.choices import (
+    CARRY_BELOW_BYTES,
     ONNX_CPU_BATCH_PIXELS,
     WINDOW_AUTO_MAX_CHIPS,
     WINDOW_OVERLAP_MARGIN_PX,
@@ -59,8 +62,9 @@ class BlockPixels:
 
 
 class WindowRunner:
-    """Runs windows in batches; keeps the logits of windows that reach into the next block of
-    the same block row, so only windows on the boundary to the next block ROW run twice."""
+    """Runs windows in batches; keeps the logits of windows that reach into later blocks
+    (`CarriedLogits`), so that a window runs once in an area, within CARRY_BELOW_BYTES of the
+    logits kept for the next block row."""
 
     def __init__(
         self,
@@ -88,13 +92,13 @@ class WindowRunner:
         self.std = torch.tensor(meta.band_std, dtype=torch.float32, device=self.device).view(
             1, -1, 1, 1
         )
-        self.carry: dict[tuple[int, int], torch.Tensor] = {}
+        self.carried = CarriedLogits(layout, below_budget_bytes=CARRY_BELOW_BYTES)
         self.windows_run = 0
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # `_batch_buffers`
 
-    def new_block_row(self) -> None:
-        """Forget the carried logits: the next block starts a new block row."""
-        self.carry = {}
+    def new_block_row(self, row: int) -> None:
+        """The next block starts a new block row, at grid row `row`."""
+        self.carried.start_block_row(row)
 
     def run(
         self,
@@ -123,15 +127,12 @@ class WindowRunner:
         model_threads: int,
     ) -> None:
         size = self.layout.size
-        right_edge = block.block.col_stop
         ext_row0, ext_col0 = block.extent.row, block.extent.col
-        carried, self.carry = self.carry, {}
+        carried = self.carried.take(list(todo))
         fresh = [rc for rc in todo if rc not in carried]
         pixels = torch.from_numpy(block.data).to(self.device)
         has_data = torch.from_numpy(block.covered).to(self.device)
-        results: list[tuple[tuple[int, int], torch.Tensor]] = [
-            (rc, carried[rc]) for rc in todo if rc in carried
-        ]
+        results: list[tuple[tuple[int, int], WindowLogits]] = list(carried.items())
         for batch in _batches(fresh, self.batch_size):
             x, valid = self._batch_buffers(len(batch), pixels.shape[0])
             for k, (r, c) in enumerate(batch):
@@ -143,15 +144,14 @@ class WindowRunner:
             x = normalise(x, self.mean, self.std, valid=valid)
             with torch_threads(model_threads):
                 logits = average_over_symmetries(self._model_pass, x, self.tta_ops)
-            results.extend(zip(batch, logits, strict=True))
+            results.extend((rc, WindowLogits(lg)) for rc, lg in zip(batch, logits, strict=True))
             self.windows_run += len(batch)
         # Window order, not schedule order: a pixel's sum of weighted logits is then added up
         # in the same order whichever block, tile or rank computes it.
         results.sort(key=lambda item: item[0])
-        for (r, c), window_logits in results:
-            blender.add(window_logits, r, c)
-            if c + size > right_edge and right_edge < self.layout.width:
-                self.carry[(r, c)] = window_logits
+        for (r, c), kept in results:
+            blender.add(kept.logits, r, c, first_row=kept.first_row)
+            self.carried.keep((r, c), kept, block.block)
 
     def _batch_buffers(self, count: int, bands: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `count` windows of the batch buffers (pixels as float32, validity), made
@@ -178,7 +178,6 @@ def choose_window_px(
     chip_px: int,
     overlap_px: int | None,
     architecture: str,
-    block_px: int,
     grid_px: tuple[int, int],
 ) -> int:
     """The model's window edge in px for `--window` (`landcover.prediction.choices`), alike
@@ -189,8 +188,8 @@ def choose_window_px(
       than the grid needs and, where onnxruntime runs on the CPU, no larger than one batch
       (ONNX_CPU_BATCH_PIXELS: a window's activations are most of a prediction's memory), the
       one that computes the fewest window pixels over the grid (`window_pixels_per_px`: the
-      overlap, `choose_overlap_px` at that window, and the windows between two block rows,
-      which run once for each); the smaller on a tie. The chip where torch runs the model on
+      overlap, `choose_overlap_px` at that window, and the windows flush with the grid's
+      end); the smaller on a tie. The chip where torch runs the model on
       the CPU, whose batches are padded to CPU_MIN_BATCH windows;
     - an edge in px, larger than twice an explicit `overlap_px` (None: `--overlap auto`, which
       fits itself to the window); refused (`PredictionError`) where torch runs the model on
@@ -215,7 +214,7 @@ def choose_window_px(
 
         def cost(size: int) -> tuple[float, int]:
             overlap = choose_overlap_px(overlap_px, architecture, chip_px=chip_px, window_px=size)
-            return window_pixels_per_px(grid_px, size, overlap, block_px), size
+            return window_pixels_per_px(grid_px, size, overlap), size
 
         return min(sizes, key=cost)
     size = int(window)
@@ -233,21 +232,15 @@ def choose_window_px(
     return size
 
 
-def window_pixels_per_px(
-    grid_px: tuple[int, int], window_px: int, overlap_px: int, block_px: int
-) -> float:
-    """Window pixels the model computes per pixel of a `grid_px` (height, width) grid cut into
-    blocks of `block_px`: the windows of each block row (those that reach into two block rows
-    run once for each, `landcover.prediction.blocks.block_schedule`) times the windows across."""
+def window_pixels_per_px(grid_px: tuple[int, int], window_px: int, overlap_px: int) -> float:
+    """Window pixels the model computes per pixel of a `grid_px` (height, width) grid: each
+    window of its layout once (the blocks keep the logits of the windows they share,
+    `landcover.prediction.carry`)."""
     height, width = grid_px
     if window_px <= 2 * overlap_px:
         return math.inf
     layout = WindowLayout.over(height, width, size=window_px, overlap=overlap_px)
-    rows = sum(
-        len(layout.rows_touching(row, min(row + block_px, height)))
-        for row in range(0, height, block_px)
-    )
-    return rows * len(layout.col_starts) * window_px * window_px / (height * width)
+    return layout.num_windows * window_px * window_px / (height * width)
 
 
 def choose_overlap_px(

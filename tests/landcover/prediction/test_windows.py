@@ -44,9 +44,11 @@ def test_block_work_runs_on_one_thread_and_the_model_on_the_blocks_threads(
 
     add = LogitBlender.add
 
-    def recorded_add(self: LogitBlender, logits: torch.Tensor, row: int, col: int) -> None:
+    def recorded_add(
+        self: LogitBlender, logits: torch.Tensor, row: int, col: int, *, first_row: int = 0
+    ) -> None:
         seen["blend"].add(torch.get_num_threads())
-        add(self, logits, row, col)
+        add(self, logits, row, col, first_row=first_row)
 
     def recorded_argmax(scores: torch.Tensor) -> torch.Tensor:
         seen["argmax"].add(torch.get_num_threads())
@@ -90,7 +92,6 @@ def _choose(window: str, model: object, **kwargs: object) -> int:
         chip_px=256,
         overlap_px=64,
         architecture="small_unet",
-        block_px=2048,
         grid_px=(7500, 6000),
     )
     args.update(kwargs)
@@ -112,14 +113,13 @@ def test_window_choices(window: str, kwargs: dict[str, object], expected: int) -
 
 @pytest.mark.parametrize("architecture", ["small_unet", "unet_resnet18"])
 @pytest.mark.parametrize("overlap_px", [None, 32])
-@pytest.mark.parametrize("block_px", [512, 1024, 2048, 4096])
 @pytest.mark.parametrize("grid_px", [(300, 200), (4096, 4096), (7500, 6000), (60000, 50000)])
 def test_auto_takes_the_window_that_computes_the_fewest_pixels(
-    architecture: str, overlap_px: int | None, block_px: int, grid_px: tuple[int, int]
+    architecture: str, overlap_px: int | None, grid_px: tuple[int, int]
 ) -> None:
     """The documented rule: of the multiples of the chip up to WINDOW_AUTO_MAX_CHIPS (and no
     more chips than span the grid), the one with the fewest window pixels per map pixel at its
-    overlap and the block rows, the smaller on a tie."""
+    overlap, the smaller on a tie."""
     from landcover.prediction.choices import WINDOW_AUTO_MAX_CHIPS
     from landcover.prediction.windows import choose_overlap_px, window_pixels_per_px
 
@@ -128,7 +128,6 @@ def test_auto_takes_the_window_that_computes_the_fewest_pixels(
         _Onnx(),
         architecture=architecture,
         overlap_px=overlap_px,
-        block_px=block_px,
         grid_px=grid_px,
     )
     spanning = -(-max(grid_px) // 256)
@@ -137,27 +136,25 @@ def test_auto_takes_the_window_that_computes_the_fewest_pixels(
 
     def cost(size: int) -> float:
         overlap = choose_overlap_px(overlap_px, architecture, chip_px=256, window_px=size)
-        return window_pixels_per_px(grid_px, size, overlap, block_px)
+        return window_pixels_per_px(grid_px, size, overlap)
 
     assert all(cost(chosen) < cost(size) for size in sizes if size < chosen)
     assert all(cost(chosen) <= cost(size) for size in sizes)
 
 
 @pytest.mark.parametrize(("size", "overlap", "block"), [(256, 64, 2048), (512, 128, 1024)])
-def test_window_pixels_per_px_counts_the_windows_the_schedule_runs(
+def test_window_pixels_per_px_counts_each_window_the_blocks_touch_once(
     size: int, overlap: int, block: int
 ) -> None:
-    """The windows of each block row, those reaching into two block rows once for each."""
+    """The windows the blocks of a schedule touch, each once (the blocks keep the logits of
+    the windows they share: test_carry.py runs a prediction that way)."""
     height, width = 3000, 2500
     layout = WindowLayout.over(height, width, size=size, overlap=overlap)
     schedule = block_schedule(layout, Window(0, 0, height, width), block)
-    run = sum(
-        len({(r, c) for b in schedule if b.window.row == row for r in b.rows for c in b.cols})
-        for row in {b.window.row for b in schedule}
-    )
-    assert run > layout.num_windows  # some run twice
-    expected = run * size * size / (height * width)
-    assert window_pixels_per_px((height, width), size, overlap, block) == pytest.approx(expected)
+    touched = {(r, c) for b in schedule for r in b.rows for c in b.cols}
+    assert len(touched) == layout.num_windows
+    expected = len(touched) * size * size / (height * width)
+    assert window_pixels_per_px((height, width), size, overlap) == pytest.approx(expected)
 
 
 def test_torch_on_the_cpu_runs_the_chip_under_auto_and_refuses_larger_windows() -> None:
@@ -268,15 +265,17 @@ def _onnx_cpu() -> object:
     return model
 
 
-@pytest.mark.parametrize("block_px", [2048, 4096, 8192])
-def test_auto_windows_of_onnxruntime_on_the_cpu_hold_at_most_one_batch(block_px: int) -> None:
+@pytest.mark.parametrize("grid_px", [(4096, 4096), (7500, 6000), (60000, 50000)])
+def test_auto_windows_of_onnxruntime_on_the_cpu_hold_at_most_one_batch(
+    grid_px: tuple[int, int],
+) -> None:
     """A window's activations are most of a prediction's memory: `auto` never takes a window
-    of more pixels than onnxruntime's CPU batch, whatever the block."""
+    of more pixels than onnxruntime's CPU batch, whatever the grid."""
     import math
 
     from landcover.prediction.choices import ONNX_CPU_BATCH_PIXELS
 
-    window = _choose("auto", _onnx_cpu(), block_px=block_px, overlap_px=None)
+    window = _choose("auto", _onnx_cpu(), grid_px=grid_px, overlap_px=None)
     assert window * window <= ONNX_CPU_BATCH_PIXELS
     assert window <= math.isqrt(ONNX_CPU_BATCH_PIXELS)
 
