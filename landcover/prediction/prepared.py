@@ -147,7 +147,11 @@ def prepare_prediction(
     # whole grid, so the same on every rank, tile and task; the config then carries their digest
     config, model, meta = adapt_prediction(config, model, meta, plan, device)
     # `auto` is decided from the whole grid, alike on every rank, tile and task.
-    model = for_prediction(model, layout.num_windows * layout.size**2)
+    chosen = for_prediction(model, layout.num_windows * layout.size**2)
+    if chosen is not model:  # the torch model onnxruntime replaces: its pages back to the OS
+        del model
+        FreedMemory().hand_back()
+    model = chosen
     # --window: for what runs the model now, from the whole grid (alike everywhere too)
     window_px = choose_window_px(
         config.window,

@@ -83,6 +83,13 @@ class FreedMemory:
             self._libc.mallopt(_M_TRIM_THRESHOLD, _HEAP_ALLOCATION_BYTES)
             self._libc.mallopt(_M_ARENA_MAX, 1)
 
+    def hand_back(self) -> None:
+        """Return the heap's free pages to the OS now (malloc_trim): after a large object is
+        dropped before the pipeline starts (a torch model that onnxruntime replaces), whose
+        pages the heap would otherwise keep, scattered between live ones."""
+        if self._libc is not None:
+            self._libc.malloc_trim(0)
+
     def release(self) -> None:
         if self._libc is None:
             return
