@@ -222,27 +222,28 @@ def _ratio(ours: float, alone: float) -> str:
     return f"{ours:.2f} / {alone:.2f} = **{ours / alone:.2f}**"
 
 
-def _forward_seconds(net: torch.nn.Module, device: str, batches: list[int]) -> float:
-    """Seconds for the model alone to run batches of random chips of these sizes."""
+def _forward_seconds(net: torch.nn.Module, device: str, batches: list[tuple[int, int]]) -> float:
+    """Seconds for the model alone to run batches of random windows of these (count, edge)."""
     model = net.eval().to(device)
-    x = torch.randn(max(batches), 4, CHIP, CHIP, device=device)
+    edge = max(e for _, e in batches)
+    x = torch.randn(max(n for n, _ in batches), 4, edge, edge, device=device)
     with torch.inference_mode():
         _sync(device)
         started = time.perf_counter()
-        for size in batches:
-            model(x[:size])
+        for size, window in batches:
+            model(x[:size, :, :window, :window])
         _sync(device)
     return time.perf_counter() - started
 
 
 @contextmanager
-def _recorded_batches() -> Iterator[list[int]]:
-    """The batch sizes `predict_region` hands the model, in order."""
-    sizes: list[int] = []
+def _recorded_batches() -> Iterator[list[tuple[int, int]]]:
+    """The batches `predict_region` hands the model, in order: (windows, window edge)."""
+    sizes: list[tuple[int, int]] = []
     original = prediction_windows._run_model
 
     def run_model(model: Any, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:
-        sizes.append(int(x.shape[0]))
+        sizes.append((int(x.shape[0]), int(x.shape[-1])))
         return original(model, x, num_classes, where)
 
     prediction_windows._run_model = run_model
@@ -785,7 +786,7 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
     runs = _runs()
     print(
         f"## Backends and precisions: one {side_px} x {side_px} px scene ({km2:.2f} km²), "
-        f"chip {CHIP}, overlap {OVERLAP}, blocks of {block_px} px, CPU "
+        f"predict's --window and --overlap (auto), blocks of {block_px} px, CPU "
         f"({cpu_features().describe()})"
     )
     print()
@@ -840,7 +841,8 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
         "ours: `predict_region` end to end with that --backend and --precision (read, "
         "normalise, infer, blend, argmax, COG). Model alone: the same backend and precision "
         "(`load_window_model`: the same export, the same batch padding) running only the "
-        "forward passes of the batches ours ran, on random chips made beforehand; its km²/min "
+        "forward passes of the batches ours ran (their windows and window edges), on random "
+        "pixels made beforehand; its km²/min "
         "is the scene's area over those seconds. ours vs torch fp32: the speed-up of that "
         "choice over predict with torch eager fp32. Export: seconds of the one-time ONNX "
         "export, cached by the model file's digest and not in the timed runs (int8: + the "
@@ -855,12 +857,12 @@ def _backend_forward_seconds(
     model_path: Path,
     backend: str,
     precision: str,
-    batches: list[int],
+    batches: list[tuple[int, int]],
     *,
     calibration: str | None = None,
 ) -> float:
     """Seconds for the model alone, run by `backend` in `precision`, to run batches of random
-    normalised chips of these sizes (made before the clock starts)."""
+    normalised windows of these (count, edge) (made before the clock starts)."""
     model, _ = load_window_model(
         str(model_path),
         backend=backend,
@@ -869,7 +871,7 @@ def _backend_forward_seconds(
         calibration=calibration,
     )
     generator = torch.Generator().manual_seed(0)
-    chips = [torch.randn(size, 4, CHIP, CHIP, generator=generator) for size in batches]
+    chips = [torch.randn(size, 4, edge, edge, generator=generator) for size, edge in batches]
     model(chips[0])  # warm up: the first call builds kernels, sessions and caches
     started = time.perf_counter()
     for x in chips:
