@@ -120,6 +120,7 @@ def test_int8_maps_are_the_same_bytes_at_any_rank_count_and_as_tiles(
     assert mosaic_tags["LANDCOVER_PRECISION"] == "int8"
 
 
+@pytest.mark.slow  # quantizes a model
 @needs_vnni
 def test_an_int8_part_is_never_reused_for_fp32(
     scene: Path,
@@ -314,6 +315,7 @@ def test_storage_options_apply_to_a_remote_calibration_store_of_local_inputs(
     assert list(out_dir.iterdir()) == []
 
 
+@pytest.mark.slow  # exports a model
 def test_a_local_model_is_exported_for_a_run_with_storage_options(tmp_path: Path) -> None:
     """A local model file's ONNX export is made for a run whose --storage-options are its
     remote store's or images' (export refused them as options of local paths only)."""
