@@ -15,7 +15,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -32,28 +32,11 @@ from landcover.stageconfig import PredictStage, check_predict_outputs
 from landcover.stagerun import InProcess, run_stage
 
 
-class OverlapPx(click.ParamType):  # type: ignore[type-arg]
-    """`--overlap`: auto (None: `landcover.prediction.windows.choose_overlap_px`) or px."""
+class _AutoOrPx(click.ParamType):  # type: ignore[type-arg]
+    """An option that takes auto (None: the library chooses) or px, at least `minimum` (None:
+    any integer, the config checks it); anything else goes to `refuse`."""
 
-    name = "overlap"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> int | None:
-        if value is None or isinstance(value, int):
-            return value
-        if value == "auto":
-            return None
-        if not str(value).isdigit():
-            self.fail(f"{value!r}: give auto or an overlap in px (0 or more)", param, ctx)
-        return int(value)
-
-
-class BlockPx(click.ParamType):  # type: ignore[type-arg]
-    """`--block-px`: auto (None: `landcover.prediction.blocks.resolve_block_px`) or px; any
-    other text is one line (`PredictionError`), as a too small edge is (`PredictConfig`)."""
-
-    name = "block_px"
+    minimum: int | None = None
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
@@ -63,9 +46,41 @@ class BlockPx(click.ParamType):  # type: ignore[type-arg]
         if value == "auto":
             return None
         try:
-            return int(value)
+            px = int(value)
         except ValueError:
-            raise PredictionError(f"--block-px {value!r}: give auto or an edge in px") from None
+            self.refuse(value, param, ctx)
+        if self.minimum is not None and px < self.minimum:
+            self.refuse(value, param, ctx)
+        return px
+
+    def refuse(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> NoReturn:
+        raise NotImplementedError
+
+
+class OverlapPx(_AutoOrPx):
+    """`--overlap`: auto (None: `landcover.prediction.windows.choose_overlap_px`) or px."""
+
+    name = "overlap"
+    minimum = 0
+
+    def refuse(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> NoReturn:
+        self.fail(f"{value!r}: give auto or an overlap in px (0 or more)", param, ctx)
+
+
+class BlockPx(_AutoOrPx):
+    """`--block-px`: auto (None: `landcover.prediction.blocks.resolve_block_px`) or px; any
+    other text is one line (`PredictionError`), as a too small edge is (`PredictConfig`)."""
+
+    name = "block_px"
+
+    def refuse(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> NoReturn:
+        raise PredictionError(f"--block-px {value!r}: give auto or an edge in px")
 
 
 @click.command("predict")
