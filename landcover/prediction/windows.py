@@ -5,8 +5,8 @@ does (`landcover.data.normalise`), runs them in batches through a `WindowModel` 
 onnxruntime, `landcover.prediction.runtime`), with test-time augmentation when asked
 (`landcover.prediction.tta`), and adds their logits to the block's `LogitBlender`. It keeps
 the logits of windows that reach into the blocks after the one that ran them
-(`landcover.prediction.carry`), so a window runs once in an area (but for those past the
-budget kept for the next block row). A block adds its windows' logits in window order,
+(`landcover.prediction.carry`), so a window runs once in an area (those past the budget of
+what is kept for the next block row run again). A block adds its windows' logits in window order,
 whether they were kept or run now, so a pixel's sum comes out the same whichever schedule
 (blocks, tiles of a tiled product, ranks) computes it; on the CPU the runtime makes a window's
 logits independent of its batch (`landcover.prediction.runtime`).
