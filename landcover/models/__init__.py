@@ -13,6 +13,7 @@ if TYPE_CHECKING:
         ModelMeta,
         load_model_file,
         read_model_file,
+        read_model_meta,
         save_model_file,
     )
     from landcover.models.registry import available, build_model
@@ -23,6 +24,7 @@ __all__ = [
     "build_model",
     "load_model_file",
     "read_model_file",
+    "read_model_meta",
     "save_model_file",
 ]
 
@@ -34,6 +36,7 @@ __getattr__, __dir__ = lazy_exports(
         "ModelMeta": "modelfile",
         "load_model_file": "modelfile",
         "read_model_file": "modelfile",
+        "read_model_meta": "modelfile",
         "save_model_file": "modelfile",
     },
 )

@@ -22,6 +22,7 @@ from torch import nn
 from landcover.errors import ModelFileError
 from landcover.models.registry import build_model
 from landcover.outputs import write_atomic
+from tiling.runtime.urls import is_local, local_path
 from tiling.sources.classes import ClassMap
 
 MODEL_FORMAT = "landcover-model"
@@ -109,6 +110,24 @@ def read_model_file(
     url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[ModelMeta, dict[str, torch.Tensor]]:
     """Read and validate a model file without building the model."""
+    return _read_payload(url, storage_options, mapped=False)
+
+
+def read_model_meta(
+    url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> ModelMeta:
+    """The metadata of a model file, validated as `read_model_file` validates it, without
+    reading its weights into memory where the file is local (they are mapped, never touched,
+    and unmapped on return); a remote file is read whole and its weights dropped."""
+    meta, _ = _read_payload(url, storage_options, mapped=True)
+    return meta
+
+
+def _read_payload(
+    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, *, mapped: bool
+) -> tuple[ModelMeta, dict[str, torch.Tensor]]:
+    """The metadata and the state dict of a model file; `mapped`: a local zip file's tensors
+    are memory-mapped (`torch.load(mmap=True)`) instead of read."""
     where = os.fspath(url)
     head = b""
     not_ours = f"{where} is not a landcover model file (model.pt from `landcover train`)"
@@ -120,7 +139,12 @@ def read_model_file(
             f.seek(0)
             if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
                 raise ModelFileError(not_ours)
-            payload = torch.load(f, map_location="cpu", weights_only=True)
+            if mapped and head == _ZIP_MAGIC and is_local(where):
+                payload = torch.load(
+                    local_path(where), map_location="cpu", weights_only=True, mmap=True
+                )
+            else:
+                payload = torch.load(f, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ModelFileError(f"{where}: model file not found") from None
     except IsADirectoryError:

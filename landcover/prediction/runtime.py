@@ -15,7 +15,9 @@ says what runs it) with the model's metadata. The backends (`--backend`):
   the CPU, onnxruntime where it is installed (bench_predict.py measures it against torch
   eager) once the prediction is large enough to pay for the one-time export
   (`AUTO_ONNX_MIN_WINDOW_PIXELS`, decided by `for_prediction` from the whole grid, so every
-  rank, tile and task of a job decides the same); torch on other devices and for bf16.
+  rank, tile and task of a job decides the same; until then only the model file's metadata
+  is read, so a prediction that onnxruntime runs never builds the torch model); torch on
+  other devices and for bf16.
 
 The precision (`--precision`): fp32, or bf16 through torch's autocast where the hardware has
 native bf16 (a CPU with AVX-512 BF16 or AMX, `landcover.prediction.backends.cpu`; a CUDA GPU
@@ -45,7 +47,7 @@ from landcover.models.export import (
     model_kind,
     require_onnx,
 )
-from landcover.models.modelfile import ModelMeta, load_model_file
+from landcover.models.modelfile import ModelMeta, load_model_file, read_model_meta
 from landcover.prediction.backends.calibration import calibration_sample
 from landcover.prediction.backends.cpu import cpu_features
 from landcover.prediction.backends.inference import (
@@ -129,23 +131,45 @@ class TorchWindowModel:
 
     On the CPU a batch of fewer than CPU_MIN_BATCH windows is padded with zeros to that many
     (their logits are dropped), so that its logits do not depend on the thread count.
-    `onnx`: for `auto` on a model file, makes the onnxruntime model `for_prediction` switches
-    to for a large prediction; None otherwise.
+    `module` is the module, or a function that loads it on first use (`--backend auto` on a
+    model file: a prediction that onnxruntime runs never builds the torch model; then
+    `device` is required). `onnx`: for `auto` on a model file, makes the onnxruntime model
+    `for_prediction` switches to for a large prediction; None otherwise.
     """
 
     def __init__(
         self,
-        module: nn.Module,
+        module: nn.Module | Callable[[], nn.Module],
         *,
         device: torch.device | None = None,
         precision: str = "fp32",
         onnx: Callable[[], BackendModel] | None = None,
     ) -> None:
-        self.module = module
+        self._module = module if isinstance(module, nn.Module) else None
+        self._load = None if isinstance(module, nn.Module) else module
+        if device is None and self._module is None:
+            raise TypeError("a module loaded on first use needs its device")  # a bug
         self.precision = precision
         self.onnx = onnx
-        self.device = device or _module_device(module)
+        self.device = device or _module_device(cast(nn.Module, self._module))
         self.inference = Inference("torch", precision, str(self.device))
+
+    @property
+    def module(self) -> nn.Module:
+        """The module, loaded now if it was not yet."""
+        if self._module is None:
+            load, self._load = self._load, None
+            self._module = cast(Callable[[], nn.Module], load)()
+        return self._module
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the module is in memory (a model onnxruntime runs never loads it)."""
+        return self._module is not None
+
+    def load(self) -> None:
+        """Load the module now, if it was not yet."""
+        _ = self.module
 
     def __call__(self, pixels: torch.Tensor) -> Any:
         count = pixels.shape[0]
@@ -232,7 +256,8 @@ def load_window_model(
     calibration: str | None = None,
 ) -> tuple[BackendModel, ModelMeta]:
     """The model of `url` run by `backend` in `precision` (see the module docstring) and its
-    metadata. Under `auto` a model file runs with torch until `for_prediction` sizes it.
+    metadata. Under `auto` a model file's metadata is read, and `for_prediction` loads its
+    torch model or its onnxruntime export once it has sized the prediction.
     `calibration`: the chip store that calibrates int8 (None: the model's training store)."""
     if backend not in BACKENDS:
         raise PredictionError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -262,26 +287,34 @@ def load_window_model(
     if kind == "torchscript":
         module, meta = load_torchscript(url, device=device, storage_options=storage_options)
         return TorchWindowModel(module, device=device, precision=numbers), meta
-    module, meta = load_model_file(url, device=device, storage_options=storage_options)
-    onnx = None
     if backend == "auto" and device.type == "cpu" and numbers == "fp32" and _onnx_installed():
+        # `for_prediction` picks torch or onnxruntime from the whole grid: until then only
+        # the metadata is read, so a prediction onnxruntime runs never builds the torch model
+        def load() -> nn.Module:
+            module, _ = load_model_file(url, device=device, storage_options=storage_options)
+            return module
+
+        meta = read_model_meta(url, storage_options=storage_options)
         onnx = _deferred_export(url, device, storage_options)
-    return TorchWindowModel(module, device=device, precision=numbers, onnx=onnx), meta
+        return TorchWindowModel(load, device=device, precision=numbers, onnx=onnx), meta
+    module, meta = load_model_file(url, device=device, storage_options=storage_options)
+    return TorchWindowModel(module, device=device, precision=numbers), meta
 
 
 def for_prediction(model: BackendModel, window_pixels: int) -> BackendModel:
     """The model to run a prediction whose windows hold `window_pixels` pixels in all (the
     whole grid's, so that every rank and tile decides alike): under `auto`, a model file's
-    onnxruntime export from `AUTO_ONNX_MIN_WINDOW_PIXELS` on, else `model` itself. An export
-    that fails under `auto` is a warning, and torch runs the model."""
-    onnx = model.onnx if isinstance(model, TorchWindowModel) else None
-    if onnx is None or window_pixels < auto_onnx_min_window_pixels():
+    onnxruntime export from `AUTO_ONNX_MIN_WINDOW_PIXELS` on, else `model` itself, its torch
+    module loaded. An export that fails under `auto` is a warning, and torch runs the model."""
+    if not isinstance(model, TorchWindowModel):
         return model
-    try:
-        return onnx()
-    except ExportError as exc:
-        logger.warning("%s; running the model with torch (--backend torch)", exc)
-        return model
+    if model.onnx is not None and window_pixels >= auto_onnx_min_window_pixels():
+        try:
+            return model.onnx()
+        except ExportError as exc:
+            logger.warning("%s; running the model with torch (--backend torch)", exc)
+    model.load()  # torch runs it: its errors (weights that do not fit) come before any output
+    return model
 
 
 def auto_onnx_min_window_pixels() -> int:

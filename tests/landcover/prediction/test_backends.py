@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 import landcover
 from landcover.cli.app import main
-from landcover.errors import ExportError, PredictionError
+from landcover.errors import ExportError, ModelFileError, PredictionError
 from landcover.models.export import model_digest
 from landcover.models.modelfile import load_model_file, save_model_file
 from landcover.prediction import runtime
@@ -376,6 +376,27 @@ def test_the_backends_maps_of_a_trained_model_agree(
     assert float((maps["onnxruntime", "fp32"] == reference).mean()) >= 0.9999
     if HAS_BF16:
         assert float((maps["torch", "bf16"] == reference).mean()) >= 0.99
+
+
+def test_auto_reads_only_the_metadata_until_it_has_sized_the_prediction(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Under `auto` a model file's torch model is built only where torch runs it, and then by
+    `for_prediction`, before any window: onnxruntime's predictions never hold both models."""
+    url = str(model_dir / "model.pt")
+    model, meta = load_window_model(url, device=CPU)
+    assert isinstance(model, runtime.TorchWindowModel) and not model.loaded
+    assert meta == load_model_file(url)[1]
+    assert for_prediction(model, AUTO_ONNX_MIN_WINDOW_PIXELS).inference.backend == "onnxruntime"
+    assert not model.loaded
+    assert for_prediction(model, 1) is model and model.loaded
+    # a model file whose weights do not fit its architecture fails in setup, not in the loop
+    payload = torch.load(url, weights_only=True)
+    payload["state_dict"] = {"bogus": torch.zeros(1)}
+    torch.save(payload, tmp_path / "model.pt")
+    model, _ = load_window_model(str(tmp_path / "model.pt"), device=CPU)
+    with pytest.raises(ModelFileError, match="weights do not fit small_unet"):
+        for_prediction(model, 1)
 
 
 def test_window_pixels_decide_auto_alike_on_every_rank(model_dir: Path) -> None:
