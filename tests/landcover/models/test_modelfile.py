@@ -1,5 +1,5 @@
-"""The model file (landcover.models.modelfile): a round trip rebuilds the same model, and a file
-that would run code when loaded is refused."""
+"""The model file (landcover.models.modelfile): a round trip rebuilds the same model, its
+metadata reads alone, and a file that would run code when loaded is refused by every reader."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from landcover.errors import ModelFileError
-from landcover.models.modelfile import ModelMeta, load_model_file, read_model_file, save_model_file
+from landcover.models.modelfile import (
+    ModelMeta,
+    load_model_file,
+    read_model_file,
+    read_model_meta,
+    save_model_file,
+)
 from landcover.models.registry import build_model
 from tiling.sources.classes import get_class_map
 
@@ -34,6 +40,7 @@ def test_save_then_load_rebuilds_the_same_model_and_metadata(tmp_path: Path) -> 
     save_model_file(path, model, meta)
     read_meta, state = read_model_file(path)
     assert read_meta == meta
+    assert read_model_meta(path) == meta
     loaded, _ = load_model_file(path)
     x = torch.rand(1, 4, 40, 37)
     with torch.no_grad():
@@ -41,7 +48,8 @@ def test_save_then_load_rebuilds_the_same_model_and_metadata(tmp_path: Path) -> 
     assert set(state) == set(model.state_dict())
 
 
-def test_malicious_model_file_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read", [load_model_file, read_model_meta])
+def test_malicious_model_file_is_refused(read: Any, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
 
     class Exploit:
@@ -51,5 +59,5 @@ def test_malicious_model_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "model.pt"
     path.write_bytes(pickle.dumps({"format": "landcover-model", "payload": Exploit()}, protocol=2))
     with pytest.raises(ModelFileError, match="refused to load"):
-        load_model_file(path)
+        read(path)
     assert not marker.exists()
