@@ -12,10 +12,11 @@ by `tiling.synthetic.scenes` (kept with `--scenes-dir` for later runs), then:
   index, no statistics.
 - the limit for chips: the same process, but zstd-encoding the 256 px chips the store keeps
   (the grid's offsets, the last chip of a row or column moved back inside the raster) instead
-  of strips. zstd picks other parameters for an input of 256 KiB or less (a 256 x 256 x 4
-  chip is exactly that) than for a strip, and these search more: the chips' bytes are fixed
-  by the store format, so this is the limit for writing that format, and ours against it is
-  what the rest of tiling costs.
+  of strips, one frame a chip, with the parameters the store's encoder uses
+  (`tiling.chipstore.shards.chunk_compression_parameters`: the level's parameters for a large
+  input, through the `zstandard` package; zstd by itself would pick costlier ones for an
+  input of 256 KiB or less, which a 256 x 256 x 4 chip is). This is the limit for writing
+  the store's chunks, and ours against it is what the rest of tiling costs.
 
 The three alternate, `--repeat` times each after one untimed warm-up run of both (bytecode
 compiled, files in the page cache), and the table gives medians, wall and CPU (user + system
@@ -30,6 +31,7 @@ Azure tutorial's one GeoTIFF per chip). Never asserts on time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -55,7 +57,7 @@ import tiling.tiler.append
 import tiling.tiler.cut
 import tiling.tiler.planfile
 import tiling.tiler.rankplan
-from tiling.chipstore.shards import ChunkEncoder
+from tiling.chipstore.shards import ChunkEncoder, chunk_compression_parameters
 from tiling.chipstore.writer import ChipStoreWriter
 from tiling.runtime.machine import local_cpu_count
 from tiling.sources.grid import chip_offsets
@@ -90,16 +92,19 @@ for k, path in enumerate(sys.argv[4:]):
 """
 
 # The limit for the store's chunks: the same, but each strip is cut into the store's 256 px
-# chips (at the grid's offsets) and each chip is one zstd frame.
+# chips (at the grid's offsets) and each chip is one zstd frame, made with the parameters of
+# the store's encoder (passed as JSON: the child imports nothing of ours).
 LIMIT_CHIPS_SCRIPT = """
-import os, sys
+import json, os, sys
 import numpy as np
 import rasterio
-from numcodecs import Zstd
+import zstandard
 from rasterio.windows import Window
 
-out, level, chip = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-zstd = Zstd(level=level)
+out, params, chip = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+compressor = zstandard.ZstdCompressor(
+    compression_params=zstandard.ZstdCompressionParameters(**params)
+)
 
 def offsets(length):
     starts = list(range(0, length - chip + 1, chip))
@@ -113,7 +118,7 @@ for k, path in enumerate(sys.argv[4:]):
         for row in offsets(ds.height):
             strip = ds.read(window=Window(0, row, ds.width, chip))
             for col in cols:
-                f.write(zstd.encode(np.ascontiguousarray(strip[:, :, col : col + chip])))
+                f.write(compressor.compress(np.ascontiguousarray(strip[:, :, col : col + chip])))
         f.flush()
         os.fsync(f.fileno())
 """
@@ -237,9 +242,18 @@ def limit_argv(scenes: Scenes, out: Path) -> list[str]:
             *map(str, scenes.images), *map(str, scenes.labels)]  # fmt: skip
 
 
+def chunk_params_json(level: int) -> str:
+    """The store encoder's zstd parameters at `level`, as keywords of
+    `zstandard.ZstdCompressionParameters`."""
+    params = chunk_compression_parameters(level)
+    names = ("window_log", "chain_log", "hash_log", "search_log", "min_match",
+             "target_length", "strategy", "write_content_size", "write_checksum")  # fmt: skip
+    return json.dumps({name: getattr(params, name) for name in names})
+
+
 def limit_chips_argv(scenes: Scenes, out: Path) -> list[str]:
-    return [sys.executable, "-c", LIMIT_CHIPS_SCRIPT, str(out), str(ZSTD_LEVEL), str(CHIP),
-            *map(str, scenes.images), *map(str, scenes.labels)]  # fmt: skip
+    return [sys.executable, "-c", LIMIT_CHIPS_SCRIPT, str(out), chunk_params_json(ZSTD_LEVEL),
+            str(CHIP), *map(str, scenes.images), *map(str, scenes.labels)]  # fmt: skip
 
 
 def whole_process_vs_limit(scenes: Scenes, work: Path, repeat: int) -> None:

@@ -6,12 +6,22 @@ pipeline on one writer thread, which costs more than the compression itself
 releases the GIL), and the single writer only concatenates finished chunks into shard objects
 and PUTs them.
 
-The bytes are the ones zarr 3 writes for our arrays (tests compare them object for
-object): inner chunks zstd-compressed (`ZstdCodec(level)`) followed by the crc32c of the
-compressed bytes (`Crc32cCodec`, format version 2 on), chunks equal to the fill value 0
-left out (zarr's `write_empty_chunks=False`), chunks laid out in order, then the index at
-the end: one (offset, nbytes) pair of little-endian uint64 per inner chunk, 2**64 - 1 for
-absent ones, followed by its crc32c.
+The objects are laid out as zarr 3's sharding codec lays them out for our arrays (tests
+compare them with zarr's own, chunk for chunk): inner chunks as standard zstd frames followed
+by the crc32c of the compressed bytes (`Crc32cCodec`, format version 2 on), chunks equal to
+the fill value 0 left out (zarr's `write_empty_chunks=False`), chunks laid out in order,
+then the index at the end: one (offset, nbytes) pair of little-endian uint64 per inner
+chunk, 2**64 - 1 for absent ones, followed by its crc32c.
+
+The frames are compressed at the store's level with the parameters zstd gives that level
+for an input of unknown size (`chunk_compression_parameters`), whatever the chunk's size.
+zarr's `ZstdCodec(level)` would let zstd pick by the input's size, and for an input of at
+most 256 KiB (a 256 x 256 x 4 chip is exactly that) level 3 then searches shorter matches in
+smaller tables, which costs more CPU than the whole chip store's other work together. Any
+zstd frame decodes the same way whatever parameters made it, so zarr reads these chunks
+with the `ZstdCodec` the arrays declare: readers and the store format are unchanged. Every
+writer (ranks, tasks, resume, append, interior shards) encodes through `ChunkEncoder`, so
+stores stay byte-identical across ranks.
 
 Reading decodes the same bytes (`decode_shard`, `ChunkDecoder`) so that a reader can check
 every checksum and see which chunks a shard object holds, from one GET per object.
@@ -19,11 +29,14 @@ every checksum and see which chunks a shard object holds, from one GET per objec
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from functools import cache
 
 import google_crc32c
 import numpy as np
 import numpy.typing as npt
+import zstandard
 from numcodecs import Zstd
 
 MAX_UINT64 = np.uint64(2**64 - 1)
@@ -55,20 +68,51 @@ def strip_crc32c(data: bytes) -> npt.NDArray[np.uint8]:
     return body
 
 
+@cache
+def chunk_compression_parameters(level: int) -> zstandard.ZstdCompressionParameters:
+    """zstd's parameters for `level` at an input of unknown (or more than 256 KiB) size: those
+    every chunk is compressed with, so that a chip costs what the same pixels in a large
+    strip cost."""
+    # content size in the frame header, as zarr's ZstdCodec writes it: a reader sizes its
+    # buffer from it; no frame checksum (the chunk's crc32c follows the frame)
+    return zstandard.ZstdCompressionParameters.from_level(
+        level, write_content_size=1, write_checksum=0
+    )
+
+
+# One compression context per thread and level: a zstandard compressor is not thread-safe,
+# and a context per call would allocate and clear its tables for every chunk.
+_compressors = threading.local()
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    by_level: dict[int, zstandard.ZstdCompressor] | None = getattr(_compressors, "by_level", None)
+    if by_level is None:
+        by_level = _compressors.by_level = {}
+    compressor = by_level.get(level)
+    if compressor is None:
+        compressor = by_level[level] = zstandard.ZstdCompressor(
+            compression_params=chunk_compression_parameters(level)
+        )
+    return compressor
+
+
 class ChunkEncoder:
     """Compresses one chunk the way the store's codecs do: zstd, then crc32c if `checksum`.
 
-    `checksum=False` gives the chunks of format version 1 stores (zstd alone).
+    The zstd frames use `chunk_compression_parameters(level)`; any thread may call `encode`
+    (each thread compresses with its own context). `checksum=False` gives the chunks of
+    format version 1 stores (zstd alone).
     """
 
     def __init__(self, level: int, *, checksum: bool = True) -> None:
-        self._zstd = Zstd(level=level, checksum=False)
+        self._level = level
         self._checksum = checksum
 
     def encode(self, chunk: npt.NDArray[np.uint8]) -> EncodedChunk:
         if not chunk.any():
             return None
-        return self._finish(bytes(self._zstd.encode(np.ascontiguousarray(chunk))))
+        return self._finish(np.ascontiguousarray(chunk))
 
     def encode_any(
         self, chunk: npt.NDArray[np.generic], *, keep_empty: bool = False
@@ -79,10 +123,10 @@ class ChunkEncoder:
         """
         if not keep_empty and not chunk.any():
             return None
-        data = np.ascontiguousarray(chunk, dtype=chunk.dtype.newbyteorder("<"))
-        return self._finish(bytes(self._zstd.encode(data)))
+        return self._finish(np.ascontiguousarray(chunk, dtype=chunk.dtype.newbyteorder("<")))
 
-    def _finish(self, compressed: bytes) -> bytes:
+    def _finish(self, data: npt.NDArray[np.generic]) -> bytes:
+        compressed = _compressor(self._level).compress(data.data)
         return with_crc32c(compressed) if self._checksum else compressed
 
 
