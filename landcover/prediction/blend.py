@@ -137,6 +137,7 @@ class LogitBlender:
             (block.height, block.width), dtype=torch.float32, device=self.device
         )
         self._weights: dict[tuple[int, int, bool, bool, bool, bool], torch.Tensor] = {}
+        self._done = False  # `blended` has divided the sums in place
 
     def add(
         self, logits: torch.Tensor, row_start: int, col_start: int, *, first_row: int = 0
@@ -144,6 +145,8 @@ class LogitBlender:
         """Add one window's logits, placed at grid (row_start, col_start): (classes, size,
         size), or the window's rows from `first_row` down (what `landcover.prediction.carry`
         keeps for the next block row)."""
+        if self._done:
+            raise RuntimeError("LogitBlender.add: called after `blended` divided the sums")
         rows_held, size_c = logits.shape[-2:]
         block = self.block
         r0 = max(row_start + first_row, block.row)
@@ -161,8 +164,16 @@ class LogitBlender:
 
     def blended(self, first: int = 0) -> torch.Tensor:
         """(classes - first, height, width) weighted mean of the logits of classes `first`
-        and up; 0 where no window added."""
-        return self.total[first:] / self.weight.clamp_min(1e-12)
+        and up; 0 where no window added.
+
+        Divides the sums in place and returns a view of them (no block-sized copy): the
+        blender is done, and a second call, or an `add` after it, is refused (RuntimeError,
+        a bug)."""
+        if self._done:
+            raise RuntimeError("LogitBlender.blended: called after the blender was divided")
+        self._done = True
+        self.weight.clamp_min_(1e-12)
+        return self.total[first:].div_(self.weight)
 
     def _device_weight(self, key: tuple[int, int, bool, bool, bool, bool]) -> torch.Tensor:
         cached = self._weights.get(key)
@@ -196,16 +207,19 @@ def argmax_classes(scores: torch.Tensor) -> torch.Tensor:
     included, but taken as a running maximum over the classes in whole-plane elementwise
     steps: on CPU, torch's reduction over the outer dimension is several times slower, a
     noticeable share of a small model's forward pass over the same pixels. Scores without
-    NaN (a sound model's) take three steps a class instead of seven.
+    NaN (a sound model's; told by their sum, which is NaN when any score is) take three
+    vectorised steps a class: where class c wins, the code so far is below c, so the new code
+    is the larger of the two (no masked write, which torch runs element by element).
     """
     codes = torch.zeros(scores.shape[1:], dtype=torch.uint8, device=scores.device)
     best = scores[0].clone()
-    if not bool(torch.isnan(scores).any()):
+    if not bool(torch.isnan(scores.sum())):
+        wins = torch.empty(scores.shape[1:], dtype=torch.bool, device=scores.device)
         for c in range(1, scores.shape[0]):
             plane = scores[c]
-            wins = plane > best
+            torch.gt(plane, best, out=wins)
             torch.maximum(best, plane, out=best)
-            codes.masked_fill_(wins, c)
+            torch.maximum(codes, wins.to(torch.uint8).mul_(c), out=codes)
         return codes
     best_nan = torch.isnan(best)
     for c in range(1, scores.shape[0]):

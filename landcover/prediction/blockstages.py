@@ -131,7 +131,9 @@ class BlockPredictor:
             self.windows.run(prepared.pixels, prepared.todo, blender, model_threads=model_threads)
             blended = blender.blended(first=1)  # code 0 (nodata) is never predicted
             inside_t = torch.from_numpy(prepared.inside).to(self.device)
-            codes = argmax_classes(blended).add_(1).masked_fill_(~inside_t, 0)
+            # code 0 outside the region: a multiply by the mask, not a masked write (which
+            # torch runs element by element)
+            codes = argmax_classes(blended).add_(1).mul_(inside_t)
             classes = codes.cpu().numpy()
             if self.probabilities:
                 p = class_probabilities(blended).mul_(PROBABILITY_SCALE).round_().to(torch.uint8)

@@ -45,6 +45,9 @@ from landcover.prediction.tta import tta_ops
 from landcover.prediction.windows import WindowRunner
 from tiling.sources.reader import RasterReader
 
+# GDAL_NUM_THREADS while the blocks are predicted (`predict_into_file`).
+PIPELINE_GDAL_THREADS = "1"
+
 
 @dataclass(frozen=True, slots=True)
 class AreaCounts:
@@ -92,7 +95,12 @@ def predict_into_file(
         cache = block_cache_bytes(
             config.resolved_block_px, target.width, out_bands, in_bands=meta.in_channels
         )
-        stack.enter_context(rasterio.Env(GDAL_CACHEMAX=cache))
+        # GDAL decodes the sources and compresses the tiles on the reader's and the writer's
+        # thread alone: those threads only have to keep ahead of (behind) the model, and more
+        # GDAL threads would take cores from the model's.
+        stack.enter_context(
+            rasterio.Env(GDAL_CACHEMAX=cache, GDAL_NUM_THREADS=PIPELINE_GDAL_THREADS)
+        )
         dst = stack.enter_context(rasterio.open(classes_path, "w", **class_profile(target)))
         describe_class_raster(dst, meta, sources=sources)
         dst.update_tags(**prepared.model.inference.tags())  # what ran: backend, precision

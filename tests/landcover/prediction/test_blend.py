@@ -91,6 +91,43 @@ def test_argmax_classes_is_torchs_argmax_ties_and_nan_included() -> None:
         assert torch.equal(got, x.argmax(dim=0).to(torch.uint8))
 
 
+@pytest.mark.parametrize(
+    "scores",
+    [
+        pytest.param(torch.randint(0, 3, (5, 40, 40)).float(), id="ties"),
+        pytest.param(torch.tensor([3e38, 3e38, -3e38]).view(3, 1, 1).repeat(1, 6, 5), id="sum-inf"),
+        pytest.param(
+            torch.tensor([float("-inf"), float("inf"), 1.0]).view(3, 1, 1).repeat(1, 4, 3),
+            id="sum-nan-without-nan",
+        ),
+    ],
+)
+def test_argmax_classes_without_nan_is_torchs_argmax(scores: torch.Tensor) -> None:
+    """Scores without NaN take the fast path (or, where their sum is NaN, the NaN one)."""
+    assert torch.equal(argmax_classes(scores), scores.argmax(dim=0).to(torch.uint8))
+
+
+def test_blended_divides_once_and_the_blender_is_done() -> None:
+    layout = WindowLayout.over(40, 40, size=32, overlap=8)
+    generator = torch.Generator().manual_seed(1)
+    blender = LogitBlender(layout, 3, Window(0, 0, 40, 40))
+    expected_total = torch.zeros(3, 40, 40)
+    expected_weight = torch.zeros(40, 40)
+    for r in layout.row_starts:
+        for c in layout.col_starts:
+            logits = torch.randn(3, 32, 32, generator=generator)
+            weight = torch.from_numpy(layout.weight(r, c))
+            blender.add(logits, r, c)
+            expected_total[:, r : r + 32, c : c + 32] += logits * weight
+            expected_weight[r : r + 32, c : c + 32] += weight
+    expected = expected_total[1:] / expected_weight.clamp_min(1e-12)
+    assert torch.equal(blender.blended(first=1), expected)
+    with pytest.raises(RuntimeError, match="blended"):
+        blender.blended(first=1)
+    with pytest.raises(RuntimeError, match="blended"):
+        blender.add(torch.zeros(3, 32, 32), 0, 0)
+
+
 def test_class_probabilities_are_the_softmax_with_the_same_bits_at_any_thread_count() -> None:
     """Each pixel's probabilities are worked out alone: torch shares an odd-sized block's
     planes out among 1, 2, 3 or 5 threads at other places, and no bit changes."""

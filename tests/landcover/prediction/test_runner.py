@@ -24,7 +24,7 @@ from rio_cogeo.cogeo import cog_validate
 
 from landcover import cli
 from landcover.errors import RegionError
-from landcover.prediction import runner
+from landcover.prediction import intofile, runner
 from landcover.prediction.config import PredictConfig
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.mosaic import read_mosaic
@@ -522,6 +522,43 @@ def test_blocks_run_under_a_gdal_cache_sized_to_them(
     expected = block_cache_bytes(32, 170, out_bands=CLASS_MAP.num_classes, in_bands=4)
     assert len(seen["blocks"]) > 1 and set(seen["blocks"]) == {expected}
     assert seen["cogs"] == [GDAL_CACHE_BYTES] != [expected]
+
+
+def test_blocks_are_read_and_written_with_one_gdal_thread_and_the_cogs_with_all(
+    random_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader and writer threads share the cores with the model's: GDAL must not start
+    # threads of its own there. The COG conversion, alone at the end, uses every core.
+    seen: dict[str, list[object]] = {"read": [], "write": [], "cogs": []}
+    prepare_block = intofile.prepare_block
+    write_cogs = runner.write_cogs
+
+    def recording_prepare(*args: Any) -> Any:
+        seen["read"].append(rasterio.env.get_gdal_config("GDAL_NUM_THREADS"))
+        return prepare_block(*args)
+
+    class RecordingWriter(intofile.BlockWriter):
+        def __call__(self, predicted: Any) -> None:
+            seen["write"].append(rasterio.env.get_gdal_config("GDAL_NUM_THREADS"))
+            super().__call__(predicted)
+
+    def recording_write_cogs(*args: Any) -> None:
+        seen["cogs"].append(rasterio.env.get_gdal_config("GDAL_NUM_THREADS"))
+        write_cogs(*args)
+
+    monkeypatch.setattr(intofile, "prepare_block", recording_prepare)
+    monkeypatch.setattr(intofile, "BlockWriter", RecordingWriter)
+    monkeypatch.setattr(runner, "write_cogs", recording_write_cogs)
+    image = write_image(tmp_path / "in.tif", pixels(130, 170, seed=3))
+    predict_region(
+        PredictConfig(
+            str(random_model), (str(image),), str(tmp_path / "lc.tif"), block_px=32, device="cpu"
+        )
+    )
+    one = {intofile.PIPELINE_GDAL_THREADS}  # rasterio reads "1" back as 1
+    assert len(seen["read"]) > 1 and {str(v) for v in seen["read"]} == one
+    assert len(seen["write"]) > 1 and {str(v) for v in seen["write"]} == one
+    assert seen["cogs"] == ["ALL_CPUS"]
 
 
 def test_probability_bands_are_named_by_class_and_carry_no_colour(
