@@ -64,17 +64,22 @@ class FreedMemory:
     the number of blocks. Call `reuse()` before the model loads and the pipeline's threads
     start (set after it, RSS creeps more).
 
-    `release()`, after each block that ran the model, notes the RSS after the first one (its
-    pages for batches included) and from then on returns the free pages to the OS
-    (malloc_trim) whenever RSS has grown by more than `slack` over it: the heap's
-    fragmentation cannot make RSS creep with the number of blocks, and the pages of a batch
-    are not faulted in again after every block.
+    `release()`, after each block that ran the model, notes the largest RSS after the first
+    `settle_blocks` of them (their pages for batches included) and from then on returns the
+    free pages to the OS (malloc_trim) whenever RSS has grown by more than `slack` over it:
+    the heap's fragmentation cannot make RSS creep with the number of blocks, and the pages
+    of a batch are not faulted in again after every block. The first block alone is not the
+    measure: it holds no logits kept from a block before it (`landcover.prediction.carry`),
+    so the blocks after it would leave RSS above it and hand back, then fault in again, the
+    pages that every block needs.
     Process-wide; no-ops where there is no glibc.
     """
 
-    def __init__(self, *, slack: float = 0.02) -> None:
+    def __init__(self, *, slack: float = 0.02, settle_blocks: int = 2) -> None:
         self._libc = _glibc()
         self._slack = slack
+        self._settle_blocks = settle_blocks
+        self._blocks = 0  # `release` calls so far
         self._limit_bytes = 0
 
     def reuse(self) -> None:
@@ -94,8 +99,9 @@ class FreedMemory:
         if self._libc is None:
             return
         rss = _rss_bytes()
-        if not self._limit_bytes:
-            self._limit_bytes = int(rss * (1 + self._slack))
+        self._blocks += 1
+        if self._blocks <= self._settle_blocks:
+            self._limit_bytes = max(self._limit_bytes, int(rss * (1 + self._slack)))
         elif rss > self._limit_bytes:
             self._libc.malloc_trim(0)
 
