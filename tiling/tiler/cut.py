@@ -2,8 +2,9 @@
 statistics, in input order, K windows at a time; and the units of work built on it.
 
 K reader threads each read one window of an image (GDAL decodes with the GIL released),
-align its labels, and pick, count and copy out its chips; K cutting threads compress them
-(zstd releases the GIL too), so reading the next windows overlaps compressing earlier ones.
+align its labels, and pick its chips; K cutting threads copy each chip out, add up its
+statistics and compress it (zstd releases the GIL too), so reading the next windows overlaps
+compressing earlier ones.
 The caller takes the windows strictly in input order (sources in the order given, windows
 row-major), so what it appends or stages is the same for any K. Threads rather than
 processes: nothing has to be pickled, and adlfs/zarr event loops do not survive a fork.
@@ -67,10 +68,11 @@ class Cutter:
     """Cuts the sources of `plan` with `workers` threads, `2 * workers` windows in flight,
     until `close` (`with contextlib.closing(Cutter(...))`).
 
-    Each window is read and prepared (pixels, masks, labels, the chips kept, their
-    statistics) on one of `workers` reader threads as soon as it is queued, and its chips are
-    compressed on one of `workers` cutting threads: GDAL decodes the next windows while zstd
-    compresses earlier ones (both release the GIL), so the process does not wait on reads.
+    Each window is read and prepared (pixels, masks, labels, the chips kept) on one of
+    `workers` reader threads as soon as it is queued, and its chips are copied out, counted
+    and compressed on one of `workers` cutting threads: GDAL decodes the next windows while
+    zstd compresses earlier ones (both release the GIL), so the process does not wait on
+    reads.
     """
 
     def __init__(
@@ -110,15 +112,13 @@ class Cutter:
 
 @dataclass(slots=True)
 class _PreparedWindow:
-    """The chips of one read window that are kept, not yet compressed, with their statistics."""
+    """One read window and the chips of it that are kept, not yet copied out or compressed."""
 
-    images: list[npt.NDArray[np.uint8]]
-    labels: list[npt.NDArray[np.uint8]]
+    pixels: npt.NDArray[np.uint8]  # (bands, h, w) of the window, invalid pixels 0
+    codes: npt.NDArray[np.uint8] | None  # (h, w) class codes, 0 where the image has no data
+    offsets: list[tuple[int, int]]  # (row, column) in the window of each kept chip
     index: npt.NDArray[np.int32]
-    sums: npt.NDArray[np.uint64]
-    sums_sq: npt.NDArray[np.uint64]
     valid_px: int
-    class_counts: npt.NDArray[np.int64]
     train: int
     candidates: int
 
@@ -191,20 +191,40 @@ def _cut_window(
     reader: RasterReader | _ReadAhead, plan: TilePlan, source: SourcePlan, window: ReadWindow
 ) -> WindowChips:
     """The kept chips of one window, compressed, with their statistics; the window is
-    prepared by `reader` (`_ReadAhead`: on a reader thread, started earlier) or here."""
+    prepared by `reader` (`_ReadAhead`: on a reader thread, started earlier) or here.
+
+    Each chip is copied out, counted and compressed in turn here, while it is in cache; the
+    reader threads, which also decode the next windows, only pick the chips.
+    """
     if isinstance(reader, _ReadAhead):
         prepared = reader.take(source, window)
     else:
         prepared = _prepare_window(reader, plan, source, window)
     encode = ChunkEncoder(plan.params.compression_level).encode
+    c = plan.params.chip_size
+    num_classes = plan.class_map.num_classes if plan.class_map else 0
+    sums = np.zeros(NUM_BANDS, dtype=np.uint64)
+    sums_sq = np.zeros(NUM_BANDS, dtype=np.uint64)
+    class_counts = np.zeros(num_classes, dtype=np.int64)
+    images: list[EncodedChunk] = []
+    labels: list[EncodedChunk] = []
+    pixels, codes = prepared.pixels, prepared.codes
+    for r, k in prepared.offsets:
+        chip = np.ascontiguousarray(pixels[:, r : r + c, k : k + c])
+        add_band_sums(chip, sums, sums_sq)
+        images.append(encode(chip))
+        if codes is not None:
+            chip_codes = np.ascontiguousarray(codes[r : r + c, k : k + c])
+            class_counts += count_classes(chip_codes, num_classes)
+            labels.append(encode(chip_codes))
     return WindowChips(
-        images=[encode(chip) for chip in prepared.images],
-        labels=[encode(chip) for chip in prepared.labels],
+        images=images,
+        labels=labels,
         index=prepared.index,
-        sums=prepared.sums,
-        sums_sq=prepared.sums_sq,
+        sums=sums,
+        sums_sq=sums_sq,
         valid_px=prepared.valid_px,
-        class_counts=prepared.class_counts,
+        class_counts=class_counts,
         train=prepared.train,
         val=len(prepared.index) - prepared.train,
         candidates=prepared.candidates,
@@ -214,7 +234,7 @@ def _cut_window(
 def _prepare_window(
     reader: RasterReader, plan: TilePlan, source: SourcePlan, window: ReadWindow
 ) -> _PreparedWindow:
-    """Read one window, align labels, and keep the chips with enough valid pixels."""
+    """Read one window, align labels, and pick the chips with enough valid pixels."""
     image = source.image
     rio_window = rasterio.windows.Window(window.col_px, window.row_px, window.width, window.height)
     try:
@@ -232,13 +252,8 @@ def _prepare_window(
         np.multiply(codes, valid, out=codes)  # no label where the image has no data
     c = plan.params.chip_size
     min_valid_px = plan.params.min_valid * c * c
-    num_classes = plan.class_map.num_classes if plan.class_map else 0
-    sums = np.zeros(NUM_BANDS, dtype=np.uint64)
-    sums_sq = np.zeros(NUM_BANDS, dtype=np.uint64)
     valid_px = 0
-    class_counts = np.zeros(num_classes, dtype=np.int64)
-    images: list[npt.NDArray[np.uint8]] = []
-    labels: list[npt.NDArray[np.uint8]] = []
+    offsets: list[tuple[int, int]] = []
     rows: list[tuple[int, int, int, int]] = []
     train = 0
     for i, j in window.chips:
@@ -247,27 +262,23 @@ def _prepare_window(
         n_valid = int(np.count_nonzero(valid[r : r + c, k : k + c]))
         if n_valid < min_valid_px:
             continue
-        if codes is not None:
-            chip_codes = np.ascontiguousarray(codes[r : r + c, k : k + c])
-            if np.count_nonzero(chip_codes) < min_valid_px:
-                continue
-            class_counts += count_classes(chip_codes, num_classes)
-            labels.append(chip_codes)
-        chip = np.ascontiguousarray(pixels[:, r : r + c, k : k + c])
-        add_band_sums(chip, sums, sums_sq)
+        if (
+            codes is not None
+            and min_valid_px > 0
+            and np.count_nonzero(codes[r : r + c, k : k + c]) < min_valid_px
+        ):
+            continue
         valid_px += n_valid
-        images.append(chip)
+        offsets.append((r, k))
         split = source.split_of(i, j)
         train += split == SPLIT_TRAIN
         rows.append((source.id, row, col, split))
     return _PreparedWindow(
-        images=images,
-        labels=labels,
+        pixels=pixels,
+        codes=codes,
+        offsets=offsets,
         index=np.array(rows, dtype=np.int32).reshape(-1, 4),
-        sums=sums,
-        sums_sq=sums_sq,
         valid_px=valid_px,
-        class_counts=class_counts,
         train=train,
         candidates=len(window.chips),
     )
