@@ -792,9 +792,10 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
     print()
     print(
         "| model | backend | precision | export once, s | km²/min: ours / model alone "
-        "| ours vs torch fp32 | model alone vs torch fp32 | classes = torch fp32 |"
+        "| CPU s: model alone / ours | ours vs torch fp32 | model alone vs torch fp32 "
+        "| classes = torch fp32 |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for name in ("small_unet", "unet_resnet18"):
         model_path = work / f"be-{name}.pt"
         torch.manual_seed(0)
@@ -811,6 +812,7 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
                               calibration=store)  # fmt: skip
             quantize_s = time.perf_counter() - started
         results: dict[tuple[Backend, Precision], tuple[float, float, npt.NDArray[np.uint8]]] = {}
+        cpu_s: dict[tuple[Backend, Precision], tuple[float, float]] = {}
         for backend, precision in runs:
             out = work / f"be-{name}-{backend}-{precision}.tif"
             config = PredictConfig(
@@ -819,12 +821,15 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
                 calibration=_calibration(precision, store),
             )  # fmt: skip
             with _recorded_batches() as batches:
+                cpu_started = time.process_time()
                 started = time.perf_counter()
                 predict_region(config)
                 ours_s = time.perf_counter() - started
-            alone_s = _backend_forward_seconds(
+                ours_cpu_s = time.process_time() - cpu_started
+            alone_s, alone_cpu_s = _backend_forward_seconds(
                 model_path, backend, precision, batches, calibration=_calibration(precision, store)
             )
+            cpu_s[backend, precision] = (alone_cpu_s, ours_cpu_s)
             results[backend, precision] = (km2 / ours_s * 60, km2 / alone_s * 60, _read(out)[0])
         base_ours, base_alone, base_map = results["torch", "fp32"]
         for (backend, precision), (ours, alone, classes) in results.items():
@@ -832,8 +837,10 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
             if precision == "int8":
                 export += f" + {quantize_s:.1f}"
             agreement = float((classes == base_map).mean())
+            alone_cpu_s, ours_cpu_s = cpu_s[backend, precision]
             print(
                 f"| {name} | {backend} | {precision} | {export} | {_ratio(ours, alone)} "
+                f"| {alone_cpu_s:.1f} / {ours_cpu_s:.1f} = {alone_cpu_s / ours_cpu_s:.2f} "
                 f"| **{ours / base_ours:.2f}** | {alone / base_alone:.2f} | {agreement:.5f} |"
             )
     print()
@@ -843,7 +850,9 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
         "(`load_window_model`: the same export, the same batch padding) running only the "
         "forward passes of the batches ours ran (their windows and window edges), on random "
         "pixels made beforehand; its km²/min "
-        "is the scene's area over those seconds. ours vs torch fp32: the speed-up of that "
+        "is the scene's area over those seconds. CPU s: the process's CPU seconds (every "
+        "thread) of the two runs, which a shared machine's other work does not lengthen as "
+        "it does the wall clock; ours vs torch fp32: the speed-up of that "
         "choice over predict with torch eager fp32. Export: seconds of the one-time ONNX "
         "export, cached by the model file's digest and not in the timed runs (int8: + the "
         "one-time quantization, calibrated on a store tiled from the scene). Classes: the "
@@ -860,9 +869,10 @@ def _backend_forward_seconds(
     batches: list[tuple[int, int]],
     *,
     calibration: str | None = None,
-) -> float:
-    """Seconds for the model alone, run by `backend` in `precision`, to run batches of random
-    normalised windows of these (count, edge) (made before the clock starts)."""
+) -> tuple[float, float]:
+    """Seconds, and the process's CPU seconds, for the model alone, run by `backend` in
+    `precision`, to run batches of random normalised windows of these (count, edge) (made
+    before the clock starts)."""
     model, _ = load_window_model(
         str(model_path),
         backend=backend,
@@ -873,10 +883,11 @@ def _backend_forward_seconds(
     generator = torch.Generator().manual_seed(0)
     chips = [torch.randn(size, 4, edge, edge, generator=generator) for size, edge in batches]
     model(chips[0])  # warm up: the first call builds kernels, sessions and caches
+    cpu_started = time.process_time()
     started = time.perf_counter()
     for x in chips:
         model(x)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
