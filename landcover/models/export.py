@@ -154,6 +154,21 @@ def require_onnx(module: str) -> Any:
         raise ExportError(f"{module} is not installed; {ONNX_EXTRA}") from None
 
 
+def require_onnx_installed(*modules: str) -> None:
+    """Refuse, as `require_onnx` does, where an optional ONNX library is not installed,
+    without importing it: onnxscript's import (sympy among it) is left to the export that
+    needs it, so a prediction from a cached export never pays for it."""
+    import importlib.util
+
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):  # a parent package missing, or set to None
+            found = None
+        if found is None:
+            raise ExportError(f"{module} is not installed; {ONNX_EXTRA}")
+
+
 def supported_opsets() -> range:
     """The ONNX opsets `export_model` writes: from `DEFAULT_OPSET`, where the exporter's own
     operators start, to the newest the installed onnx knows (its version converter's limit)."""

@@ -96,7 +96,7 @@ def read_mosaic(plan: GridPlan, reader: RasterReader, window: Window) -> Pixels:
             continue
         values, covered = got
         fill = covered & ~valid
-        data[: values.shape[0], fill] = values[:, fill]
+        np.copyto(data[: values.shape[0]], values, where=fill)  # no copy of the picked pixels
         valid |= fill
     return data, valid
 

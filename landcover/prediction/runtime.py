@@ -46,6 +46,7 @@ from landcover.models.export import (
     meta_from_onnx_props,
     model_kind,
     require_onnx,
+    require_onnx_installed,
 )
 from landcover.models.modelfile import ModelMeta, load_model_file, read_model_meta
 from landcover.prediction.backends.calibration import calibration_sample
@@ -339,8 +340,7 @@ def with_inference(config: PredictConfig, model: BackendModel) -> PredictConfig:
 
 def _onnx_installed() -> bool:
     try:
-        for module in ("onnxruntime", "onnx", "onnxscript"):
-            require_onnx(module)
+        require_onnx_installed("onnxruntime", "onnx", "onnxscript")
     except ExportError:
         return False
     return True
@@ -361,9 +361,7 @@ def _exported_model(
 ) -> tuple[BackendModel, ModelMeta]:
     """A model file run by onnxruntime through its cached ONNX export."""
     try:
-        require_onnx("onnxruntime")
-        for module in ("onnx", "onnxscript"):
-            require_onnx(module)
+        require_onnx_installed("onnxruntime", "onnx", "onnxscript")
         path, digest = cached_onnx(url, storage_options=storage_options)
     except ExportError as exc:
         if auto:
@@ -395,8 +393,7 @@ def _quantized_model(
             f"{kind} file); predict with its model.pt"
         )
     try:
-        for module in ("onnxruntime", "onnxscript"):
-            require_onnx(module)
+        require_onnx_installed("onnxruntime", "onnxscript")
         onnx = require_onnx("onnx")
         path, digest = cached_onnx(url, storage_options=storage_options)
     except ExportError as exc:

@@ -399,6 +399,20 @@ def test_auto_reads_only_the_metadata_until_it_has_sized_the_prediction(
         for_prediction(model, 1)
 
 
+def test_a_cached_export_runs_without_importing_the_exporter(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxscript (and the sympy it imports) is for exporting: a prediction whose export is
+    cached, in every rank and task, only checks that it is installed."""
+    url = str(model_dir / "model.pt")
+    cached_onnx(url)
+    monkeypatch.delitem(sys.modules, "onnxscript", raising=False)
+    model, _ = load_window_model(url, device=CPU)
+    assert for_prediction(model, 10**12).inference.backend == "onnxruntime"
+    model, _ = load_window_model(url, backend="onnxruntime", device=CPU)
+    assert "onnxscript" not in sys.modules
+
+
 def test_window_pixels_decide_auto_alike_on_every_rank(model_dir: Path) -> None:
     model, _ = load_window_model(str(model_dir / "model.pt"), device=CPU)
     limit = AUTO_ONNX_MIN_WINDOW_PIXELS
