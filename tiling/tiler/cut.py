@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import rasterio
 import rasterio.errors
 import rasterio.windows
 
@@ -45,7 +46,30 @@ from tiling.tiler.rankplan import RankPlan, input_fingerprints
 from tiling.tiler.ranks import stage_rank
 from tiling.tiler.staging import PartStaging
 
-__all__ = ["Cutter", "WindowChips", "stage_owned", "stage_source"]
+__all__ = ["Cutter", "WindowChips", "block_cache_bytes", "stage_owned", "stage_source"]
+
+# GDAL's block cache while cutting. A window's blocks are decoded once and copied out, and
+# at most the next window of the same source shares a block row with it, so a few windows
+# per reader thread are all a cache can serve. GDAL's default (5 % of RAM) instead keeps
+# blocks of every source open for the whole run: hundreds of MB never read again, whose
+# pages cost CPU to fault in and press on the page cache the store is written through.
+MIN_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+WINDOWS_CACHED_PER_READER = 4
+
+
+def block_cache_bytes(plan: TilePlan, workers: int) -> int:
+    """GDAL's block cache for cutting `plan` with `workers` reader threads: room for
+    `WINDOWS_CACHED_PER_READER` of its largest windows per thread (every band of the image
+    at its data type, and a label band), and at least `MIN_BLOCK_CACHE_BYTES`."""
+    largest = max(
+        (
+            w.height * w.width * (s.image.count * np.dtype(s.image.dtype).itemsize + 1)
+            for s in plan.sources
+            for w in s.windows
+        ),
+        default=0,
+    )
+    return max(MIN_BLOCK_CACHE_BYTES, WINDOWS_CACHED_PER_READER * workers * largest)
 
 
 @dataclass(slots=True)
@@ -66,7 +90,8 @@ class WindowChips:
 
 class Cutter:
     """Cuts the sources of `plan` with `workers` threads, `2 * workers` windows in flight,
-    until `close` (`with contextlib.closing(Cutter(...))`).
+    until `close` (`with contextlib.closing(Cutter(...))`, in the thread that made it), with
+    GDAL's block cache at `block_cache_bytes` meanwhile.
 
     Each window is read and prepared (pixels, masks, labels, the chips kept) on one of
     `workers` reader threads as soon as it is queued, and its chips are copied out, counted
@@ -82,6 +107,9 @@ class Cutter:
         self._reader = RasterReader(storage_options=storage_options)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tile")
         self._read_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tile-read")
+        # GDAL's cache size is one setting for the process; the Env restores it on close
+        self._gdal_env = rasterio.Env(GDAL_CACHEMAX=block_cache_bytes(plan, workers))
+        self._gdal_env.__enter__()
 
     def close(self) -> None:
         """Wait for the windows under way, then close the reader."""
@@ -89,7 +117,10 @@ class Cutter:
             self._pool.shutdown(wait=True)
             self._read_pool.shutdown(wait=True)
         finally:
-            self._reader.close()
+            try:
+                self._reader.close()
+            finally:
+                self._gdal_env.__exit__(None, None, None)
 
     def source(self, source: SourcePlan) -> Iterator[WindowChips]:
         """The cut windows of one source, in order (`tiling.tiler.parts.CutSource`)."""

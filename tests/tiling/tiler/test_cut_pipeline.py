@@ -7,16 +7,18 @@ from __future__ import annotations
 import threading
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from rasterio._env import get_gdal_config
 
 import tiling.tiler.cut
 from tests.support.chipstores import config, snapshot
 from tests.tiling.rasters import Scenes
 from tiling.chipstore.shards import ChunkEncoder
 from tiling.sources.reader import RasterReader
-from tiling.tiler.tile import plan_tiling, tile
+from tiling.tiler.tile import TilePlan, plan_tiling, tile
 
 
 def thread_names_of(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> set[str]:
@@ -92,3 +94,36 @@ def test_a_source_given_twice_is_cut_twice_alike(scenes: Scenes, tmp_path: Path)
         windows = list(cutter.windows([plan.sources[0], plan.sources[0]]))
     half = len(windows) // 2
     assert half and [w.images for w in windows[:half]] == [w.images for w in windows[half:]]
+
+
+def test_cutting_holds_gdals_block_cache_to_a_few_windows_per_reader(
+    scenes: Scenes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GDAL's default cache (5 % of RAM) kept blocks of every source for the whole run."""
+    plan = plan_tiling(config(scenes.images, tmp_path / "s.zarr", workers=2))
+    before = get_gdal_config("GDAL_CACHEMAX")
+    seen: list[Any] = []
+    real = RasterReader.read_image
+
+    def read_image(self: RasterReader, *args: Any) -> Any:
+        seen.append(get_gdal_config("GDAL_CACHEMAX"))  # in a reader thread
+        return real(self, *args)
+
+    monkeypatch.setattr(RasterReader, "read_image", read_image)
+    with closing(tiling.tiler.cut.Cutter(plan, None, 2)) as cutter:
+        assert list(cutter.windows(plan.sources))
+    assert seen and set(seen) == {tiling.tiler.cut.block_cache_bytes(plan, 2)}
+    assert get_gdal_config("GDAL_CACHEMAX") == before  # restored on close
+
+
+@pytest.mark.parametrize("workers", [1, 4, 16])
+def test_the_block_cache_grows_with_the_windows_and_the_reader_threads(workers: int) -> None:
+    image = SimpleNamespace(count=4, dtype="uint16")
+    window = SimpleNamespace(height=512, width=6000)
+    plan = cast(TilePlan, SimpleNamespace(sources=[SimpleNamespace(image=image, windows=[window])]))
+    per_window = 512 * 6000 * (4 * 2 + 1)  # every band at 2 bytes, and a label band
+    expected = max(
+        tiling.tiler.cut.MIN_BLOCK_CACHE_BYTES,
+        tiling.tiler.cut.WINDOWS_CACHED_PER_READER * workers * per_window,
+    )
+    assert tiling.tiler.cut.block_cache_bytes(plan, workers) == expected
