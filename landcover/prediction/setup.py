@@ -54,7 +54,10 @@ class FreedMemory:
     """Keeps freed memory for reuse from batch to batch; hands it back when RSS creeps.
 
     `reuse()` makes glibc serve allocations up to 1 GiB from the heap and keep what is freed
-    there: the model's activations then reuse the same pages batch after batch. With glibc's
+    there: a block's arrays and the model's activations then reuse the same pages batch after
+    batch (torch's activations are 64-byte aligned, and glibc fits such a request into a freed
+    chunk of the same size only where nothing was allocated right after that chunk: in most
+    runs, not all; onnxruntime keeps its activations in its own arena). With glibc's
     default (or a 1 MiB mmap threshold) every activation over the threshold is a fresh mmap
     that the kernel zero-fills page by page in every batch, which slows the forward pass
     several times over (`benchmarks/bench_predict.py`). It also gives every thread the one
