@@ -856,8 +856,10 @@ def backends(work: Path, *, side_px: int, block_px: int) -> None:
         "choice over predict with torch eager fp32. Export: seconds of the one-time ONNX "
         "export, cached by the model file's digest and not in the timed runs (int8: + the "
         "one-time quantization, calibrated on a store tiled from the scene). Classes: the "
-        "share of the scene's pixels whose class equals torch fp32's (random weights, so near-"
-        "ties are many; see the next table for a trained model). Each run once, in this order, "
+        "share of the scene's pixels whose class equals torch fp32's, at each run's own "
+        "windows (torch runs the chip's, onnxruntime `--window auto`'s: random weights, so "
+        "near-ties are many and the layout moves them; the next tables compare a trained model "
+        "at the same windows). Each run once, in this order, "
         "on a machine that may be shared: compare the ratios within a row."
     )
 
@@ -916,7 +918,7 @@ def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
         predict_region(
             PredictConfig(
                 str(model_path), (str(synth.image_paths[2]),), str(out), device="cpu",
-                backend=backend, precision=precision, progress=False,
+                backend=backend, precision=precision, progress=False, window="chip",
                 calibration=_calibration(precision, store),
             )
         )  # fmt: skip
@@ -934,8 +936,10 @@ def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
     print(
         "`--precision auto` would pick bf16 or int8 only where its classes agree with fp32 on "
         "at least 0.999 of the pixels with no loss of accuracy; it stays fp32 (landcover."
-        "prediction.runtime). Agreement over every pixel of the scene, accuracy over its "
-        "labelled ones; int8 calibrated on a store tiled from the 2 training scenes."
+        "prediction.runtime). Every row runs the chip's windows (`--window chip`), so the "
+        "table compares the backends and precisions, not window layouts. Agreement over every "
+        "pixel of the scene, accuracy over its labelled ones; int8 calibrated on a store tiled "
+        "from the 2 training scenes."
     )
 
 
@@ -968,7 +972,7 @@ def real_patch_agreement(work: Path, data: Path, *, epochs: int) -> None:
             predict_region(
                 PredictConfig(
                     str(model), (str(image),), str(out), device="cpu", backend=backend,
-                    precision=precision, progress=False, overwrite=True,
+                    precision=precision, progress=False, overwrite=True, window="chip",
                 )
             )  # fmt: skip
             maps.setdefault((backend, precision), []).append(_read(out)[0])
@@ -993,7 +997,8 @@ def real_patch_agreement(work: Path, data: Path, *, epochs: int) -> None:
         )
     print()
     print(
-        "Agreement over every pixel of the held-out patches, accuracy over their labelled ones "
+        "Every row runs the chip's windows (`--window chip`). Agreement over every pixel of "
+        "the held-out patches, accuracy over their labelled ones "
         "(Chesapeake classes through chesapeake7to5). int8: calibrated on the training store "
         "the model file records (predict's default without --calibration)."
     )
