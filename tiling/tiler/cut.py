@@ -57,14 +57,18 @@ MIN_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
 WINDOWS_CACHED_PER_READER = 4
 
 
-def block_cache_bytes(plan: TilePlan, workers: int) -> int:
-    """GDAL's block cache for cutting `plan` with `workers` reader threads: room for
-    `WINDOWS_CACHED_PER_READER` of its largest windows per thread (every band of the image
-    at its data type, and a label band), and at least `MIN_BLOCK_CACHE_BYTES`."""
+def block_cache_bytes(
+    plan: TilePlan, workers: int, sources: Sequence[SourcePlan] | None = None
+) -> int:
+    """GDAL's block cache for cutting `sources` of `plan` (None: all of them) with `workers`
+    reader threads: room for `WINDOWS_CACHED_PER_READER` of their largest windows per thread
+    (every band of the image at its data type, and a label band), and at least
+    `MIN_BLOCK_CACHE_BYTES`. A unit that cuts one source reads that source's windows only, so
+    thousands of units cost no more each than one."""
     largest = max(
         (
             w.height * w.width * (s.image.count * np.dtype(s.image.dtype).itemsize + 1)
-            for s in plan.sources
+            for s in (plan.sources if sources is None else sources)
             for w in s.windows
         ),
         default=0,
@@ -91,7 +95,8 @@ class WindowChips:
 class Cutter:
     """Cuts the sources of `plan` with `workers` threads, `2 * workers` windows in flight,
     until `close` (`with contextlib.closing(Cutter(...))`, in the thread that made it), with
-    GDAL's block cache at `block_cache_bytes` meanwhile.
+    GDAL's block cache at `block_cache_bytes` meanwhile, sized for `sources` (None: all of the
+    plan's; a unit that cuts one source gives it).
 
     Each window is read and prepared (pixels, masks, labels, the chips kept) on one of
     `workers` reader threads as soon as it is queued, and its chips are copied out, counted
@@ -101,14 +106,20 @@ class Cutter:
     """
 
     def __init__(
-        self, plan: TilePlan, storage_options: Mapping[str, Any] | None, workers: int
+        self,
+        plan: TilePlan,
+        storage_options: Mapping[str, Any] | None,
+        workers: int,
+        *,
+        sources: Sequence[SourcePlan] | None = None,
     ) -> None:
         self.plan, self.workers = plan, workers
         self._reader = RasterReader(storage_options=storage_options)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tile")
         self._read_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tile-read")
         # GDAL's cache size is one setting for the process; the Env restores it on close
-        self._gdal_env = rasterio.Env(GDAL_CACHEMAX=block_cache_bytes(plan, workers))
+        cache = block_cache_bytes(plan, workers, sources)
+        self._gdal_env = rasterio.Env(GDAL_CACHEMAX=cache)
         self._gdal_env.__enter__()
 
     def close(self) -> None:
@@ -351,7 +362,7 @@ def stage_source(config: TileConfig, plan: TilePlan, source_id: int) -> int:
     staged = staging.get(source.id, key)
     if staged is not None and staged.interior is None:
         return staged.num_chips
-    with closing(Cutter(plan, config.storage_options, workers)) as cutter:
+    with closing(Cutter(plan, config.storage_options, workers, sources=[source])) as cutter:
         part = build_part(source.id, key, plan.num_classes, cutter.source(source))
     staging.put(part)
     return part.num_chips

@@ -127,3 +127,36 @@ def test_the_block_cache_grows_with_the_windows_and_the_reader_threads(workers: 
         tiling.tiler.cut.WINDOWS_CACHED_PER_READER * workers * per_window,
     )
     assert tiling.tiler.cut.block_cache_bytes(plan, workers) == expected
+
+
+class _Unread:
+    """A source's windows that must not be read."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("read another source's windows")
+
+
+def test_a_unit_of_one_source_sizes_the_cache_from_that_source_alone(
+    scenes: Scenes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task engine runs `stage_source` once per source: sizing each unit's cache from every
+    source of the plan would make thousands of sources cost thousands times each."""
+    image = SimpleNamespace(count=4, dtype="uint8")
+    one = SimpleNamespace(image=image, windows=[SimpleNamespace(height=256, width=256)])
+    others = [SimpleNamespace(image=image, windows=_Unread()) for _ in range(5_000)]
+    plan = cast(TilePlan, SimpleNamespace(sources=[*others, one]))
+    assert tiling.tiler.cut.block_cache_bytes(plan, 1, cast(Any, [one])) == (
+        tiling.tiler.cut.MIN_BLOCK_CACHE_BYTES
+    )
+    tile_config = config(scenes.images, tmp_path / "s.zarr", workers=1)
+    real_plan = plan_tiling(tile_config)
+    sized: list[Any] = []
+    real = tiling.tiler.cut.block_cache_bytes
+
+    def spy(plan: TilePlan, workers: int, sources: Any = None) -> int:
+        sized.append(sources)
+        return real(plan, workers, sources)
+
+    monkeypatch.setattr(tiling.tiler.cut, "block_cache_bytes", spy)
+    assert tiling.tiler.cut.stage_source(tile_config, real_plan, 1) > 0
+    assert sized == [[real_plan.sources[1]]]
