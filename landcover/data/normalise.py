@@ -9,6 +9,7 @@ or a model file's).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -42,18 +43,21 @@ def normalise(
     mean: torch.Tensor,
     std: torch.Tensor,
     *,
-    valid: torch.Tensor | None = None,
+    valid: torch.Tensor | Literal[True] | None = None,
 ) -> torch.Tensor:
     """Pixels (n, bands, h, w) as the model sees them: float32 `(x - mean) / std` per band, and
     exactly 0 (the band mean) in every band of each pixel that is not valid.
 
     Training and prediction both call this, so a pixel without data looks the same to the model
     in both. `mean` and `std` broadcast against the pixels ((1, bands, 1, 1)). `valid` is a bool
-    (n, h, w) mask; by default a pixel is valid when any band is non-zero, since the chip store
-    holds pixels without data as 0 in all four bands. uint8 pixels give a new tensor; float32
-    pixels (a fresh batch) are normalised in place, which saves a copy of the batch.
+    (n, h, w) mask, or True where every pixel is valid (a window inside the imagery); by default
+    a pixel is valid when any band is non-zero, since the chip store holds pixels without data
+    as 0 in all four bands. uint8 pixels give a new tensor; float32 pixels (a fresh batch) are
+    normalised in place, which saves a copy of the batch.
     """
     x = pixels if pixels.dtype == torch.float32 else pixels.to(torch.float32)
+    if valid is True:
+        return x.sub_(mean).div_(std)
     if valid is None:
         valid = (x != 0).any(dim=1)
     elif valid.shape != (x.shape[0], *x.shape[2:]):

@@ -118,7 +118,11 @@ def _touching(starts: tuple[int, ...], size: int, start: int, stop: int) -> tupl
 
 
 class LogitBlender:
-    """Weighted sum of window logits over one block of the grid."""
+    """Weighted sum of window logits over one block of the grid, and of their weights.
+
+    A pixel's weighted sum is added up with one rounding per window (a fused multiply-add).
+    Its argmax is the argmax of the weighted mean (the weights are positive): a class map
+    alone needs no division, nor the sum of the weights (`mean=False`)."""
 
     def __init__(
         self,
@@ -127,14 +131,18 @@ class LogitBlender:
         block: Window,
         *,
         device: torch.device | str = "cpu",
+        mean: bool = True,
     ) -> None:
+        """`mean`: also sum the weights, for `blended` (the weighted mean)."""
         self.layout, self.block = layout, block
         self.device = torch.device(device)
         self.total = torch.zeros(
             (num_classes, block.height, block.width), dtype=torch.float32, device=self.device
         )
-        self.weight = torch.zeros(
-            (block.height, block.width), dtype=torch.float32, device=self.device
+        self.weight = (
+            torch.zeros((block.height, block.width), dtype=torch.float32, device=self.device)
+            if mean
+            else None
         )
         self._weights: dict[tuple[int, int, bool, bool, bool, bool], torch.Tensor] = {}
         self._done = False  # `blended` has divided the sums in place
@@ -159,18 +167,26 @@ class LogitBlender:
         w_part = w[r0 - row_start : r1 - row_start, cols]
         held = logits[:, r0 - row_start - first_row : r1 - row_start - first_row, cols]
         dst = (slice(r0 - block.row, r1 - block.row), slice(c0 - block.col, c1 - block.col))
-        self.total[:, dst[0], dst[1]].add_(held * w_part)
-        self.weight[dst].add_(w_part)
+        self.total[:, dst[0], dst[1]].addcmul_(held, w_part)
+        if self.weight is not None:
+            self.weight[dst].add_(w_part)
+
+    def sums(self, first: int = 0) -> torch.Tensor:
+        """(classes - first, height, width) weighted sums of the logits of classes `first`
+        and up, a view (0 where no window added): their argmax is the weighted mean's."""
+        if self._done:
+            raise RuntimeError("LogitBlender.sums: called after `blended` divided the sums")
+        return self.total[first:]
 
     def blended(self, first: int = 0) -> torch.Tensor:
         """(classes - first, height, width) weighted mean of the logits of classes `first`
         and up; 0 where no window added.
 
         Divides the sums in place and returns a view of them (no block-sized copy): the
-        blender is done, and a second call, or an `add` after it, is refused (RuntimeError,
-        a bug)."""
-        if self._done:
-            raise RuntimeError("LogitBlender.blended: called after the blender was divided")
+        blender is done, and a second call, or an `add` or `sums` after it, is refused
+        (RuntimeError, a bug), as is a blender made with `mean=False`."""
+        if self._done or self.weight is None:
+            raise RuntimeError("LogitBlender.blended: divided already, or made without weights")
         self._done = True
         self.weight.clamp_min_(1e-12)
         return self.total[first:].div_(self.weight)

@@ -4,11 +4,13 @@
 1. `prepare_block` (reader): the source pixels under every window that touches the block
    (`landcover.prediction.mosaic`), which of the block's pixels are inside the region, and the
    windows to run: those that touch such a pixel. No torch here.
-2. `BlockPredictor` (the calling thread): runs those windows (`landcover.prediction.windows`),
-   blends their logits (`landcover.prediction.blend`) and turns them into class codes and,
-   when asked, probabilities (uint8).
-3. `BlockWriter` (writer): writes both into the tiled GeoTIFFs and tallies the class pixels.
-   A block outside the area is never written: its tiles stay sparse and read as nodata.
+2. `BlockRunner` (the calling thread): runs those windows through the model
+   (`landcover.prediction.windows`) and hands on their logits in window order.
+3. `BlockBlender`, then `BlockWriter` (writer): blends the logits
+   (`landcover.prediction.blend`), turns them into class codes and, when asked,
+   probabilities (uint8), while the model runs the next block's windows; then writes both
+   into the tiled GeoTIFFs and tallies the class pixels. A block outside the area is never
+   written: its tiles stay sparse and read as nodata.
 
 The stages are plain functions of a block, so running them one after another in one thread
 (`PredictConfig.pipeline=False`) gives the very same bytes as the threads do.
@@ -32,6 +34,7 @@ from landcover.prediction.blend import (
     class_probabilities,
 )
 from landcover.prediction.blocks import Block, region_mask
+from landcover.prediction.carry import WindowLogits
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.mosaic import read_mosaic
 from landcover.prediction.outfiles import PROBABILITY_NODATA, PROBABILITY_SCALE
@@ -86,56 +89,87 @@ def prepare_block(
     return PreparedBlock(block, pixels, inside, todo)
 
 
-class BlockPredictor:
-    """Runs a prepared block's windows and turns the blended logits into uint8 outputs.
+@dataclass(frozen=True, slots=True)
+class RanBlock:
+    """A block's window logits in window order, ready to blend (model stage)."""
+
+    window: Window
+    inside: npt.NDArray[np.bool_] | None  # None: the block lies outside the area
+    logits: tuple[tuple[tuple[int, int], WindowLogits], ...]  # ((row, col), logits)
+
+
+class BlockRunner:
+    """Runs a prepared block's windows (the calling thread): the model's stage.
 
     Blocks must come in schedule order: the `WindowRunner` keeps the logits of windows that
     reach into the blocks after the one that ran them.
     """
 
+    def __init__(self, windows: WindowRunner) -> None:
+        self.windows = windows
+
+    def __call__(self, prepared: PreparedBlock) -> RanBlock:
+        """The logits of the windows of one block, in window order.
+
+        On the CPU cutting and normalising the windows run on one thread and the model on
+        torch's thread count now (`landcover.prediction.runtime.torch_threads`)."""
+        window = prepared.block.window
+        if prepared.block.starts_row:
+            self.windows.new_block_row(window.row)
+        if prepared.pixels is None or prepared.inside is None or not prepared.todo:
+            return RanBlock(window, prepared.inside, ())
+        logits = self.windows.run(prepared.pixels, prepared.todo)
+        return RanBlock(window, prepared.inside, tuple(logits))
+
+
+class BlockBlender:
+    """Blends a block's window logits and turns them into uint8 outputs (the writer's
+    thread, beside the model working on the next block)."""
+
     def __init__(
         self,
-        windows: WindowRunner,
+        layout: WindowLayout,
         num_classes: int,
         *,
         device: torch.device,
         probabilities: bool,
     ) -> None:
-        self.windows, self.num_classes = windows, num_classes
+        self.layout, self.num_classes = layout, num_classes
         self.device, self.probabilities = device, probabilities
 
-    def __call__(self, prepared: PreparedBlock) -> PredictedBlock:
+    def __call__(self, ran: RanBlock) -> PredictedBlock:
         """Class codes (0 outside the region) and, if asked, probabilities of one block.
 
-        On the CPU the block's own array work runs on one thread and the model on torch's
-        thread count now (`landcover.prediction.runtime.torch_threads`)."""
+        On the CPU the block's array work runs on one thread
+        (`landcover.prediction.runtime.torch_threads`): it is memory-bound, and the cores
+        belong to the model."""
         if self.device.type != "cpu":
-            return self._predict(prepared, torch.get_num_threads())
-        model_threads = torch.get_num_threads()
+            return self._blend(ran)
         with torch_threads(1):
-            return self._predict(prepared, model_threads)
+            return self._blend(ran)
 
-    def _predict(self, prepared: PreparedBlock, model_threads: int) -> PredictedBlock:
-        window = prepared.block.window
+    def _blend(self, ran: RanBlock) -> PredictedBlock:
+        window = ran.window
         height, width = window.height, window.width
-        if prepared.block.starts_row:
-            self.windows.new_block_row(window.row)
-        if prepared.pixels is None or prepared.inside is None:
+        if ran.inside is None:
             return PredictedBlock(window, None, None)
         classes = np.zeros((height, width), dtype=np.uint8)
         probs = None
-        if prepared.todo:
+        if ran.logits:
             blender = LogitBlender(
-                self.windows.layout, self.num_classes, window, device=self.device
+                self.layout, self.num_classes, window, device=self.device, mean=self.probabilities
             )
-            self.windows.run(prepared.pixels, prepared.todo, blender, model_threads=model_threads)
-            blended = blender.blended(first=1)  # code 0 (nodata) is never predicted
-            inside_t = torch.from_numpy(prepared.inside).to(self.device)
-            # code 0 outside the region: a multiply by the mask, not a masked write (which
-            # torch runs element by element)
-            codes = argmax_classes(blended).add_(1).mul_(inside_t)
+            for (r, c), kept in ran.logits:
+                blender.add(kept.logits, r, c, first_row=kept.first_row)
+            inside_t = torch.from_numpy(ran.inside).to(self.device)
+            # The argmax of the weighted sums (the weighted mean's, undivided), whether or not
+            # the probabilities are asked for; code 0 (nodata) is never predicted, and is the
+            # code outside the region: a multiply by the mask, not a masked write (which
+            # torch runs element by element).
+            codes = argmax_classes(blender.sums(first=1)).add_(1).mul_(inside_t)
             classes = codes.cpu().numpy()
             if self.probabilities:
+                blended = blender.blended(first=1)
                 p = class_probabilities(blended).mul_(PROBABILITY_SCALE).round_().to(torch.uint8)
                 p = torch.where(inside_t, p, torch.full_like(p, PROBABILITY_NODATA))
                 probs = p.cpu().numpy()

@@ -3,9 +3,9 @@ GeoTIFF of that area alone.
 
 `predict_into_file` predicts the blocks of one area of a `PreparedPrediction`'s grid (the
 whole grid of a one-COG run, a rank's block rows, a tile of a tiled product) and writes their
-classes, and the probabilities when asked, block by block: reading, inference and writing
-overlap (`landcover.prediction.pipeline`), each block read, run, blended and written by
-`landcover.prediction.blockstages`. A pixel comes out the same whichever area holds it
+classes, and the probabilities when asked, block by block: reading, inference, and blending
+and writing overlap (`landcover.prediction.pipeline`), each block read, run, blended and
+written by `landcover.prediction.blockstages`. A pixel comes out the same whichever area holds it
 (`landcover.prediction.windows`), so parts, tiles and one COG agree byte for byte. The
 caller turns the file into its output (a COG, a part, a tile).
 """
@@ -25,10 +25,11 @@ from tqdm import tqdm
 
 from landcover.prediction.blocks import block_schedule
 from landcover.prediction.blockstages import (
-    BlockPredictor,
+    BlockBlender,
+    BlockRunner,
     BlockWriter,
-    PredictedBlock,
     PreparedBlock,
+    RanBlock,
     prepare_block,
 )
 from landcover.prediction.gridwindow import Window
@@ -125,26 +126,30 @@ def predict_into_file(
         # or more) end only with the reader's close().
         reader = RasterReader(storage_options=config.storage_options)
         stack.callback(reader.close)
-        predictor = BlockPredictor(
-            windows, meta.num_classes, device=prepared.device, probabilities=prob is not None
+        runner = BlockRunner(windows)
+        blender = BlockBlender(
+            layout, meta.num_classes, device=prepared.device, probabilities=prob is not None
         )
         writer = BlockWriter(dst, prob, meta.num_classes, target=area)
         memory = FreedMemory()
 
-        def predict(block: PreparedBlock) -> PredictedBlock:
+        def run(block: PreparedBlock) -> RanBlock:
             bar.update(block.block.owned_windows)
-            predicted = predictor(block)
+            ran = runner(block)
             if block.todo:
-                memory.release()  # the block's logits and activations are free by now
-            return predicted
+                memory.release()  # the last block's activations are free by now
+            return ran
+
+        def blend_and_write(ran: RanBlock) -> None:
+            writer(blender(ran))
 
         # The pipeline's threads have stopped when it returns or raises: the files and the
         # reader are closed after them.
         run_pipeline(
             schedule,
             partial(prepare_block, prepared.plan, layout, reader),
-            predict,
-            writer,
+            run,
+            blend_and_write,
             threaded=config.pipeline,
         )
     return AreaCounts(windows.windows_run, writer.class_pixels)

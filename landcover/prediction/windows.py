@@ -3,7 +3,8 @@
 `WindowRunner` cuts the windows out of a block's source pixels, normalises them as training
 does (`landcover.data.normalise`), runs them in batches through a `WindowModel` (PyTorch or
 onnxruntime, `landcover.prediction.runtime`), with test-time augmentation when asked
-(`landcover.prediction.tta`), and adds their logits to the block's `LogitBlender`. It keeps
+(`landcover.prediction.tta`), and hands their logits on in window order, for the block's
+`LogitBlender` (`landcover.prediction.blockstages`). It keeps
 the logits of windows that reach into the blocks after the one that ran them
 (`landcover.prediction.carry`), so a window runs once in an area (those past the budget of
 what is kept for the next block row run again). A block adds its windows' logits in window order,
@@ -28,7 +29,7 @@ from landcover.data.normalise import normalise
 from landcover.errors import PredictionError
 from landcover.models.modelfile import ModelMeta
 from landcover.models.smp_models import SMP_PREFIX
-from landcover.prediction.blend import LogitBlender, WindowLayout
+from landcover.prediction.blend import WindowLayout
 from landcover.prediction.carry import CarriedLogits, WindowLogits
 from landcover.prediction.choices import (
     CARRY_BELOW_BYTES,
@@ -104,34 +105,37 @@ class WindowRunner:
         self,
         block: BlockPixels,
         todo: Sequence[tuple[int, int]],
-        blender: LogitBlender,
         *,
         model_threads: int | None = None,
-    ) -> None:
-        """Add the logits of the windows `todo` (top-left row, col) to `blender`.
+    ) -> list[tuple[tuple[int, int], WindowLogits]]:
+        """The logits of the windows `todo` (top-left row, col), kept or run now, in window
+        order: the order a block adds them in (`LogitBlender.add`), whichever block, tile or
+        rank computes a pixel's sum.
 
-        On the CPU the windows are cut, normalised and blended on one thread, and the model
-        runs on `model_threads` (None: torch's count now; `runtime.torch_threads`)."""
+        On the CPU the windows are cut and normalised on one thread, and the model runs on
+        `model_threads` (None: torch's count now; `runtime.torch_threads`)."""
         threads = torch.get_num_threads() if model_threads is None else model_threads
         own_threads: AbstractContextManager[Any] = (
             torch_threads(1) if self.device.type == "cpu" else nullcontext()
         )
         with own_threads:
-            self._run(block, todo, blender, threads)
+            return self._run(block, todo, threads)
 
     def _run(
         self,
         block: BlockPixels,
         todo: Sequence[tuple[int, int]],
-        blender: LogitBlender,
         model_threads: int,
-    ) -> None:
+    ) -> list[tuple[tuple[int, int], WindowLogits]]:
         size = self.layout.size
         ext_row0, ext_col0 = block.extent.row, block.extent.col
         carried = self.carried.take(list(todo))
         fresh = [rc for rc in todo if rc not in carried]
         pixels = torch.from_numpy(block.data).to(self.device)
         has_data = torch.from_numpy(block.covered).to(self.device)
+        # Where the imagery covers the whole block's extent (most blocks), no window needs
+        # its pixels without data set to the band mean.
+        all_covered = bool(block.covered.all())
         results: list[tuple[tuple[int, int], WindowLogits]] = list(carried.items())
         for batch in _batches(fresh, self.batch_size):
             x, valid = self._batch_buffers(len(batch), pixels.shape[0])
@@ -139,9 +143,10 @@ class WindowRunner:
                 rows = slice(r - ext_row0, r - ext_row0 + size)
                 cols = slice(c - ext_col0, c - ext_col0 + size)
                 x[k].copy_(pixels[:, rows, cols])  # uint8 to float32 in the copy
-                valid[k].copy_(has_data[rows, cols])
+                if not all_covered:
+                    valid[k].copy_(has_data[rows, cols])
             # As in training: pixels no source covers get the band mean (0 after normalising).
-            x = normalise(x, self.mean, self.std, valid=valid)
+            x = normalise(x, self.mean, self.std, valid=True if all_covered else valid)
             with torch_threads(model_threads):
                 logits = average_over_symmetries(self._model_pass, x, self.tta_ops)
             results.extend((rc, WindowLogits(lg)) for rc, lg in zip(batch, logits, strict=True))
@@ -149,9 +154,9 @@ class WindowRunner:
         # Window order, not schedule order: a pixel's sum of weighted logits is then added up
         # in the same order whichever block, tile or rank computes it.
         results.sort(key=lambda item: item[0])
-        for (r, c), kept in results:
-            blender.add(kept.logits, r, c, first_row=kept.first_row)
-            self.carried.keep((r, c), kept, block.block)
+        for rc, kept in results:
+            self.carried.keep(rc, kept, block.block)
+        return results
 
     def _batch_buffers(self, count: int, bands: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `count` windows of the batch buffers (pixels as float32, validity), made

@@ -57,7 +57,7 @@ def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> N
     gets a validity mask from the mosaic) hand the model the same tensor for the same pixels:
     0 in every band where there is no data, never (0 - mean) / std."""
     from landcover.models.modelfile import ModelMeta
-    from landcover.prediction.blend import LogitBlender, WindowLayout
+    from landcover.prediction.blend import WindowLayout
     from landcover.prediction.gridwindow import Window
     from landcover.prediction.windows import BlockPixels, WindowRunner
     from tiling.sources.classes import get_class_map
@@ -93,5 +93,5 @@ def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> N
     for chip in range(2):
         whole = Window(0, 0, 16, 16)
         block = BlockPixels(images[chip], images[chip].any(axis=0), whole, whole)
-        runner.run(block, [(0, 0)], LogitBlender(layout, 5, whole))
+        runner.run(block, [(0, 0)])
     assert torch.equal(torch.cat(seen), trained)

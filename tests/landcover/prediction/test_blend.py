@@ -108,24 +108,34 @@ def test_argmax_classes_without_nan_is_torchs_argmax(scores: torch.Tensor) -> No
 
 
 def test_blended_divides_once_and_the_blender_is_done() -> None:
+    """Each window adds its weighted logits with one rounding (a fused multiply-add); the
+    sums are those of every blender over the same windows, with or without the weights."""
     layout = WindowLayout.over(40, 40, size=32, overlap=8)
     generator = torch.Generator().manual_seed(1)
     blender = LogitBlender(layout, 3, Window(0, 0, 40, 40))
+    sums_only = LogitBlender(layout, 3, Window(0, 0, 40, 40), mean=False)
     expected_total = torch.zeros(3, 40, 40)
     expected_weight = torch.zeros(40, 40)
     for r in layout.row_starts:
         for c in layout.col_starts:
             logits = torch.randn(3, 32, 32, generator=generator)
-            weight = torch.from_numpy(layout.weight(r, c))
+            weight = torch.from_numpy(np.array(layout.weight(r, c)))
             blender.add(logits, r, c)
-            expected_total[:, r : r + 32, c : c + 32] += logits * weight
+            sums_only.add(logits, r, c)
+            expected_total[:, r : r + 32, c : c + 32].addcmul_(logits, weight)
             expected_weight[r : r + 32, c : c + 32] += weight
+    assert torch.equal(blender.sums(first=1), expected_total[1:])
+    assert torch.equal(sums_only.sums(first=1), expected_total[1:])
     expected = expected_total[1:] / expected_weight.clamp_min(1e-12)
     assert torch.equal(blender.blended(first=1), expected)
     with pytest.raises(RuntimeError, match="blended"):
         blender.blended(first=1)
     with pytest.raises(RuntimeError, match="blended"):
         blender.add(torch.zeros(3, 32, 32), 0, 0)
+    with pytest.raises(RuntimeError, match="blended"):
+        blender.sums()
+    with pytest.raises(RuntimeError, match="without weights"):
+        sums_only.blended()
 
 
 def test_class_probabilities_are_the_softmax_with_the_same_bits_at_any_thread_count() -> None:

@@ -454,6 +454,29 @@ def test_output_does_not_depend_on_the_block_size(
     assert small_runs == big_runs  # each window once, however the blocks cut it
 
 
+def test_the_class_map_is_the_same_with_or_without_the_probabilities(
+    scene: Path, random_model: Path, tmp_path: Path
+) -> None:
+    """Classes are the argmax of the blocks' weighted sums, divided into means only for the
+    probabilities: asking for them changes no class."""
+    maps = []
+    for probabilities in (None, str(tmp_path / "p.tif")):
+        out = tmp_path / f"lc-{probabilities is None}.tif"
+        predict_region(
+            PredictConfig(
+                str(random_model),
+                (str(scene),),
+                str(out),
+                probabilities=probabilities,
+                block_px=40,
+                device="cpu",
+            )
+        )
+        maps.append(read(out)[0])
+    assert len(np.unique(maps[0])) > 1
+    np.testing.assert_array_equal(maps[0], maps[1])
+
+
 def test_pipelined_run_writes_the_same_bytes_as_one_thread(
     random_model: Path, tmp_path: Path
 ) -> None:

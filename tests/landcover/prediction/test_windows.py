@@ -13,7 +13,7 @@ import torch
 from landcover.models.modelfile import ModelMeta
 from landcover.prediction.blend import LogitBlender, WindowLayout, argmax_classes
 from landcover.prediction.blocks import block_schedule
-from landcover.prediction.blockstages import BlockPredictor, PreparedBlock
+from landcover.prediction.blockstages import BlockBlender, BlockRunner, PreparedBlock
 from landcover.prediction.gridwindow import Window
 from landcover.prediction.windows import BlockPixels, WindowRunner, window_pixels_per_px
 from tiling.sources.classes import get_class_map
@@ -67,12 +67,15 @@ def test_block_work_runs_on_one_thread_and_the_model_on_the_blocks_threads(
     )
     layout = WindowLayout.over(40, 40, size=SIZE, overlap=4)
     runner = WindowRunner(Recorder(), meta, layout, batch_size=3, where="m.pt", device="cpu")
-    predictor = BlockPredictor(runner, 5, device=torch.device("cpu"), probabilities=False)
+    run_block = BlockRunner(runner)
+    blend_block = BlockBlender(layout, 5, device=torch.device("cpu"), probabilities=False)
     (block,) = block_schedule(layout, Window(0, 0, 40, 40), 40)
     data = np.random.default_rng(0).integers(1, 255, (4, 40, 40), dtype=np.uint8)
     pixels = BlockPixels(data, np.ones((40, 40), bool), block.extent, block.window)
     todo = tuple((r, c) for r in block.rows for c in block.cols)
-    predicted = predictor(PreparedBlock(block, pixels, np.ones((40, 40), bool), todo))
+    ran = run_block(PreparedBlock(block, pixels, np.ones((40, 40), bool), todo))
+    assert torch.get_num_threads() == 2
+    predicted = blend_block(ran)
     assert predicted.classes is not None and predicted.classes.shape == (40, 40)
     assert seen == {"model": {2}, "blend": {1}, "argmax": {1}}
     assert torch.get_num_threads() == 2
