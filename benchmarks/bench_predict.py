@@ -261,24 +261,24 @@ _STAGES = (
     ("region mask", "landcover.prediction.blockstages", "region_mask"),
     (
         "prepare a block (all of the above + pick windows)",
-        "landcover.prediction.runner",
+        "landcover.prediction.intofile",
         "prepare_block",
     ),
     ("normalise", "landcover.prediction.windows", "normalise"),
     ("infer (model forward)", "landcover.prediction.windows", "_run_model"),
     ("blend (LogitBlender.add)", "landcover.prediction.blend", "LogitBlender.add"),
     (
-        "run windows (cut + normalise + infer + blend)",
+        "run windows (cut + normalise + infer)",
         "landcover.prediction.windows",
         "WindowRunner.run",
     ),
     (
-        "predict a block (run windows + divide, argmax, softmax)",
+        "blend a block (add, divide, argmax, softmax)",
         "landcover.prediction.blockstages",
-        "BlockPredictor.__call__",
+        "BlockBlender.__call__",
     ),
     ("write + tally (BlockWriter)", "landcover.prediction.blockstages", "BlockWriter.__call__"),
-    ("block loop, wall (run_pipeline)", "landcover.prediction.runner", "run_pipeline"),
+    ("block loop, wall (run_pipeline)", "landcover.prediction.intofile", "run_pipeline"),
     ("COG conversion (write_cogs)", "landcover.prediction.runner", "write_cogs"),
 )
 
