@@ -46,6 +46,7 @@ Usage: python benchmarks/bench_peers.py [--quick] [--json PATH] [--only SECTION 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -519,6 +520,8 @@ def _predict_ours(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     from landcover.cli.app import main as cli
     from landcover.prediction.blend import WindowLayout
 
+    _import_what_predict_runs()
+
     args = ["predict", spec["model"], spec["image"], "--out", spec["out"], *spec["args"]]
     layouts: list[WindowLayout] = []
     prepare = getattr(runner, "prepare_prediction")  # noqa: B009 (imported there by name)
@@ -545,6 +548,28 @@ def _predict_ours(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         }
 
     return call
+
+
+def _import_what_predict_runs() -> None:
+    """Import, before the clock starts, the modules `landcover predict` imports on first use
+    (torch, onnxruntime, the prediction's modules, matplotlib for the quicklook): the
+    peers' imports are made before their calls too."""
+    import importlib
+
+    for name in (
+        "torch",
+        "onnxruntime",
+        "landcover.devices",
+        "landcover.prediction.runner",
+        "landcover.prediction.runtime",
+        "landcover.prediction.backends.onnxmodel",
+        "landcover.prediction.stacitem",
+        "landcover.view.quicklook",
+        "matplotlib.figure",
+        "matplotlib.patches",
+    ):
+        with contextlib.suppress(ImportError):  # onnxruntime is an extra
+            importlib.import_module(name)
 
 
 def _record_batches() -> list[tuple[int, int]]:
