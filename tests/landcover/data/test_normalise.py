@@ -95,3 +95,19 @@ def test_pixels_without_data_are_the_band_mean_in_training_and_prediction() -> N
         block = BlockPixels(images[chip], images[chip].any(axis=0), whole, whole)
         runner.run(block, [(0, 0)])
     assert torch.equal(torch.cat(seen), trained)
+
+
+def test_every_pixel_valid_is_the_mask_of_all_pixels_bit_for_bit() -> None:
+    """`valid=True` (a window inside imagery that covers its whole block) skips the mask and
+    gives the same bits as a mask that holds every pixel, zeros in all bands included."""
+    from landcover.data.normalise import normalise
+
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (3, 4, 17, 19), generator=generator, dtype=torch.uint8)
+    pixels[:, :, :2, :2] = 0  # data that is 0 in every band, valid all the same
+    mean = torch.tensor(MEAN, dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(STD, dtype=torch.float32).view(1, -1, 1, 1)
+    everything = torch.ones(3, 17, 19, dtype=torch.bool)
+    masked = normalise(pixels.float(), mean, std, valid=everything)
+    assert torch.equal(normalise(pixels.float(), mean, std, valid=True), masked)
+    assert torch.equal(normalise(pixels, mean, std, valid=True), masked)
