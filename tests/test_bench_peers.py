@@ -128,32 +128,40 @@ def test_ours_rows_are_every_backend_precision_and_window_with_int8_calibrated()
     assert Variant(DEFAULTS).args("s.zarr") == []  # our defaults: no option at all
 
 
-def _predict_table(ours: list[Any], peers: list[list[Any]]) -> ResultTable:
+def _predict_table(ours: list[Any], peers: list[list[Any]], alone: float) -> ResultTable:
+    from bench_peers import ALONE  # type: ignore[import-not-found]
+
     seam = f"agreement within {EDGE_PX} px of window edges"
     columns = ["model", "tool", "km²/min", "peak RSS MiB", seam]
-    rows = [["m", "ours (defaults)", *ours], ["m", "ours torch-fp32-chip", 99.0, 1, 1.0]]
+    rows = [
+        ["m", "ours (defaults)", *ours],
+        ["m", ALONE, alone, 1, None],  # the limit: neither the fastest nor the leanest peer
+        ["m", "ours torch-fp32-chip", 99.0, 1, 1.0],
+    ]
     return ResultTable("predict", "t", columns, rows + [["m", *p] for p in peers])
 
 
 @pytest.mark.parametrize(
-    ("ours", "targets"),
+    ("ours", "alone", "targets"),
     [
-        ([30.0, 900, 0.9995], "1.5x met, seam met, RSS met"),
-        ([29.0, 900, 0.9995], "1.5x NOT met, seam met, RSS met"),
-        ([30.0, 1001, 0.9995], "1.5x met, seam met, RSS NOT met"),
-        ([30.0, 900, 0.998], "1.5x met, seam NOT met, RSS met"),
+        ([30.0, 900, 0.9995], 32.0, "1.5x met, seam met, RSS met, 0.9x limit met"),
+        ([29.0, 900, 0.9995], 32.0, "1.5x NOT met, seam met, RSS met, 0.9x limit met"),
+        ([30.0, 1001, 0.9995], 32.0, "1.5x met, seam met, RSS NOT met, 0.9x limit met"),
+        ([30.0, 900, 0.998], 32.0, "1.5x met, seam NOT met, RSS met, 0.9x limit met"),
+        ([30.0, 900, 0.9995], 40.0, "1.5x met, seam met, RSS met, 0.9x limit NOT met"),
     ],
 )
 def test_the_summary_holds_ours_defaults_against_the_fastest_and_the_leanest_peer(
-    ours: list[Any], targets: str
+    ours: list[Any], alone: float, targets: str
 ) -> None:
     from bench_peers import summary  # type: ignore[import-not-found]
 
     peers = [["geoai", 5.0, 1000, 1.0], ["torchgeo", 20.0, 1500, 0.97]]
-    table = summary(_predict_table(ours, peers), side_px=64)
+    table = summary(_predict_table(ours, peers, alone), side_px=64)
     (row,) = table.rows
     assert row[2] == "torchgeo 20.0" and row[6] == "geoai 1000"  # not ours' other rows
     assert row[3] == round(float(ours[0]) / 20.0, 2)
+    assert row[7] == round(float(ours[0]) / alone, 2)  # ours / model alone
     assert row[-1] == targets
 
 
