@@ -4,13 +4,12 @@
 1. `prepare_block` (reader): the source pixels under every window that touches the block
    (`landcover.prediction.mosaic`), which of the block's pixels are inside the region, and the
    windows to run: those that touch such a pixel. No torch here.
-2. `BlockRunner` (the calling thread): runs those windows through the model
-   (`landcover.prediction.windows`) and hands on their logits in window order.
-3. `BlockBlender`, then `BlockWriter` (writer): blends the logits
-   (`landcover.prediction.blend`), turns them into class codes and, when asked,
-   probabilities (uint8), while the model runs the next block's windows; then writes both
-   into the tiled GeoTIFFs and tallies the class pixels. A block outside the area is never
-   written: its tiles stay sparse and read as nodata.
+2. `BlockRunner`, then `BlockBlender` (the calling thread): runs those windows through the
+   model (`landcover.prediction.windows`) and hands on their logits in window order; blends
+   them (`landcover.prediction.blend`) and turns them into class codes and, when asked,
+   probabilities (uint8).
+3. `BlockWriter` (writer): writes both into the tiled GeoTIFFs and tallies the class pixels.
+   A block outside the area is never written: its tiles stay sparse and read as nodata.
 
 The stages are plain functions of a block, so running them one after another in one thread
 (`PredictConfig.pipeline=False`) gives the very same bytes as the threads do.
@@ -123,8 +122,7 @@ class BlockRunner:
 
 
 class BlockBlender:
-    """Blends a block's window logits and turns them into uint8 outputs (the writer's
-    thread, beside the model working on the next block)."""
+    """Blends a block's window logits and turns them into uint8 outputs."""
 
     def __init__(
         self,

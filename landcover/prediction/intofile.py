@@ -3,9 +3,9 @@ GeoTIFF of that area alone.
 
 `predict_into_file` predicts the blocks of one area of a `PreparedPrediction`'s grid (the
 whole grid of a one-COG run, a rank's block rows, a tile of a tiled product) and writes their
-classes, and the probabilities when asked, block by block: reading, inference, and blending
-and writing overlap (`landcover.prediction.pipeline`), each block read, run, blended and
-written by `landcover.prediction.blockstages`. A pixel comes out the same whichever area holds it
+classes, and the probabilities when asked, block by block: reading, inference and writing
+overlap (`landcover.prediction.pipeline`), each block read, run, blended and written by
+`landcover.prediction.blockstages`. A pixel comes out the same whichever area holds it
 (`landcover.prediction.windows`), so parts, tiles and one COG agree byte for byte. The
 caller turns the file into its output (a COG, a part, a tile).
 """
@@ -28,8 +28,8 @@ from landcover.prediction.blockstages import (
     BlockBlender,
     BlockRunner,
     BlockWriter,
+    PredictedBlock,
     PreparedBlock,
-    RanBlock,
     prepare_block,
 )
 from landcover.prediction.gridwindow import Window
@@ -133,23 +133,25 @@ def predict_into_file(
         writer = BlockWriter(dst, prob, meta.num_classes, target=area)
         memory = FreedMemory()
 
-        def run(block: PreparedBlock) -> RanBlock:
+        # A block is blended on the model's thread, after its windows: on the CPU, blending
+        # beside the model (in the writer's thread) takes cores from the model's threads,
+        # and torch's OpenMP team then waits at every barrier for the member that lost its
+        # core (bench_predict.py --only backends: small_unet with torch fp32 fell from 0.93
+        # to 0.86 of the model alone, and onnxruntime gained about 0.01).
+        def predict(block: PreparedBlock) -> PredictedBlock:
             bar.update(block.block.owned_windows)
-            ran = runner(block)
+            predicted = blender(runner(block))
             if block.todo:
-                memory.release()  # the last block's activations are free by now
-            return ran
-
-        def blend_and_write(ran: RanBlock) -> None:
-            writer(blender(ran))
+                memory.release()  # the block's logits and activations are free by now
+            return predicted
 
         # The pipeline's threads have stopped when it returns or raises: the files and the
         # reader are closed after them.
         run_pipeline(
             schedule,
             partial(prepare_block, prepared.plan, layout, reader),
-            run,
-            blend_and_write,
+            predict,
+            writer,
             threaded=config.pipeline,
         )
     return AreaCounts(windows.windows_run, writer.class_pixels)
