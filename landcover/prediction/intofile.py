@@ -133,11 +133,10 @@ def predict_into_file(
         writer = BlockWriter(dst, prob, meta.num_classes, target=area)
         memory = FreedMemory()
 
-        # A block is blended on the model's thread, after its windows: on the CPU, blending
-        # beside the model (in the writer's thread) takes cores from the model's threads,
-        # and torch's OpenMP team then waits at every barrier for the member that lost its
-        # core (bench_predict.py --only backends: small_unet with torch fp32 fell from 0.93
-        # to 0.86 of the model alone, and onnxruntime gained about 0.01).
+        # A block is blended on the model's thread, after its windows. Blending it in the
+        # writer's thread, beside the model running the next block, was no faster on a
+        # 2-core CPU (the model's threads lose the core the blending takes), and it would
+        # hold one more block's window logits.
         def predict(block: PreparedBlock) -> PredictedBlock:
             bar.update(block.block.owned_windows)
             predicted = blender(runner(block))
