@@ -65,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 import rasterio
 import torch
-from bench_predict import _normalise, _save
+from bench_predict import _normalise, _recorded_batches, _save, model_alone
 from machine import load_average
 from resultfile import ResultFile, ResultTable, this_machine, today, write_result_file
 
@@ -532,10 +532,10 @@ def _predict_ours(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         return prepared
 
     setattr(runner, "prepare_prediction", recording)  # noqa: B010
-    batches = _record_batches()
 
     def call() -> dict[str, Any]:
-        cli.main([*args, "--overwrite"], standalone_mode=False)
+        with _recorded_batches() as batches:
+            cli.main([*args, "--overwrite"], standalone_mode=False)
         with rasterio.open(spec["out"]) as src:
             tags = src.tags()
         layout = layouts[-1]
@@ -572,42 +572,17 @@ def _import_what_predict_runs() -> None:
             importlib.import_module(name)
 
 
-def _record_batches() -> list[tuple[int, int]]:
-    """The batches ours hands the model from now on, in order: (windows, window edge)."""
-    import landcover.prediction.windows as prediction_windows
-
-    sizes: list[tuple[int, int]] = []
-    run_model = prediction_windows._run_model
-
-    def recording(model: Any, x: torch.Tensor, num_classes: int, where: str) -> torch.Tensor:
-        sizes.append((int(x.shape[0]), int(x.shape[-1])))
-        return run_model(model, x, num_classes, where)
-
-    prediction_windows._run_model = recording
-    return sizes
-
-
 def _predict_alone(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     """The machine's limit for ours' run: the same backend and precision (the same export
     and batch padding, `load_window_model`) running only the forward passes of the batches
     ours ran, on random normalised pixels made before the clock starts."""
-    from landcover.prediction.runtime import load_window_model
     from landcover.prediction.setup import FreedMemory
 
     FreedMemory().reuse()  # the heap as ours' run has it (activations reuse freed pages)
     backend, precision = spec["ran"].split()
-    model, _ = load_window_model(
-        spec["model"],
-        backend=backend,
-        precision=precision,
-        device=torch.device("cpu"),
-        calibration=spec["store"] if precision == "int8" else None,
-    )
-    generator = torch.Generator().manual_seed(0)
-    batches = [
-        torch.randn(count, 4, edge, edge, generator=generator) for count, edge in spec["batches"]
-    ]
-    model(batches[0])  # the first call builds kernels, sessions and caches
+    calibration = spec["store"] if precision == "int8" else None
+    sizes = [(int(count), int(edge)) for count, edge in spec["batches"]]
+    model, batches = model_alone(spec["model"], backend, precision, sizes, calibration=calibration)
 
     def call() -> dict[str, Any]:
         for x in batches:

@@ -875,8 +875,29 @@ def _backend_forward_seconds(
     """Seconds, and the process's CPU seconds, for the model alone, run by `backend` in
     `precision`, to run batches of random normalised windows of these (count, edge) (made
     before the clock starts)."""
+    model, chips = model_alone(
+        str(model_path), backend, precision, batches, calibration=calibration
+    )
+    cpu_started = time.process_time()
+    started = time.perf_counter()
+    for x in chips:
+        model(x)
+    return time.perf_counter() - started, time.process_time() - cpu_started
+
+
+def model_alone(
+    model_path: str,
+    backend: str,
+    precision: str,
+    batches: list[tuple[int, int]],
+    *,
+    calibration: str | None = None,
+) -> tuple[Any, list[torch.Tensor]]:
+    """The model run by `backend` in `precision` (`load_window_model`: predict's export and
+    batch padding), warmed up, and batches of random normalised windows of these (count,
+    edge): the machine's limit for a prediction that ran those batches is the model on them."""
     model, _ = load_window_model(
-        str(model_path),
+        model_path,
         backend=backend,
         precision=precision,
         device=torch.device("cpu"),
@@ -885,11 +906,7 @@ def _backend_forward_seconds(
     generator = torch.Generator().manual_seed(0)
     chips = [torch.randn(size, 4, edge, edge, generator=generator) for size, edge in batches]
     model(chips[0])  # warm up: the first call builds kernels, sessions and caches
-    cpu_started = time.process_time()
-    started = time.perf_counter()
-    for x in chips:
-        model(x)
-    return time.perf_counter() - started, time.process_time() - cpu_started
+    return model, chips
 
 
 def backend_agreement(work: Path, *, scene_px: int, steps: int) -> None:
